@@ -1,0 +1,56 @@
+"""The `ds4tui` command: `ds4tui [chat flags]` starts the chat; `ds4tui <noun> <verb>` the tools.
+
+Each command group lives in its own module and exposes `register(subparsers)`;
+a registered subcommand sets `func(args) -> int` on its parser. Group modules
+import heavy packages (torch, textual) only inside their `func`, so `ds4tui kv ls`
+starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Group modules, in the order `ds4tui --help` lists them.
+GROUPS = ["kv", "models", "bench", "browse"]
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line on stderr, exit status 1."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ds4tui",
+        description="Terminal chat on an embedded PyTorch engine with a disk KV cache.",
+    )
+    from ds4tui.cli import chat as chat_cli
+
+    chat_cli.add_chat_arguments(parser)
+    parser.set_defaults(func=chat_cli.run_chat)
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for name in GROUPS:
+        try:
+            module = importlib.import_module(f"ds4tui.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"ds4tui.cli.{name}":
+                continue  # group not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except CliError as exc:
+        print(f"ds4tui: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("ds4tui: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
