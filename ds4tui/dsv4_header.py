@@ -1,0 +1,80 @@
+"""The payload header shared by ds4 and ds4tui: 13 little-endian u32 fields that open a "DSV4" payload.
+
+Pure Python on purpose: the cache (which must not import torch) decodes it to
+show foreign files, and the engine writes it. KVC_SPEC §3 names the fields.
+ds4tui's own payloads carry `DS4TUI_PAYLOAD_ABI` in the KVC header (byte 20);
+ds4's own are ABI 2 and are listed but never loaded by ds4tui.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import astuple, dataclass, fields
+
+DSV4_MAGIC = 0x34565344  # b"DSV4" read as a little-endian u32
+DSV4_MAGIC_BYTES = b"DSV4"
+DSV4_FIELDS = (
+    "magic",
+    "payload_version",
+    "saved_ctx",
+    "prefill_chunk",
+    "raw_capacity",
+    "raw_window",
+    "compressed_capacity",
+    "token_count",
+    "layer_count",
+    "head_dim",
+    "indexer_head_dim",
+    "vocab_size",
+    "live_raw_rows",
+)
+_STRUCT = struct.Struct("<13I")
+DSV4_HEADER_BYTES = _STRUCT.size  # 52
+
+# KVC header byte 20 for payloads written by ds4tui's engine. ds4 itself writes 2;
+# a different layout must never be misread, so ours gets a value ds4 will not reach soon.
+DS4TUI_PAYLOAD_ABI = 128
+DS4_PAYLOAD_ABI = 2
+
+# KVC header byte 7 (model_id). 0 is what ds4 writes for DeepSeek V4 Flash (and what
+# old files hold). ds4tui's own families take ids from 0x80 up, outside ds4's range.
+MODEL_ID_DS4_FLASH = 0
+MODEL_ID_LLAMA = 0x80
+MODEL_ID_DSV4_CUSTOM = 0x81
+
+
+@dataclass(frozen=True)
+class Dsv4Header:
+    magic: int
+    payload_version: int
+    saved_ctx: int
+    prefill_chunk: int
+    raw_capacity: int
+    raw_window: int
+    compressed_capacity: int
+    token_count: int
+    layer_count: int
+    head_dim: int
+    indexer_head_dim: int
+    vocab_size: int
+    live_raw_rows: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+assert tuple(f.name for f in fields(Dsv4Header)) == DSV4_FIELDS
+
+
+def pack_dsv4_header(header: Dsv4Header) -> bytes:
+    return _STRUCT.pack(*astuple(header))
+
+
+def unpack_dsv4_header(data: bytes) -> Dsv4Header:
+    """Decode the first 52 bytes; raises ValueError when too short or the magic is wrong."""
+    if len(data) < DSV4_HEADER_BYTES:
+        raise ValueError(f"DSV4 header needs {DSV4_HEADER_BYTES} bytes, got {len(data)}")
+    header = Dsv4Header(*_STRUCT.unpack_from(data, 0))
+    if header.magic != DSV4_MAGIC:
+        raise ValueError(f"payload magic is {header.magic:#010x}, not DSV4")
+    return header

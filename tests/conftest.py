@@ -1,0 +1,17 @@
+"""Shared fixtures: keep the developer's own cache and config out of every test.
+
+Models stay in the real data dir on purpose: the real SmolLM2 GGUF is installed
+there by `make test` (`ds4tui models pull`), and the seeded tiny checkpoints are
+deterministic, so building them once there only saves time.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated_user_dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("DS4TUI_CACHE_DIR", str(tmp_path / "kv"))
+    monkeypatch.setenv("DS4TUI_CONFIG", str(tmp_path / "config.toml"))
+    yield
