@@ -1,0 +1,79 @@
+"""Turning sampled tokens into display text: whole characters only, stop strings cut off.
+
+Owns: the incremental UTF-8 decode of token bytes (a byte-level BPE token may
+hold half of a character; showing it would print U+FFFD and then the other
+half), stop-string detection across token boundaries, and holding back text
+that might still become a stop string. Leaves to callers: sampling, EOS ids
+and the session itself.
+"""
+
+from __future__ import annotations
+
+import codecs
+from typing import Sequence
+
+
+class ReplyStream:
+    """Feed each sampled token's bytes; get back only text that is safe to show.
+
+    `feed` returns the newly displayable text (possibly ""); once a stop string
+    is seen, `stopped` is True and `text` ends right before it. `finish` flushes
+    whatever was held back (an incomplete character decodes as U+FFFD).
+    """
+
+    def __init__(self, stop_strings: Sequence[str] = ()) -> None:
+        self._stops = tuple(s for s in stop_strings if s)
+        self._longest = max((len(s) for s in self._stops), default=0)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._text = ""
+        self._emitted = 0  # characters of _text already returned
+        self._searched = 0  # characters of _text already searched for stop strings
+        self.stopped = False
+
+    @property
+    def text(self) -> str:
+        """The reply so far (including held-back characters, excluding any stop string)."""
+        return self._text
+
+    def feed(self, data: bytes) -> str:
+        if self.stopped:
+            return ""
+        self._text += self._decoder.decode(data)
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        """End of generation: decode any dangling bytes and release everything."""
+        if not self.stopped:
+            self._text += self._decoder.decode(b"", final=True)
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        if self._stops and not self.stopped:
+            # A stop string found now must end in the new text, so it starts at
+            # most len(stop) - 1 characters before the part already searched.
+            start = max(0, self._searched - self._longest + 1)
+            cut = -1
+            for stop in self._stops:
+                at = self._text.find(stop, start)
+                if at != -1 and (cut == -1 or at < cut):
+                    cut = at
+            self._searched = len(self._text)
+            if cut != -1:
+                self._text = self._text[:cut]
+                self.stopped = True
+                final = True
+        end = len(self._text)
+        if not final:
+            end -= self._held_back()
+        end = max(end, self._emitted)
+        out = self._text[self._emitted : end]
+        self._emitted = end
+        return out
+
+    def _held_back(self) -> int:
+        """Characters at the end of the text that begin some stop string (may complete it later)."""
+        for k in range(min(self._longest - 1, len(self._text)), 0, -1):
+            tail = self._text[-k:]
+            if any(stop.startswith(tail) for stop in self._stops):
+                return k
+        return 0

@@ -1,0 +1,162 @@
+"""The chat's settings: defaults, the TOML config file, and command-line overrides.
+
+Owns: the `Config` record, reading `paths.config_path()` (TOML, flat keys, read
+with tomllib), checking every value's type and range with a message that names
+the key, applying CLI flags on top, and writing the file back from the
+settings screen. Leaves to callers: what the settings mean (controller, engine).
+
+Example `config.toml`:
+
+    model = "smollm2-135m-instruct"
+    budget_mb = 4096
+    temperature = 0.7
+    max_tokens = 1024
+    system_prompt = "You are a concise assistant."
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tomllib
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from ds4tui import paths
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+class ConfigError(ValueError):
+    """The config file (or a flag) holds a value that cannot be used; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of the chat. `None` means "the engine's or the template's default"."""
+
+    model: str = DEFAULT_MODEL
+    cache_dir: str | None = None  # None: paths.cache_dir() (env or platformdirs)
+    budget_mb: int = 4096  # disk budget of the KV cache directory (ds4's default)
+    ctx: int | None = None  # context size of each session; None: the model's default
+    temperature: float = 0.7
+    top_p: float = 0.95
+    min_p: float = 0.05
+    max_tokens: int = 1024  # per assistant turn
+    system_prompt: str | None = None  # None: the chat template's own default system prompt
+    no_disk_cache: bool = False
+    # Live engine sessions kept in memory at once. Each one holds static KV
+    # buffers for its whole context (SmolLM2 at 8K ctx: ~380 MB fp32), so the
+    # cap is what bounds memory; the least recently used one goes to disk.
+    live_sessions: int = 4
+    seed: int | None = None  # sampling seed; None: fresh randomness per turn
+
+    def cache_path(self) -> Path:
+        return paths.cache_dir(self.cache_dir)
+
+
+# key -> (accepted python types, checker(value) -> error text or None)
+_CHECKS: dict[str, tuple[tuple[type, ...], Any]] = {
+    "model": ((str,), lambda v: None if v.strip() else "must not be empty"),
+    "cache_dir": ((str,), lambda v: None if v.strip() else "must not be empty"),
+    "budget_mb": ((int,), lambda v: None if v > 0 else "must be > 0"),
+    "ctx": ((int,), lambda v: None if v > 0 else "must be > 0"),
+    "temperature": ((int, float), lambda v: None if 0 <= v <= 5 else "must be within 0..5"),
+    "top_p": ((int, float), lambda v: None if 0 < v <= 1 else "must be within (0, 1]"),
+    "min_p": ((int, float), lambda v: None if 0 <= v < 1 else "must be within [0, 1)"),
+    "max_tokens": ((int,), lambda v: None if v > 0 else "must be > 0"),
+    "system_prompt": ((str,), lambda v: None),
+    "no_disk_cache": ((bool,), lambda v: None),
+    "live_sessions": ((int,), lambda v: None if v >= 1 else "must be >= 1"),
+    "seed": ((int,), lambda v: None if v >= 0 else "must be >= 0"),
+}
+_FLOAT_KEYS = {"temperature", "top_p", "min_p"}
+
+
+def check_value(key: str, value: Any, where: str = "config") -> Any:
+    """The value, converted (int -> float where a float is meant), or ConfigError naming the key."""
+    if key not in _CHECKS:
+        known = ", ".join(sorted(_CHECKS))
+        raise ConfigError(f"{where}: unknown key {key!r} (known keys: {known})")
+    types, check = _CHECKS[key]
+    # bool is an int subclass in Python; only no_disk_cache takes a bool.
+    if isinstance(value, bool) and bool not in types:
+        raise ConfigError(f"{where}: {key} must be {' or '.join(t.__name__ for t in types)}, not a boolean")
+    if not isinstance(value, types):
+        raise ConfigError(f"{where}: {key} must be {' or '.join(t.__name__ for t in types)}, got {type(value).__name__}")
+    if key in _FLOAT_KEYS:
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: {key} must be a finite number")
+    problem = check(value)
+    if problem:
+        raise ConfigError(f"{where}: {key} {problem} (got {value!r})")
+    return value
+
+
+def from_mapping(data: Mapping[str, Any], where: str = "config") -> Config:
+    """A Config from flat key/values (a parsed TOML table); unknown keys are errors, not ignored."""
+    values = {key: check_value(key, value, where) for key, value in data.items()}
+    return replace(Config(), **values)
+
+
+def load_config(path: str | os.PathLike | None = None) -> Config:
+    """Read the config file; a missing file gives the defaults, a bad one raises ConfigError."""
+    file = Path(path) if path is not None else paths.config_path()
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        return Config()
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read ({exc.strerror or exc})") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{file}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{file}: invalid TOML ({exc})") from None
+    return from_mapping(data, where=str(file))
+
+
+def with_overrides(config: Config, **flags: Any) -> Config:
+    """Config with every flag that is not None applied (the CLI passes its parsed args)."""
+    values = {key: check_value(key, value, "command line") for key, value in flags.items() if value is not None}
+    return replace(config, **values)
+
+
+def dumps(config: Config) -> str:
+    """TOML text holding the settings that differ from the defaults."""
+    defaults = Config()
+    lines = ["# ds4tui settings (see `ds4tui --help`); command-line flags override them."]
+    for f in fields(Config):
+        value = getattr(config, f.name)
+        if value == getattr(defaults, f.name) or value is None:
+            continue
+        lines.append(f"{f.name} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def save_config(config: Config, path: str | os.PathLike | None = None) -> Path:
+    """Write the config file atomically (tmp + rename); returns its path."""
+    file = Path(path) if path is not None else paths.config_path()
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(file.name + ".tmp")
+    tmp.write_text(dumps(config), encoding="utf-8")
+    os.replace(tmp, file)
+    return file
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    # A JSON string literal is a valid TOML basic string: same escapes (\" \\ \n \t \uXXXX).
+    # TOML also wants DEL escaped, which JSON leaves alone.
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def as_dict(config: Config) -> dict[str, Any]:
+    return asdict(config)
