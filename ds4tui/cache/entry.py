@@ -1,0 +1,264 @@
+"""One `.kv` file, decoded for people: `KvEntry`, `inspect_file`, `Acceptor`, safe text.
+
+Owns: turning a path into every decoded field plus a verdict (valid, corrupt,
+or "not loadable here: <why>"), the `inspect --json` key set, what counts as
+loadable by a given engine (`Acceptor`), and escaping file text for a terminal.
+Leaves to store.py: the directory, eviction and anything that writes.
+
+Never raises for a bad file: the verdict is data. Two kinds of failure are
+kept apart on purpose: a *corrupt* file (truncated, hash mismatch, token count
+mismatch) may be deleted by the store; a file that is intact but *not loadable
+here* (ds4's payload ABI, another model, a larger context) must be left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ds4tui.cache.kvc import (
+    MAGIC,
+    PREFIX_BYTES,
+    VERSION,
+    KvcFile,
+    KvcFormatError,
+    KvcHeader,
+    decode_header,
+    model_name,
+    payload_abi_name,
+    read_kvc,
+    sha_from_name,
+)
+from ds4tui.cache.policy import ScoreParts
+from ds4tui.dsv4_header import DS4TUI_PAYLOAD_ABI, MODEL_ID_DSV4_CUSTOM, MODEL_ID_LLAMA
+
+# Model ids ds4tui has an engine for; files with other ids are listed, never loaded.
+DS4TUI_MODEL_IDS = frozenset({MODEL_ID_LLAMA, MODEL_ID_DSV4_CUSTOM})
+
+# The stable `kv inspect --json` / `kv ls --json` keys (README lists them; a test checks).
+JSON_KEYS = (
+    "sha", "path", "valid", "error", "magic", "version", "quant_bits", "reason",
+    "reason_code", "ext_flags", "ext_flag_names", "model_id", "tokens", "hits",
+    "ctx_size", "payload_abi", "created_at", "last_used", "payload_bytes",
+    "text_bytes", "file_bytes", "title", "pinned", "text_preview", "payload", "trailers",
+)
+
+NOT_LOADABLE = "not loadable here: "
+PREVIEW_BYTES = 400
+
+# C0/C1 controls and DEL (ESC starts terminal sequences) plus the bidi
+# overrides that can reorder what a terminal shows.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\x1b": "\\e"}
+
+
+def safe_text(text: str | bytes | None, limit: int | None = None) -> str:
+    """One line of terminal-safe text: controls become visible escapes, bad UTF-8 becomes U+FFFD."""
+    if text is None:
+        return ""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + "…"
+    return _UNSAFE.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}"), text)
+
+
+@dataclass(frozen=True)
+class Acceptor:
+    """What the running engine can load: files failing it are "not loadable here".
+
+    `model_id=None` accepts any model ds4tui has an engine for (what `kv ls`
+    uses); `ctx_size`/`quant_bits` None accept any. A file written for a
+    smaller context loads into a larger one, never the reverse (as in ds4).
+    """
+
+    model_id: int | None = None
+    payload_abi: int = DS4TUI_PAYLOAD_ABI
+    ctx_size: int | None = None
+    quant_bits: int | None = None
+
+    def why_not(self, h: KvcHeader) -> str | None:
+        if h.payload_abi != self.payload_abi:
+            return (f"payload ABI {h.payload_abi} ({payload_abi_name(h.payload_abi)}),"
+                    f" this engine loads ABI {self.payload_abi} ({payload_abi_name(self.payload_abi)})")
+        if self.model_id is None:
+            if h.model_id not in DS4TUI_MODEL_IDS:
+                return f"model {model_name(h.model_id)} has no ds4tui engine"
+        elif h.model_id != self.model_id:
+            return f"written by {model_name(h.model_id)}, this engine is {model_name(self.model_id)}"
+        if self.quant_bits is not None and h.quant_bits != self.quant_bits:
+            return f"quant bits {h.quant_bits}, this engine uses {self.quant_bits}"
+        if self.ctx_size is not None and h.ctx_size > self.ctx_size:
+            return f"written for context {h.ctx_size}, this session has {self.ctx_size}"
+        return None
+
+
+ANY_DS4TUI = Acceptor()
+
+
+@dataclass
+class KvEntry:
+    """Everything known about one file. `header` is None when it did not decode."""
+
+    path: str
+    sha: str | None
+    file_bytes: int
+    header: KvcHeader | None = None
+    magic: str = ""
+    error: str | None = None
+    corrupt: bool = False
+    not_loadable: str | None = None
+    title: str | None = None
+    title_bytes: bytes | None = None
+    text_preview: str = ""
+    payload: dict | None = None
+    trailers: dict = field(default_factory=dict)
+    score: ScoreParts | None = None
+    # Set by the store: text is a strict prefix of a newer file's text.
+    superseded: bool = False
+    deep: bool = False
+
+    @property
+    def valid(self) -> bool:
+        return self.error is None
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.header and self.header.pinned)
+
+    @property
+    def model(self) -> str:
+        return model_name(self.header.model_id) if self.header else "?"
+
+    def to_json(self) -> dict:
+        h = self.header
+        out = {
+            "sha": self.sha, "path": self.path, "valid": self.valid, "error": self.error,
+            "magic": self.magic,
+            "version": h.version if h else None,
+            "quant_bits": h.quant_bits if h else None,
+            "reason": h.reason if h else None,
+            "reason_code": h.reason_code if h else None,
+            "ext_flags": h.ext_flags if h else None,
+            "ext_flag_names": h.ext_flag_names if h else [],
+            "model_id": h.model_id if h else None,
+            "tokens": h.tokens if h else None,
+            "hits": h.hits if h else None,
+            "ctx_size": h.ctx_size if h else None,
+            "payload_abi": h.payload_abi if h else None,
+            "created_at": h.created_at if h else None,
+            "last_used": h.last_used if h else None,
+            "payload_bytes": h.payload_bytes if h else None,
+            "text_bytes": h.text_bytes if h else None,
+            "file_bytes": self.file_bytes,
+            "title": self.title,
+            "pinned": self.pinned,
+            "text_preview": self.text_preview,
+            "payload": self.payload,
+            "trailers": self.trailers,
+        }
+        assert tuple(out) == JSON_KEYS
+        return out
+
+
+def _fail(entry: KvEntry, reason: str, *, corrupt: bool) -> KvEntry:
+    entry.error = reason
+    entry.corrupt = corrupt
+    return entry
+
+
+def _judge(entry: KvEntry, acceptor: Acceptor | None) -> KvEntry:
+    """Header-level verdict shared by the quick and the deep inspection."""
+    h = entry.header
+    if h.tokens == 0:
+        return _fail(entry, "header says 0 tokens", corrupt=True)
+    if h.body_bytes > entry.file_bytes:
+        return _fail(entry, f"truncated file: {entry.file_bytes} bytes, header promises {h.body_bytes}", corrupt=True)
+    if acceptor is not None:
+        why = acceptor.why_not(h)
+        if why:
+            entry.not_loadable = why
+            return _fail(entry, NOT_LOADABLE + why, corrupt=False)
+    return entry
+
+
+def inspect_file(path: str | os.PathLike, *, acceptor: Acceptor | None = ANY_DS4TUI,
+                 deep: bool = True, preview_bytes: int = PREVIEW_BYTES) -> KvEntry:
+    """Decode one file. `deep` also reads the text (hash check), the payload's
+    DSV4 header (token count check) and the trailers; without it only the 52
+    header bytes are read, which is what eviction and lookup need."""
+    path = Path(path)
+    entry = KvEntry(path=str(path), sha=sha_from_name(path.name), file_bytes=0, deep=deep)
+    try:
+        with open(path, "rb") as fp:
+            entry.file_bytes = os.fstat(fp.fileno()).st_size
+            if not deep:
+                head = fp.read(PREFIX_BYTES)
+                entry.magic = safe_text(head[:3])
+                try:
+                    entry.header = decode_header(head)
+                except KvcFormatError as exc:
+                    return _header_failed(entry, head, exc)
+                return _judge(entry, acceptor)
+            return _inspect_deep(entry, fp, acceptor, preview_bytes)
+    except FileNotFoundError:
+        return _fail(entry, "file not found", corrupt=False)
+    except OSError as exc:
+        return _fail(entry, f"cannot read: {exc.strerror or exc}", corrupt=False)
+
+
+def is_foreign_version(head: bytes) -> bool:
+    """A KVC file of a later version is someone else's format, not damage."""
+    return len(head) >= 4 and head[:3] == MAGIC and head[3] != VERSION
+
+
+def _header_failed(entry: KvEntry, head: bytes, exc: KvcFormatError) -> KvEntry:
+    if is_foreign_version(head):
+        entry.not_loadable = str(exc)
+        return _fail(entry, NOT_LOADABLE + str(exc), corrupt=False)
+    return _fail(entry, str(exc), corrupt=True)
+
+
+def _inspect_deep(entry: KvEntry, fp, acceptor: Acceptor | None, preview_bytes: int) -> KvEntry:
+    head = fp.read(PREFIX_BYTES)
+    entry.magic = safe_text(head[:3])
+    try:
+        entry.header = decode_header(head)
+    except KvcFormatError as exc:
+        return _header_failed(entry, head, exc)
+    try:
+        kf = read_kvc(fp)
+    except KvcFormatError as exc:
+        return _fail(entry, str(exc), corrupt=True)
+    _fill_from_file(entry, kf, preview_bytes)
+    if entry.sha is None:
+        entry.sha = kf.identity_sha
+    elif kf.identity_sha != entry.sha:
+        what = "title identity" if kf.header.titled else "stored text hash"
+        return _fail(entry, f"{what} {kf.identity_sha[:12]} does not match the file name", corrupt=True)
+    ph = kf.payload_header
+    if ph is not None and ph.token_count != kf.header.tokens:
+        return _fail(entry, f"payload token count {ph.token_count} != header tokens {kf.header.tokens}", corrupt=True)
+    return _judge(entry, acceptor)
+
+
+def _fill_from_file(entry: KvEntry, kf: KvcFile, preview_bytes: int) -> None:
+    entry.title_bytes = kf.title_bytes
+    entry.title = kf.title
+    entry.text_preview = kf.text[:preview_bytes].decode("utf-8", errors="replace")
+    entry.payload = kf.payload_header.as_dict() if kf.payload_header else None
+    tool_map = None
+    if kf.tool_map is not None:
+        tool_map = {
+            "count": len(kf.tool_map),
+            "ids": [e.tool_id.decode("utf-8", errors="replace") for e in kf.tool_map],
+            "dsml_bytes": sum(len(e.dsml) for e in kf.tool_map),
+        }
+    entry.trailers = {
+        "tool_map": tool_map,
+        "title_bytes": len(kf.title_bytes) if kf.title_bytes is not None else None,
+        "trailer_bytes": kf.trailer_bytes,
+        "extra_bytes": kf.extra_bytes,
+    }

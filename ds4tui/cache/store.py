@@ -1,0 +1,495 @@
+"""The disk cache directory: scan, lookup, load, save, touch, pin, delete, evict.
+
+Owns: the file operations on one directory of `<sha1>.kv` files, the load
+validation chain of KVC_SPEC §4, atomic saves within the budget, and eviction.
+Leaves to callers: the payload (opaque, streamed through `write_payload(fp)` /
+`load_payload(fp, nbytes)` callbacks), when to save (policy.py helps) and how
+to show the returned events.
+
+Rules that keep a shared directory consistent, even with another process (or
+ds4 itself) saving and evicting in it at the same time:
+- only `<40 hex>.kv` names are cache files; `*.tmp.*` and the rest are ignored;
+- a save writes `<sha>.kv.tmp.<pid>.<rand>`, fsyncs it and renames it into place,
+  so a reader sees either no file or a whole one;
+- a file may vanish between scan and open: FileNotFoundError is a skip, not damage;
+- only a file proven corrupt (truncated, hash or token-count mismatch) is
+  deleted, and only if the name still points at the file that was read;
+  a file that is intact but not loadable here (ds4's ABI, another model) is left alone;
+- in-place writes touch only hits/last_used (on a hit) and ext_flags bit 7 (pin).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import secrets
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ds4tui.cache import eviction
+from ds4tui.cache.entry import ANY_DS4TUI, NOT_LOADABLE, Acceptor, KvEntry, inspect_file, is_foreign_version
+from ds4tui.cache.events import Evicted, EvictedFile, Hit, Miss, Rejected, Saved, SaveFailed
+from ds4tui.cache.kvc import (
+    EXT_PINNED,
+    EXT_SESSION_TITLE,
+    EXT_TOOL_MAP,
+    OFFSET_EXT_FLAGS,
+    OFFSET_HITS,
+    OFFSET_LAST_USED,
+    PREFIX_BYTES,
+    KvcFile,
+    KvcFormatError,
+    KvcHeader,
+    decode_header,
+    encode_header,
+    kv_name,
+    read_kvc,
+    reason_code,
+    sha_from_name,
+    text_sha,
+    title_sha,
+    trailer_bytes,
+)
+from ds4tui.cache.policy import DEFAULT_POLICY, MIB, CachePolicy
+
+WritePayload = Callable[[BinaryIO], Any]
+# Returns the number of tokens it restored, or None when it cannot tell.
+LoadPayload = Callable[[BinaryIO, int], int | None]
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """`event` is the Hit or the Miss; `events` every step (rejections first)."""
+
+    event: Hit | Miss
+    events: tuple
+    tool_map: tuple | None = None
+
+    @property
+    def hit(self) -> Hit | None:
+        return self.event if isinstance(self.event, Hit) else None
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """`event` is the Saved or the SaveFailed; `events` adds any eviction."""
+
+    event: Saved | SaveFailed
+    events: tuple
+
+    @property
+    def ok(self) -> bool:
+        return isinstance(self.event, Saved)
+
+
+class _Reject(Exception):
+    def __init__(self, reason: str, corrupt: bool):
+        super().__init__(reason)
+        self.reason, self.corrupt = reason, corrupt
+
+
+def _as_bytes(text: str | bytes) -> bytes:
+    return text.encode("utf-8") if isinstance(text, str) else bytes(text)
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000.0
+
+
+class KvStore:
+    """One cache directory under a byte budget (default 4096 MiB)."""
+
+    def __init__(self, directory: str | os.PathLike, policy: CachePolicy = DEFAULT_POLICY, *,
+                 budget_mb: int | None = None, clock: Callable[[], float] = time.time):
+        self.dir = Path(directory)
+        self.policy = policy
+        self.budget_bytes = (budget_mb if budget_mb is not None else policy.budget_mb) * MIB
+        self._clock = clock
+
+    # -- reading -------------------------------------------------------------
+
+    def path_for(self, sha: str) -> Path:
+        return self.dir / kv_name(sha)
+
+    def shas(self) -> list[str]:
+        """SHA of every cache file name in the directory (none if it does not exist)."""
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+        return sorted(s for s in map(sha_from_name, names) if s)
+
+    def find(self, prefix: str) -> list[str]:
+        prefix = prefix.lower()
+        return [s for s in self.shas() if s.startswith(prefix)]
+
+    def scan(self, *, deep: bool = False, acceptor: Acceptor | None = None) -> list[KvEntry]:
+        """Every cache file, decoded. Files that vanish mid-scan are skipped."""
+        entries = []
+        for sha in self.shas():
+            e = inspect_file(self.path_for(sha), acceptor=acceptor, deep=deep)
+            if e.error != "file not found":
+                entries.append(e)
+        return entries
+
+    def entries(self, acceptor: Acceptor | None = ANY_DS4TUI) -> list[KvEntry]:
+        """Every file fully inspected and scored: what `kv ls` and the cache browser show."""
+        return self.score(self.scan(deep=True, acceptor=acceptor))
+
+    def score(self, entries: list[KvEntry], incoming: eviction.Incoming | None = None) -> list[KvEntry]:
+        """Fill in `superseded` and `score` (reads the texts of possible superseders)."""
+        eviction.mark_superseded(entries, self._read_text, incoming)
+        eviction.score_entries(entries, self.policy, self._clock())
+        return entries
+
+    def _read_text(self, e: KvEntry) -> bytes | None:
+        try:
+            with open(e.path, "rb") as fp:
+                fp.seek(PREFIX_BYTES)
+                text = fp.read(e.header.text_bytes)
+        except OSError:
+            return None
+        return text if len(text) == e.header.text_bytes else None
+
+    def lookup(self, prompt: str | bytes, acceptor: Acceptor) -> list[KvEntry]:
+        """Candidates whose name is the SHA-1 of a byte prefix of `prompt`, longest first.
+
+        Titled sessions are named by their title, not their text, so they are
+        found by `load_file`, never here. Files the acceptor refuses are skipped.
+        """
+        prompt = _as_bytes(prompt)
+        entries = [e for e in self.scan(acceptor=acceptor)
+                   if e.valid and not e.header.titled and e.header.text_bytes <= len(prompt)]
+        # One incremental SHA-1 over the prompt, shortest candidate first.
+        entries.sort(key=lambda e: e.header.text_bytes)
+        h, fed, found = hashlib.sha1(), 0, []
+        for e in entries:
+            n = e.header.text_bytes
+            h.update(prompt[fed:n])
+            fed = n
+            if h.copy().hexdigest() == e.sha:
+                found.append(e)
+        found.sort(key=lambda e: (e.header.text_bytes, e.header.tokens), reverse=True)
+        return found
+
+    # -- loading -------------------------------------------------------------
+
+    def load(self, prompt: str | bytes, acceptor: Acceptor, load_payload: LoadPayload) -> LoadResult:
+        """Restore the longest cached prefix of `prompt`; try shorter ones if it is rejected."""
+        prompt = _as_bytes(prompt)
+        events: list = []
+        candidates = self.lookup(prompt, acceptor)
+        for e in candidates:
+            result = self._load_path(Path(e.path), e.sha, prompt, acceptor, load_payload, events)
+            if result is not None:
+                return result
+        if not candidates:
+            miss = Miss("no cached prefix of this prompt")
+        else:
+            miss = Miss(f"{len(candidates)} candidate(s) rejected")
+        return LoadResult(miss, tuple(events) + (miss,))
+
+    def load_file(self, sha: str, acceptor: Acceptor, load_payload: LoadPayload,
+                  prompt: str | bytes | None = None) -> LoadResult:
+        """Restore one named file (a titled session); with `prompt`, its text must prefix it."""
+        events: list = []
+        result = self._load_path(self.path_for(sha), sha, None if prompt is None else _as_bytes(prompt),
+                                 acceptor, load_payload, events)
+        if result is not None:
+            return result
+        miss = Miss(events[-1].reason if events else "file not found")
+        return LoadResult(miss, tuple(events) + (miss,))
+
+    def _load_path(self, path: Path, sha: str, prompt: bytes | None, acceptor: Acceptor,
+                   load_payload: LoadPayload, events: list) -> LoadResult | None:
+        t0 = time.perf_counter()
+        try:
+            fp = open(path, "rb")
+        except FileNotFoundError:
+            return None  # evicted by someone else since the scan
+        with fp:
+            try:
+                kf = self._validate(fp, sha, prompt, acceptor, load_payload)
+            except _Reject as rej:
+                deleted = rej.corrupt and self._unlink_if_same(path, fp)
+                events.append(Rejected(sha, rej.reason, deleted))
+                return None
+        h = kf.header
+        self._write_fields(path, hits=h.hits + 1, last_used=int(self._clock()))
+        hit = Hit(sha=sha, path=str(path), reason=h.reason, tokens=h.tokens, text_bytes=h.text_bytes,
+                  bytes=kf.file_bytes, hits=h.hits + 1, ms=_ms(t0), title=kf.title)
+        return LoadResult(hit, tuple(events) + (hit,), kf.tool_map)
+
+    def _validate(self, fp: BinaryIO, sha: str, prompt: bytes | None, acceptor: Acceptor,
+                  load_payload: LoadPayload) -> KvcFile:
+        """KVC_SPEC §4, in order: magic and ABI -> model -> name hash -> byte prefix
+        -> payload token count. The acceptor runs before anything that could
+        call a file corrupt, so a foreign file is never deleted."""
+        head = fp.read(PREFIX_BYTES)
+        try:
+            header = decode_header(head)
+        except KvcFormatError as exc:
+            foreign = is_foreign_version(head)
+            raise _Reject(NOT_LOADABLE + str(exc) if foreign else str(exc), corrupt=not foreign) from None
+        why = acceptor.why_not(header)
+        if why:
+            raise _Reject(NOT_LOADABLE + why, corrupt=False)
+        if header.tokens == 0:
+            raise _Reject("header says 0 tokens", corrupt=True)
+        try:
+            kf = read_kvc(fp)
+        except KvcFormatError as exc:
+            raise _Reject(str(exc), corrupt=True) from None
+        if kf.identity_sha != sha:
+            what = "title identity" if header.titled else "stored text hash"
+            raise _Reject(f"{what} does not match the file name", corrupt=True)
+        if prompt is not None and not prompt.startswith(kf.text):
+            raise _Reject("cached text is not a byte prefix of the prompt", corrupt=False)
+        ph = kf.payload_header
+        if ph is not None and ph.token_count != header.tokens:
+            raise _Reject(f"payload token count {ph.token_count} != header tokens {header.tokens}", corrupt=True)
+        fp.seek(kf.payload_offset)
+        try:
+            restored = load_payload(fp, header.payload_bytes)
+        except Exception as exc:  # the engine's own error: report it, keep the file
+            raise _Reject(f"payload load failed: {exc}", corrupt=False) from None
+        if isinstance(restored, int) and restored != header.tokens:
+            raise _Reject(f"payload restored {restored} tokens, header says {header.tokens}", corrupt=True)
+        return kf
+
+    def _unlink_if_same(self, path: Path, fp: BinaryIO) -> bool:
+        """Delete `path` only if it is still the file we read (a writer may have replaced it)."""
+        try:
+            if os.stat(path).st_ino != os.fstat(fp.fileno()).st_ino:
+                return False
+            os.unlink(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    # -- in-place writes ------------------------------------------------------
+
+    def _write_fields(self, path: Path, *, hits: int | None = None, last_used: int | None = None,
+                      ext_flags: Callable[[int], int] | None = None) -> bool:
+        """Rewrite header fields in place after checking the file is still KVC."""
+        try:
+            with open(path, "r+b") as fp:
+                header = decode_header(fp.read(PREFIX_BYTES))
+                fd = fp.fileno()
+                if hits is not None:
+                    os.pwrite(fd, struct.pack("<I", hits & 0xFFFFFFFF), OFFSET_HITS)
+                if last_used is not None:
+                    os.pwrite(fd, struct.pack("<Q", last_used), OFFSET_LAST_USED)
+                if ext_flags is not None:
+                    os.pwrite(fd, bytes([ext_flags(header.ext_flags) & 0xFF]), OFFSET_EXT_FLAGS)
+        except (OSError, KvcFormatError):
+            return False
+        return True
+
+    def touch(self, sha: str) -> bool:
+        """Count a hit: hits+1 and last_used=now, in place."""
+        e = inspect_file(self.path_for(sha), acceptor=None, deep=False)
+        if e.header is None:
+            return False
+        return self._write_fields(self.path_for(sha), hits=e.header.hits + 1, last_used=int(self._clock()))
+
+    def set_pinned(self, sha: str, pinned: bool) -> bool:
+        """Pin (never evicted) or unpin: ext_flags bit 7, in place."""
+        if pinned:
+            return self._write_fields(self.path_for(sha), ext_flags=lambda f: f | EXT_PINNED)
+        return self._write_fields(self.path_for(sha), ext_flags=lambda f: f & ~EXT_PINNED)
+
+    def delete(self, sha: str) -> bool:
+        try:
+            os.unlink(self.path_for(sha))
+        except FileNotFoundError:
+            return False
+        return True
+
+    # -- saving --------------------------------------------------------------
+
+    def save(self, text: str | bytes, *, tokens: int, reason: str, engine: Acceptor,
+             payload_bytes: int, write_payload: WritePayload, title: str | bytes | None = None,
+             created_at: int | None = None, tool_map=None, ext_flags: int = 0,
+             pinned: bool = False) -> SaveResult:
+        """Write a checkpoint of `tokens` tokens whose rendered text is `text`.
+
+        `engine` names the writer (model_id, payload_abi, ctx_size, quant_bits).
+        `write_payload(fp)` must write exactly `payload_bytes`. A titled session
+        is named SHA-1(title || created_at): pass the same `created_at` to
+        re-save it under the same name. Never raises for I/O or callback
+        failures: they come back as a SaveFailed and leave no trace on disk.
+        """
+        if engine.model_id is None or engine.ctx_size is None:
+            raise ValueError("save needs engine.model_id and engine.ctx_size")
+        text = _as_bytes(text)
+        title_b = None if title is None else _as_bytes(title)
+        now = int(self._clock())
+        created = now if created_at is None else created_at
+        sha = text_sha(text) if title_b is None else title_sha(title_b, created)
+        tail = trailer_bytes(tool_map, title_b)
+        flags = ext_flags & ~(EXT_TOOL_MAP | EXT_SESSION_TITLE | EXT_PINNED)
+        flags |= (EXT_TOOL_MAP if tool_map is not None else 0) | (EXT_SESSION_TITLE if title_b is not None else 0)
+        flags |= EXT_PINNED if pinned else 0
+        header = KvcHeader(quant_bits=engine.quant_bits or 0, reason_code=reason_code(reason),
+                           ext_flags=flags, model_id=engine.model_id, tokens=tokens, hits=0,
+                           ctx_size=engine.ctx_size, payload_abi=engine.payload_abi,
+                           created_at=created, last_used=now, payload_bytes=payload_bytes,
+                           text_bytes=len(text))
+        file_bytes = header.body_bytes + len(tail)
+
+        def failed(why: str, *extra) -> SaveResult:
+            ev = SaveFailed(why, tokens, file_bytes)
+            return SaveResult(ev, (*extra, ev))
+
+        reused = self._reusable(sha, header, text, engine)
+        if reused is not None:
+            return SaveResult(reused, (reused,))
+        required = self.policy.required_bytes(file_bytes)
+        entries = self.scan()
+        pinned_bytes = sum(e.file_bytes for e in entries if e.pinned and e.sha != sha)
+        if required + pinned_bytes > self.budget_bytes:
+            return failed(f"file of {file_bytes / MIB:.2f} MiB (+{self.policy.headroom_percent}% headroom)"
+                          f" does not fit the {self.budget_bytes / MIB:.0f} MiB budget"
+                          + (f" beside {pinned_bytes / MIB:.2f} MiB of pinned files" if pinned_bytes else ""))
+        # Make room before writing (ds4 does the same), so the directory stays
+        # under budget while the new file grows; the file being replaced is not counted.
+        others = [e for e in entries if e.sha != sha]
+        incoming = eviction.Incoming(text, engine.model_id, engine.payload_abi, header.quant_bits,
+                                     engine.ctx_size, created)
+        pre = self._evict(others, self.budget_bytes - file_bytes, incoming=incoming)
+        evicted = (pre,) if pre.files else ()
+        t0 = time.perf_counter()
+        try:
+            self._write_atomic(sha, header, text, write_payload, tail)
+        except Exception as exc:
+            return failed(self._describe_failure(exc), *evicted)
+        saved = Saved(sha=sha, path=str(self.path_for(sha)), reason=header.reason, tokens=tokens,
+                      bytes=file_bytes, ms=_ms(t0), created_at=created)
+        # Another process may have saved meanwhile: settle the budget again,
+        # never evicting what was just written.
+        post = self.evict(protect=(sha,))
+        if post.files:
+            evicted += (post,)
+        return SaveResult(saved, (*evicted, saved))
+
+    def _reusable(self, sha: str, header: KvcHeader, text: bytes, engine: Acceptor) -> Saved | None:
+        """An identical untitled checkpoint already on disk: skip rewriting gigabytes."""
+        if header.titled:
+            return None
+        e = inspect_file(self.path_for(sha), acceptor=engine, deep=True, preview_bytes=0)
+        h = e.header
+        if not e.valid or h.tokens != header.tokens or h.text_bytes != len(text):
+            return None
+        if self._read_text(e) != text:
+            return None
+        return Saved(sha=sha, path=e.path, reason=h.reason, tokens=h.tokens, bytes=e.file_bytes,
+                     ms=0.0, created_at=h.created_at, reused=True)
+
+    def _write_atomic(self, sha: str, header: KvcHeader, text: bytes, write_payload: WritePayload,
+                      tail: bytes) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        final = self.path_for(sha)
+        # pid + random: unique across processes and threads; never a cache-file name.
+        tmp = final.with_name(f"{final.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "wb") as fp:
+                fp.write(encode_header(header))
+                fp.write(text)
+                start = fp.tell()
+                write_payload(fp)
+                written = fp.tell() - start
+                if written != header.payload_bytes:
+                    raise _PayloadSizeError(f"payload writer wrote {written} bytes, declared {header.payload_bytes}")
+                fp.write(tail)
+                fp.flush()
+                os.fsync(fp.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        self._fsync_dir()
+
+    def _fsync_dir(self) -> None:
+        # Makes the rename durable; some file systems refuse fsync on a directory.
+        try:
+            fd = os.open(self.dir, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _describe_failure(exc: Exception) -> str:
+        if isinstance(exc, _PayloadSizeError):
+            return str(exc)
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return f"disk full (ENOSPC): {exc.strerror or exc}"
+        if isinstance(exc, OSError):
+            return f"write failed: {exc.strerror or exc}"
+        return f"payload writer failed: {type(exc).__name__}: {exc}"
+
+    # -- eviction ------------------------------------------------------------
+
+    def evict(self, *, budget_bytes: int | None = None, dry_run: bool = False,
+              protect: tuple[str, ...] = ()) -> Evicted:
+        """Delete the lowest-scoring files until the directory fits the budget."""
+        budget = self.budget_bytes if budget_bytes is None else budget_bytes
+        if not dry_run:
+            self._remove_stale_tmp()
+        return self._evict(self.scan(), budget, frozenset(protect), dry_run=dry_run, budget=budget)
+
+    def _evict(self, entries: list[KvEntry], target: int, protect: frozenset[str] = frozenset(), *,
+               dry_run: bool = False, budget: int | None = None,
+               incoming: eviction.Incoming | None = None) -> Evicted:
+        gone = []
+        if sum(e.file_bytes for e in entries) > target:
+            self.score(entries, incoming)  # only now: scoring may read texts
+        for e in eviction.choose_victims(entries, target, protect):
+            if not dry_run:
+                try:
+                    os.unlink(e.path)
+                except FileNotFoundError:
+                    pass  # someone else evicted it: the space is free all the same
+                except OSError:
+                    continue
+            h = e.header
+            gone.append(EvictedFile(sha=e.sha or Path(e.path).name, reason=h.reason if h else "unknown",
+                                    tokens=h.tokens if h else 0, hits=h.hits if h else 0,
+                                    bytes=e.file_bytes, score=e.score.score if e.score else 0.0))
+        return Evicted(tuple(gone), sum(f.bytes for f in gone),
+                       self.budget_bytes if budget is None else budget, dry_run)
+
+    def _remove_stale_tmp(self) -> None:
+        """Remove temp files a crashed writer left behind (a live writer keeps its mtime fresh)."""
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return
+        cutoff = time.time() - self.policy.stale_tmp_s
+        for name in names:
+            if ".kv.tmp." not in name or sha_from_name(name[:43]) is None:
+                continue
+            path = self.dir / name
+            try:
+                if os.stat(path).st_mtime < cutoff:
+                    os.unlink(path)
+            except OSError:
+                pass
+
+
+class _PayloadSizeError(Exception):
+    pass
