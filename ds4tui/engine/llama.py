@@ -1,0 +1,275 @@
+"""The llama-family model: config, weights layout and the forward pass (SmolLM2, tiny-llama).
+
+Owns the math of one forward over a chunk of tokens at an absolute position,
+written against a session's static KV buffer. The session (llama_session.py)
+owns state and the payload; llama_weights.py and gguf_loader.py turn files into
+the internal weight layout below. Entry points for `loader.py`:
+`load_llama_hf(dir, name)` and `load_llama_gguf(path, name)`.
+
+Internal weight names (also the names in the converted fp32 cache, so a cached
+load maps tensors straight in without renaming or fusing):
+  embed [V, H]; norm [H]; lm_head [V, H] (absent: tied to embed);
+  layers.{i}.attn_norm [H]; layers.{i}.wqkv [(Hq + 2 Hkv) D, H] (q rows, k rows, v rows);
+  layers.{i}.wo [H, Hq D]; layers.{i}.ffn_norm [H]; layers.{i}.w13 [2 F, H] (gate rows, up rows);
+  layers.{i}.w2 [H, F].
+q/k rows are in Hugging Face order (RoPE rotates the two halves of each head).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer, WeightsError
+
+# A session's context when the caller names none: SmolLM2's 8192 would pin 377 MB of fp32 KV;
+# 4096 (189 MB) is plenty for a chat on a CPU and prefills in ~15 s when full.
+DEFAULT_CTX = 4096
+# Prefill chunk: 512 tokens keep the [G*S, T] masks and activations small while matmuls stay
+# large enough to run near peak; chunk ends are aligned to absolute multiples (session.py).
+CHUNK_SIZE = 512
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position_embeddings"):
+            if int(getattr(self, name)) <= 0:
+                raise WeightsError(f"config {name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise WeightsError(f"{self.num_heads} query heads do not group over {self.num_kv_heads} KV heads")
+        if self.head_dim % 2:
+            raise WeightsError("head_dim must be even for RoPE")
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (GQA)."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def kv_row_floats(self) -> int:
+        """Floats one token keeps per layer: K and V of every KV head (the payload's head_dim)."""
+        return 2 * self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_hf(cls, cfg: Mapping) -> "LlamaConfig":
+        """From a Hugging Face config.json dict (llama-like)."""
+        try:
+            if cfg.get("rope_scaling"):
+                raise WeightsError(f"rope_scaling {cfg['rope_scaling']!r} is not supported")
+            heads = int(cfg["num_attention_heads"])
+            hidden = int(cfg["hidden_size"])
+            return cls(
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_layers=int(cfg["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                rope_theta=float(cfg.get("rope_theta", 10000.0)),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WeightsError(f"config.json: missing or bad field ({exc})") from None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def canonical_json(self) -> bytes:
+        return json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":")).encode()
+
+
+class Linear:
+    """y = x W^T with W float32 [out, in]: the only place a layer multiplies by a weight.
+
+    Kept this small on purpose: a faster kernel (quantized GEMV) replaces this
+    class, or `make_linear`, without touching the forward pass.
+    """
+
+    __slots__ = ("weight",)
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+def make_linear(weight: torch.Tensor) -> Linear:
+    return Linear(weight)
+
+
+class LlamaLayer:
+    __slots__ = ("attn_norm", "wqkv", "wo", "ffn_norm", "w13", "w2")
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], i: int) -> None:
+        p = f"layers.{i}."
+        self.attn_norm = tensors[p + "attn_norm"]
+        self.wqkv = make_linear(tensors[p + "wqkv"])
+        self.wo = make_linear(tensors[p + "wo"])
+        self.ffn_norm = tensors[p + "ffn_norm"]
+        self.w13 = make_linear(tensors[p + "w13"])
+        self.w2 = make_linear(tensors[p + "w2"])
+
+
+def expected_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every internal tensor name and its shape (lm_head only when not tied)."""
+    h, d, f = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab_size, h), "norm": (h,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head"] = (cfg.vocab_size, h)
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        shapes[p + "attn_norm"] = (h,)
+        shapes[p + "wqkv"] = ((cfg.num_heads + 2 * cfg.num_kv_heads) * d, h)
+        shapes[p + "wo"] = (h, cfg.num_heads * d)
+        shapes[p + "ffn_norm"] = (h,)
+        shapes[p + "w13"] = (2 * f, h)
+        shapes[p + "w2"] = (h, f)
+    return shapes
+
+
+def check_tensors(cfg: LlamaConfig, tensors: Mapping[str, torch.Tensor], source: str) -> None:
+    for name, shape in expected_shapes(cfg).items():
+        t = tensors.get(name)
+        if t is None:
+            raise WeightsError(f"{source}: tensor {name} is missing")
+        if tuple(t.shape) != shape:
+            raise WeightsError(f"{source}: tensor {name} has shape {tuple(t.shape)}, config needs {shape}")
+        if t.dtype != torch.float32:
+            raise WeightsError(f"{source}: tensor {name} is {t.dtype}, expected float32")
+
+
+class LlamaModel(Model):
+    """Weights (float32, shared read-only by every session) and the forward pass."""
+
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        tensors: Mapping[str, torch.Tensor],
+        info: ModelInfo,
+        tokenizer: Tokenizer,
+        chat: ChatTemplate,
+        source: str,
+    ) -> None:
+        check_tensors(cfg, tensors, source)
+        self.cfg = cfg
+        self.info = info
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self.embed = tensors["embed"]
+        self.norm = tensors["norm"]
+        self.lm_head = make_linear(tensors["embed"] if cfg.tie_word_embeddings else tensors["lm_head"])
+        self.layers = [LlamaLayer(tensors, i) for i in range(cfg.num_layers)]
+        # RoPE tables for every position, computed the way HF does (float32 inv_freq x position).
+        half = cfg.head_dim // 2
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim))
+        freqs = torch.outer(torch.arange(cfg.max_position_embeddings, dtype=torch.float32), inv_freq)
+        self.cos = freqs.cos().contiguous()  # [n_ctx, D/2]
+        self.sin = freqs.sin().contiguous()
+        assert self.cos.shape[1] == half
+
+    def new_session(self, ctx_size: int | None = None):
+        from ds4tui.engine.llama_session import LlamaSession
+
+        ctx = min(self.cfg.max_position_embeddings, DEFAULT_CTX) if ctx_size is None else int(ctx_size)
+        if not 0 < ctx <= self.cfg.max_position_embeddings:
+            raise ValueError(f"ctx_size {ctx} outside 1..{self.cfg.max_position_embeddings}")
+        return LlamaSession(self, ctx, CHUNK_SIZE)
+
+    def forward(self, kv: torch.Tensor, tokens: list[int], pos: int, want_logits: bool) -> torch.Tensor | None:
+        """Run `tokens` at absolute positions pos..pos+S-1, writing their K/V rows into `kv`.
+
+        kv: the session's static buffer [layers, ctx, 2, Hkv, D] (K at [:, :, 0], V at [:, :, 1]),
+        valid for rows < pos on entry and < pos+S on return. Returns float32 logits [V] of the
+        last position, or None. Call under torch.inference_mode().
+        """
+        cfg = self.cfg
+        s, end = len(tokens), pos + len(tokens)
+        hq, hkv, d, g = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.group
+        nqk = (hq + hkv) * d
+        eps = cfg.rms_norm_eps
+        x = F.embedding(torch.tensor(tokens, dtype=torch.long), self.embed)  # [S, H]
+        cos = self.cos[pos:end].unsqueeze(1)  # [S, 1, D/2], broadcast over heads
+        sin = self.sin[pos:end].unsqueeze(1)
+        # Offset-aware causal mask: query s (absolute pos+s) sees keys 0..pos+s. SDPA's
+        # is_causal would align the diagonal to the top-left and hide the cached rows.
+        # Rows are (group member g, position s), g-major, matching the grouped q below.
+        mask = None
+        if s > 1:
+            allowed = torch.arange(end).unsqueeze(0) <= torch.arange(pos, end).unsqueeze(1)  # [S, end]
+            mask = allowed.repeat(g, 1)  # [G*S, end]
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            h = F.rms_norm(x, (cfg.hidden_size,), layer.attn_norm, eps)
+            qkv = layer.wqkv(h)  # [S, (Hq + 2 Hkv) D]
+            qk = _rope(qkv[:, :nqk].view(s, hq + hkv, d), cos, sin)  # [S, Hq + Hkv, D]
+            kv_l = kv[i]  # [ctx, 2, Hkv, D]
+            kv_l[pos:end, 0] = qk[:, hq:]
+            kv_l[pos:end, 1] = qkv[:, nqk:].view(s, hkv, d)
+            q = qk[:, :hq]
+            layer_mask = mask
+            if i == last:
+                # Only the last position's output is ever used after the final layer: its K/V
+                # are stored above; skip the rest unless logits are wanted, then do one row.
+                if not want_logits:
+                    return None
+                x, q, s, layer_mask = x[-1:], q[-1:], 1, None
+            k = kv_l[:end, 0].transpose(0, 1)  # [Hkv, end, D], strided view of the buffer
+            v = kv_l[:end, 1].transpose(0, 1)
+            # Grouped GQA: the G query heads sharing a KV head become G*S query rows of that
+            # head, so K/V are never repeated: q [S, Hq, D] -> [Hkv, G*S, D].
+            qg = q.reshape(s, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * s, d)
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=layer_mask)  # [Hkv, G*S, D]
+            o = o.view(hkv, g, s, d).permute(2, 0, 1, 3).reshape(s, hq * d)  # [S, Hq D]
+            x = x + layer.wo(o)
+            h = F.rms_norm(x, (cfg.hidden_size,), layer.ffn_norm, eps)
+            gu = layer.w13(h)  # [S, 2F]
+            f = cfg.intermediate_size
+            x = x + layer.w2(F.silu(gu[:, :f]) * gu[:, f:])
+        if not want_logits:
+            return None
+        out = F.rms_norm(x[-1:], (cfg.hidden_size,), self.norm, eps)
+        return self.lm_head(out)[0].float()
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the two halves of each head (HF `rotate_half` convention). x [S, heads, D]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def load_llama_hf(path: str | Path, name: str) -> LlamaModel:
+    """A Hugging Face style directory: config.json + *.safetensors + tokenizer.json."""
+    from ds4tui.engine.llama_weights import load_hf_dir
+
+    return load_hf_dir(Path(path), name)
+
+
+def load_llama_gguf(path: str | Path, name: str) -> LlamaModel:
+    """A llama-family GGUF (converted once to a cached fp32 copy, memory-mapped after)."""
+    from ds4tui.engine.gguf_loader import load_gguf
+
+    return load_gguf(Path(path), name)

@@ -1,0 +1,133 @@
+"""LlamaSession: one conversation on a llama-family model (static KV buffer + payload I/O).
+
+Owns the session state (tokens, next-token logits, the KV buffer) and its
+payload in the DSV4 framing of payload.py. Full attention is the degenerate
+DSV4 case: one raw window covering the whole context, a raw row per token
+holding K then V of every KV head, no compressed or indexer rows.
+
+The KV buffer is laid out [layers, ctx, 2, Hkv, D] so that one layer's live rows,
+kv[l, :T], are a single contiguous block in payload order: save writes it and
+load reads into it with no staging copy (restore speed is bounded by the read).
+Attention reads K and V as strided views of the same block.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, BinaryIO
+
+import torch
+
+from ds4tui.dsv4_header import DSV4_MAGIC, Dsv4Header
+from ds4tui.engine.payload import (
+    PayloadReader,
+    check_field,
+    check_fingerprint,
+    framing_bytes,
+    write_framing,
+    write_tensor,
+)
+from ds4tui.engine.session import PayloadError, Session
+
+if TYPE_CHECKING:
+    from ds4tui.engine.llama import LlamaModel
+
+# Version of the llama per-layer sections inside the DSV4 framing (header field payload_version).
+LLAMA_PAYLOAD_VERSION = 1
+
+
+class LlamaSession(Session):
+    def __init__(self, model: "LlamaModel", ctx_size: int, chunk_size: int) -> None:
+        super().__init__(ctx_size, chunk_size)
+        self.model = model
+        cfg = model.cfg
+        # Rows >= len(self.tokens) are never read, so the buffer need not be zeroed.
+        self.kv = torch.empty((cfg.num_layers, ctx_size, 2, cfg.num_kv_heads, cfg.head_dim), dtype=torch.float32)
+
+    def _forward(self, tokens: list[int], want_logits: bool) -> torch.Tensor | None:
+        vocab = self.model.cfg.vocab_size
+        for t in tokens:
+            if not 0 <= t < vocab:
+                raise ValueError(f"token id {t} outside vocab of {vocab}")
+        with torch.inference_mode():
+            return self.model.forward(self.kv, tokens, len(self.tokens), want_logits)
+
+    def reset(self) -> None:
+        self.tokens = []
+        self.logits = None
+
+    # -- payload --------------------------------------------------------------------------
+
+    def _header(self, token_count: int) -> Dsv4Header:
+        cfg = self.model.cfg
+        return Dsv4Header(
+            magic=DSV4_MAGIC,
+            payload_version=LLAMA_PAYLOAD_VERSION,
+            saved_ctx=self.ctx_size,
+            prefill_chunk=self.chunk_size,
+            raw_capacity=self.ctx_size,
+            raw_window=self.ctx_size,
+            compressed_capacity=0,
+            token_count=token_count,
+            layer_count=cfg.num_layers,
+            head_dim=cfg.kv_row_floats,
+            indexer_head_dim=0,
+            vocab_size=cfg.vocab_size,
+            live_raw_rows=token_count,
+        )
+
+    def payload_bytes(self) -> int:
+        cfg = self.model.cfg
+        t = len(self.tokens)
+        return framing_bytes(t, cfg.vocab_size, cfg.num_layers) + 4 * cfg.num_layers * t * cfg.kv_row_floats
+
+    def save_payload(self, fp: BinaryIO) -> None:
+        cfg = self.model.cfg
+        t = len(self.tokens)
+        # A session stopped between prefill chunks has no next-token logits; it is saved with
+        # zero logits (no real model emits an all-zero row), which load turns back into None.
+        logits = self.logits if self.logits is not None else torch.zeros(cfg.vocab_size)
+        zeros = [0] * cfg.num_layers
+        write_framing(fp, self._header(t), self.model.info.fingerprint, self.tokens, logits, zeros, zeros)
+        for layer in range(cfg.num_layers):
+            write_tensor(fp, self.kv[layer, :t])  # [T, 2, Hkv, D], contiguous: no copy
+
+    def load_payload(self, fp: BinaryIO, nbytes: int) -> None:
+        try:
+            self._load(fp, nbytes)
+        except BaseException:
+            self.reset()  # never half-restored: an empty, usable session
+            raise
+
+    def _load(self, fp: BinaryIO, nbytes: int) -> None:
+        cfg = self.model.cfg
+        self.reset()
+        r = PayloadReader(fp, nbytes)
+        h = r.read_header()
+        check_fingerprint(r.read_bytes(32, "the fingerprint"), self.model.info.fingerprint, self.model.info.name)
+        check_field(h, "payload_version", LLAMA_PAYLOAD_VERSION)
+        check_field(h, "layer_count", cfg.num_layers)
+        check_field(h, "head_dim", cfg.kv_row_floats)
+        check_field(h, "indexer_head_dim", 0)
+        check_field(h, "compressed_capacity", 0)
+        check_field(h, "vocab_size", cfg.vocab_size)
+        check_field(h, "raw_window", h.raw_capacity)  # full attention: the window is the context
+        check_field(h, "live_raw_rows", h.token_count)
+        t = h.token_count
+        if t > self.ctx_size:
+            raise PayloadError(f"payload holds {t} tokens, this session's context is {self.ctx_size}")
+        if t > h.raw_capacity:
+            raise PayloadError(f"payload holds {t} tokens but says its context was {h.raw_capacity}")
+        tokens = r.read_u32(t, "the tokens")
+        bad = next((x for x in tokens if x >= cfg.vocab_size), None)
+        if bad is not None:
+            raise PayloadError(f"payload token {bad} is outside the vocab of {cfg.vocab_size}")
+        logits = r.read_f32((cfg.vocab_size,), "the logits")
+        for what in ("compressed row counts", "indexer row counts"):
+            counts = r.read_u32(cfg.num_layers, what)
+            if any(counts):
+                raise PayloadError(f"payload has nonzero {what}: a llama model has none")
+        for layer in range(cfg.num_layers):
+            r.read_into(self.kv[layer, :t], f"layer {layer} KV rows")
+        r.finish()
+        self.tokens = tokens
+        self.logits = None if not bool(logits.any()) else logits
