@@ -1,0 +1,196 @@
+"""The controller's window on the disk cache: restore, save, titled sessions.
+
+Owns: binding one loaded model to a `KvStore` (what this engine accepts and
+writes: model id, payload ABI, quant bits, context size), streaming a
+session's payload in and out, listing the titled sessions this very model
+wrote (the header only names the family, so the payload's 32-byte fingerprint
+is compared too), and moving a titled file to a new title. Every store event
+is handed to the caller's callback unchanged.
+
+Leaves to the store: validation, atomic writes, the budget and eviction; to
+the controller: when to save and what the text is.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from ds4tui.cache.entry import Acceptor, inspect_file
+from ds4tui.cache.events import Miss, Rejected
+from ds4tui.cache.kvc import PREFIX_BYTES, KvcFormatError, read_kvc
+from ds4tui.cache.policy import CachePolicy
+from ds4tui.cache.store import KvStore
+from ds4tui.dsv4_header import DSV4_HEADER_BYTES
+from ds4tui.engine.model import EngineError, Model
+from ds4tui.engine.payload import FINGERPRINT_BYTES
+from ds4tui.engine.session import Session
+
+_COPY_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class SavedSession:
+    """A titled session file on disk, as the conversation list shows it."""
+
+    sha: str
+    path: str
+    title: str
+    created_at: int
+    last_used: int
+    tokens: int
+    file_bytes: int
+
+
+class Checkpoints:
+    """One model's checkpoints in one cache directory."""
+
+    def __init__(self, model: Model, directory: str | os.PathLike, policy: CachePolicy,
+                 ctx_size: int | None = None) -> None:
+        self.model = model
+        self.store = KvStore(directory, policy, budget_mb=policy.budget_mb)
+        self._ctx_size = ctx_size
+
+    def acceptor(self, session: Session | None = None) -> Acceptor:
+        """What this engine loads (files for a larger context are refused) and writes."""
+        info = self.model.info
+        ctx = session.ctx_size if session is not None else self._ctx_size
+        return Acceptor(model_id=info.model_id, payload_abi=info.payload_abi, ctx_size=ctx,
+                        quant_bits=info.quant_bits)
+
+    # -- restore ---------------------------------------------------------------------------------
+
+    def restore_longest(self, prompt: bytes, session: Session, on_event: Callable) -> int:
+        """Load the longest cached byte prefix of `prompt` into `session`; bytes covered (0: miss)."""
+        result = self.store.load(prompt, self.acceptor(session), _loader(session))
+        for ev in result.events:
+            on_event(ev)
+        hit = result.hit
+        if hit is None:
+            session.reset()  # a rejected payload may have left it empty; make sure of it
+            return 0
+        return hit.text_bytes
+
+    def load_titled(self, saved: SavedSession, session: Session, on_event: Callable) -> bytes:
+        """Restore a titled session; returns its rendered text. Raises EngineError when it fails."""
+        result = self.store.load_file(saved.sha, self.acceptor(session), _loader(session))
+        for ev in result.events:
+            on_event(ev)
+        if result.hit is None:
+            reason = result.event.reason if isinstance(result.event, Miss) else "not loaded"
+            raise EngineError(f"cannot resume {saved.title!r}: {reason}")
+        try:
+            with open(saved.path, "rb") as fp:
+                return read_kvc(fp, with_trailers=False).text
+        except (OSError, KvcFormatError) as exc:
+            session.reset()
+            raise EngineError(f"cannot resume {saved.title!r}: {exc}") from None
+
+    # -- save -------------------------------------------------------------------------------------
+
+    def save(self, session: Session, text: bytes, reason: str, on_event: Callable, *,
+             title: str | None = None, created_at: int | None = None) -> str | None:
+        """Checkpoint the whole session under `reason`; the file's sha, or None when it failed.
+
+        A failure (full disk, budget) is reported as the store's SaveFailed event and
+        never raised: the conversation goes on without this checkpoint.
+        """
+        result = self.store.save(
+            text, tokens=len(session.tokens), reason=reason, engine=self.acceptor(session),
+            payload_bytes=session.payload_bytes(), write_payload=session.save_payload,
+            title=title, created_at=created_at,
+        )
+        for ev in result.events:
+            on_event(ev)
+        return result.event.sha if result.ok else None
+
+    def delete(self, sha: str) -> bool:
+        return self.store.delete(sha)
+
+    def retitle(self, sha: str, title: str, created_at: int, on_event: Callable) -> str | None:
+        """Copy a titled file under its new title (new name), then delete the old one."""
+        path = self.store.path_for(sha)
+        try:
+            with open(path, "rb") as fp:
+                kf = read_kvc(fp)
+                h = kf.header
+
+                def copy_payload(out: BinaryIO) -> None:
+                    fp.seek(kf.payload_offset)
+                    left = h.payload_bytes
+                    while left:
+                        block = fp.read(min(_COPY_CHUNK, left))
+                        if not block:
+                            raise OSError("file shrank while copying its payload")
+                        out.write(block)
+                        left -= len(block)
+
+                engine = Acceptor(model_id=h.model_id, payload_abi=h.payload_abi, ctx_size=h.ctx_size,
+                                  quant_bits=h.quant_bits)
+                result = self.store.save(kf.text, tokens=h.tokens, reason=h.reason, engine=engine,
+                                         payload_bytes=h.payload_bytes, write_payload=copy_payload,
+                                         title=title, created_at=created_at, pinned=h.pinned)
+        except FileNotFoundError:
+            return None
+        except (OSError, KvcFormatError) as exc:
+            on_event(Rejected(sha, f"cannot rename: {exc}"))
+            return None
+        for ev in result.events:
+            on_event(ev)
+        if not result.ok:
+            return None
+        if result.event.sha != sha:
+            self.store.delete(sha)
+        return result.event.sha
+
+    # -- titled sessions ---------------------------------------------------------------------------
+
+    def titled_sessions(self) -> list[SavedSession]:
+        """Valid titled sessions written by this model (same fingerprint), newest first."""
+        acc = self.acceptor()
+        out = []
+        for sha in self.store.shas():
+            e = inspect_file(self.store.path_for(sha), acceptor=acc, deep=True, preview_bytes=0)
+            h = e.header
+            if not e.valid or h is None or not h.titled or e.title is None:
+                continue
+            if _payload_fingerprint(e.path, h.text_bytes) != self.model.info.fingerprint:
+                continue
+            out.append(SavedSession(sha=sha, path=e.path, title=e.title, created_at=h.created_at,
+                                    last_used=h.last_used, tokens=h.tokens, file_bytes=e.file_bytes))
+        out.sort(key=lambda s: (s.last_used, s.created_at), reverse=True)
+        return out
+
+    def find_titled(self, query: str) -> list[SavedSession]:
+        """Sessions whose name starts with `query` (hex), else whose title equals it."""
+        sessions = self.titled_sessions()
+        q = query.strip()
+        if q and all(c in "0123456789abcdefABCDEF" for c in q):
+            by_sha = [s for s in sessions if s.sha.startswith(q.lower())]
+            if by_sha:
+                return by_sha
+        exact = [s for s in sessions if s.title == q]
+        if exact:
+            return exact
+        return [s for s in sessions if s.title.casefold() == q.casefold()]
+
+
+def _loader(session: Session) -> Callable[[BinaryIO, int], int]:
+    def load(fp: BinaryIO, nbytes: int) -> int:
+        session.load_payload(fp, nbytes)
+        return len(session.tokens)
+
+    return load
+
+
+def _payload_fingerprint(path: str | Path, text_bytes: int) -> bytes | None:
+    """The 32-byte model fingerprint that follows the payload's DSV4 header."""
+    try:
+        with open(path, "rb") as fp:
+            fp.seek(PREFIX_BYTES + text_bytes + DSV4_HEADER_BYTES)
+            data = fp.read(FINGERPRINT_BYTES)
+    except OSError:
+        return None
+    return data if len(data) == FINGERPRINT_BYTES else None

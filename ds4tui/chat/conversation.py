@@ -1,0 +1,67 @@
+"""One chat: its messages, its title and (while in memory) its live engine session.
+
+Owns: the Conversation record and the small rules about it (the default
+title, what the UI shows). The controller owns every change to the session.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ds4tui.engine.session import Session
+
+TITLE_CHARS = 48  # sidebar width minus its border and marker: a title fits one line
+
+
+def default_title(text: str, limit: int = TITLE_CHARS) -> str:
+    """The first user message, whitespace collapsed, clipped to `limit` characters with an ellipsis."""
+    title = re.sub(r"\s+", " ", text).strip()
+    if not title:
+        return "New chat"
+    if len(title) > limit:
+        title = title[: limit - 1].rstrip() + "…"
+    return title
+
+
+@dataclass(eq=False)
+class Conversation:
+    """Messages plus at most one live session whose tokens cover a prefix of their rendering.
+
+    `session_text` is always the exact bytes of `session.tokens` (the rendered
+    text they decode to): it is what a checkpoint of the session stores, and
+    the next prompt reuses the session when it starts with these bytes.
+    """
+
+    key: str  # stable in-memory id; the titled file name changes on rename, this does not
+    title: str | None = None  # None until the first user message
+    created_at: int = field(default_factory=lambda: int(time.time()))
+    messages: list[dict] = field(default_factory=list)
+    session: Session | None = None
+    session_text: bytes = b""
+    last_active: float = field(default_factory=time.monotonic)
+    saved_sha: str | None = None  # name (without .kv) of this chat's titled-session file
+    stored_upto: int = 0  # tokens covered by the last cold/continued checkpoint (frontier bookkeeping)
+    busy: bool = False  # a worker is using the session right now
+
+    @property
+    def display_title(self) -> str:
+        return self.title or "New chat"
+
+    @property
+    def live(self) -> bool:
+        return self.session is not None
+
+    @property
+    def context_tokens(self) -> int:
+        return len(self.session.tokens) if self.session is not None else 0
+
+    def visible_messages(self) -> list[dict]:
+        """What the chat view shows: user and assistant turns (the system prompt stays hidden)."""
+        return [m for m in self.messages if m.get("role") in ("user", "assistant")]
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
