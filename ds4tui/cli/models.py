@@ -1,0 +1,85 @@
+"""`ds4tui models list|pull|path`: the registered models, fetching them, and where they live."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("models", help="list, pull and locate models", description=__doc__)
+    p.set_defaults(func=cmd_list)
+    sub = p.add_subparsers(title="verbs", metavar="VERB")
+    ls = sub.add_parser("list", help="registered models: name, family, installed?, size, path")
+    ls.set_defaults(func=cmd_list)
+    pull = sub.add_parser("pull", help="download or build a model (no-op when already there)")
+    pull.add_argument("name", help="a name from `ds4tui models list`")
+    pull.set_defaults(func=cmd_pull)
+    path = sub.add_parser("path", help="print a model's local path")
+    path.add_argument("name", help="a name from `ds4tui models list`")
+    path.set_defaults(func=cmd_path)
+
+
+def _size(path) -> int:
+    if path is None or not path.exists():
+        return 0
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from ds4tui.engine.registry import REGISTRY, installed_path, is_installed
+
+    rows = [("NAME", "FAMILY", "INSTALLED", "SIZE", "PATH")]
+    for entry in REGISTRY.values():
+        path = installed_path(entry)
+        there = is_installed(entry)
+        if there:
+            state = "yes"
+        else:
+            state = "no (built on first use)" if entry.builder else "no"
+        rows.append((entry.name, entry.family, state, _human(_size(path)) if there else "-", str(path or "-")))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from ds4tui.cli import CliError
+    from ds4tui.engine.model import ModelNotFoundError
+    from ds4tui.engine.registry import pull
+
+    try:
+        path = pull(args.name)
+    except ModelNotFoundError as exc:
+        raise CliError(str(exc)) from None
+    print(path)
+    return 0
+
+
+def cmd_path(args: argparse.Namespace) -> int:
+    from ds4tui.cli import CliError
+    from ds4tui.engine.model import ModelNotFoundError
+    from ds4tui.engine.registry import REGISTRY, installed_path, resolve_registered
+
+    entry = REGISTRY.get(args.name)
+    if entry is None:
+        raise CliError(f"unknown model {args.name!r}: see `ds4tui models list`")
+    if entry.builder is not None:
+        path = installed_path(entry)  # print without building: `path` should be instant
+    else:
+        try:
+            path = resolve_registered(args.name)
+        except ModelNotFoundError as exc:
+            raise CliError(str(exc)) from None
+    print(path)
+    return 0

