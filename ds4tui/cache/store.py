@@ -20,33 +20,27 @@ ds4 itself) saving and evicting in it at the same time:
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
-import secrets
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
-from ds4tui.cache import eviction
+from ds4tui.cache import eviction, files
+from ds4tui.cache.files import WritePayload
 from ds4tui.cache.entry import ANY_DS4TUI, NOT_LOADABLE, Acceptor, KvEntry, inspect_file, is_foreign_version
 from ds4tui.cache.events import Evicted, EvictedFile, Hit, Miss, Rejected, Saved, SaveFailed
 from ds4tui.cache.kvc import (
     EXT_PINNED,
     EXT_SESSION_TITLE,
     EXT_TOOL_MAP,
-    OFFSET_EXT_FLAGS,
-    OFFSET_HITS,
-    OFFSET_LAST_USED,
     PREFIX_BYTES,
     KvcFile,
     KvcFormatError,
     KvcHeader,
     decode_header,
-    encode_header,
     kv_name,
     read_kvc,
     reason_code,
@@ -57,7 +51,6 @@ from ds4tui.cache.kvc import (
 )
 from ds4tui.cache.policy import DEFAULT_POLICY, MIB, CachePolicy
 
-WritePayload = Callable[[BinaryIO], Any]
 # Returns the number of tokens it restored, or None when it cannot tell.
 LoadPayload = Callable[[BinaryIO, int], int | None]
 
@@ -105,10 +98,10 @@ class KvStore:
     """One cache directory under a byte budget (default 4096 MiB)."""
 
     def __init__(self, directory: str | os.PathLike, policy: CachePolicy = DEFAULT_POLICY, *,
-                 budget_mb: int | None = None, clock: Callable[[], float] = time.time):
+                 budget_mb: float | None = None, clock: Callable[[], float] = time.time):
         self.dir = Path(directory)
         self.policy = policy
-        self.budget_bytes = (budget_mb if budget_mb is not None else policy.budget_mb) * MIB
+        self.budget_bytes = int((budget_mb if budget_mb is not None else policy.budget_mb) * MIB)
         self._clock = clock
 
     # -- reading -------------------------------------------------------------
@@ -143,18 +136,12 @@ class KvStore:
 
     def score(self, entries: list[KvEntry], incoming: eviction.Incoming | None = None) -> list[KvEntry]:
         """Fill in `superseded` and `score` (reads the texts of possible superseders)."""
-        eviction.mark_superseded(entries, self._read_text, incoming)
+        eviction.mark_superseded(entries, self._text_of, incoming)
         eviction.score_entries(entries, self.policy, self._clock())
         return entries
 
-    def _read_text(self, e: KvEntry) -> bytes | None:
-        try:
-            with open(e.path, "rb") as fp:
-                fp.seek(PREFIX_BYTES)
-                text = fp.read(e.header.text_bytes)
-        except OSError:
-            return None
-        return text if len(text) == e.header.text_bytes else None
+    def _text_of(self, e: KvEntry) -> bytes | None:
+        return files.read_text(e.path, e.header.text_bytes)
 
     def lookup(self, prompt: str | bytes, acceptor: Acceptor) -> list[KvEntry]:
         """Candidates whose name is the SHA-1 of a byte prefix of `prompt`, longest first.
@@ -216,11 +203,11 @@ class KvStore:
             try:
                 kf = self._validate(fp, sha, prompt, acceptor, load_payload)
             except _Reject as rej:
-                deleted = rej.corrupt and self._unlink_if_same(path, fp)
+                deleted = rej.corrupt and files.unlink_if_same(path, fp)
                 events.append(Rejected(sha, rej.reason, deleted))
                 return None
         h = kf.header
-        self._write_fields(path, hits=h.hits + 1, last_used=int(self._clock()))
+        files.write_header_fields(path, hits=h.hits + 1, last_used=int(self._clock()))
         hit = Hit(sha=sha, path=str(path), reason=h.reason, tokens=h.tokens, text_bytes=h.text_bytes,
                   bytes=kf.file_bytes, hits=h.hits + 1, ms=_ms(t0), title=kf.title)
         return LoadResult(hit, tuple(events) + (hit,), kf.tool_map)
@@ -262,47 +249,20 @@ class KvStore:
             raise _Reject(f"payload restored {restored} tokens, header says {header.tokens}", corrupt=True)
         return kf
 
-    def _unlink_if_same(self, path: Path, fp: BinaryIO) -> bool:
-        """Delete `path` only if it is still the file we read (a writer may have replaced it)."""
-        try:
-            if os.stat(path).st_ino != os.fstat(fp.fileno()).st_ino:
-                return False
-            os.unlink(path)
-            return True
-        except FileNotFoundError:
-            return False
-
     # -- in-place writes ------------------------------------------------------
-
-    def _write_fields(self, path: Path, *, hits: int | None = None, last_used: int | None = None,
-                      ext_flags: Callable[[int], int] | None = None) -> bool:
-        """Rewrite header fields in place after checking the file is still KVC."""
-        try:
-            with open(path, "r+b") as fp:
-                header = decode_header(fp.read(PREFIX_BYTES))
-                fd = fp.fileno()
-                if hits is not None:
-                    os.pwrite(fd, struct.pack("<I", hits & 0xFFFFFFFF), OFFSET_HITS)
-                if last_used is not None:
-                    os.pwrite(fd, struct.pack("<Q", last_used), OFFSET_LAST_USED)
-                if ext_flags is not None:
-                    os.pwrite(fd, bytes([ext_flags(header.ext_flags) & 0xFF]), OFFSET_EXT_FLAGS)
-        except (OSError, KvcFormatError):
-            return False
-        return True
 
     def touch(self, sha: str) -> bool:
         """Count a hit: hits+1 and last_used=now, in place."""
         e = inspect_file(self.path_for(sha), acceptor=None, deep=False)
         if e.header is None:
             return False
-        return self._write_fields(self.path_for(sha), hits=e.header.hits + 1, last_used=int(self._clock()))
+        return files.write_header_fields(self.path_for(sha), hits=e.header.hits + 1, last_used=int(self._clock()))
 
     def set_pinned(self, sha: str, pinned: bool) -> bool:
         """Pin (never evicted) or unpin: ext_flags bit 7, in place."""
         if pinned:
-            return self._write_fields(self.path_for(sha), ext_flags=lambda f: f | EXT_PINNED)
-        return self._write_fields(self.path_for(sha), ext_flags=lambda f: f & ~EXT_PINNED)
+            return files.write_header_fields(self.path_for(sha), ext_flags=lambda f: f | EXT_PINNED)
+        return files.write_header_fields(self.path_for(sha), ext_flags=lambda f: f & ~EXT_PINNED)
 
     def delete(self, sha: str) -> bool:
         try:
@@ -366,9 +326,9 @@ class KvStore:
         evicted = (pre,) if pre.files else ()
         t0 = time.perf_counter()
         try:
-            self._write_atomic(sha, header, text, write_payload, tail)
+            files.write_atomic(self.path_for(sha), header, text, write_payload, tail)
         except Exception as exc:
-            return failed(self._describe_failure(exc), *evicted)
+            return failed(files.describe_failure(exc), *evicted)
         saved = Saved(sha=sha, path=str(self.path_for(sha)), reason=header.reason, tokens=tokens,
                       bytes=file_bytes, ms=_ms(t0), created_at=created)
         # Another process may have saved meanwhile: settle the budget again,
@@ -386,61 +346,10 @@ class KvStore:
         h = e.header
         if not e.valid or h.tokens != header.tokens or h.text_bytes != len(text):
             return None
-        if self._read_text(e) != text:
+        if self._text_of(e) != text:
             return None
         return Saved(sha=sha, path=e.path, reason=h.reason, tokens=h.tokens, bytes=e.file_bytes,
                      ms=0.0, created_at=h.created_at, reused=True)
-
-    def _write_atomic(self, sha: str, header: KvcHeader, text: bytes, write_payload: WritePayload,
-                      tail: bytes) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        final = self.path_for(sha)
-        # pid + random: unique across processes and threads; never a cache-file name.
-        tmp = final.with_name(f"{final.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            with os.fdopen(fd, "wb") as fp:
-                fp.write(encode_header(header))
-                fp.write(text)
-                start = fp.tell()
-                write_payload(fp)
-                written = fp.tell() - start
-                if written != header.payload_bytes:
-                    raise _PayloadSizeError(f"payload writer wrote {written} bytes, declared {header.payload_bytes}")
-                fp.write(tail)
-                fp.flush()
-                os.fsync(fp.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        self._fsync_dir()
-
-    def _fsync_dir(self) -> None:
-        # Makes the rename durable; some file systems refuse fsync on a directory.
-        try:
-            fd = os.open(self.dir, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-    @staticmethod
-    def _describe_failure(exc: Exception) -> str:
-        if isinstance(exc, _PayloadSizeError):
-            return str(exc)
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            return f"disk full (ENOSPC): {exc.strerror or exc}"
-        if isinstance(exc, OSError):
-            return f"write failed: {exc.strerror or exc}"
-        return f"payload writer failed: {type(exc).__name__}: {exc}"
 
     # -- eviction ------------------------------------------------------------
 
@@ -449,7 +358,7 @@ class KvStore:
         """Delete the lowest-scoring files until the directory fits the budget."""
         budget = self.budget_bytes if budget_bytes is None else budget_bytes
         if not dry_run:
-            self._remove_stale_tmp()
+            files.remove_stale_tmp(self.dir, self.policy.stale_tmp_s)
         return self._evict(self.scan(), budget, frozenset(protect), dry_run=dry_run, budget=budget)
 
     def _evict(self, entries: list[KvEntry], target: int, protect: frozenset[str] = frozenset(), *,
@@ -472,24 +381,3 @@ class KvStore:
                                     bytes=e.file_bytes, score=e.score.score if e.score else 0.0))
         return Evicted(tuple(gone), sum(f.bytes for f in gone),
                        self.budget_bytes if budget is None else budget, dry_run)
-
-    def _remove_stale_tmp(self) -> None:
-        """Remove temp files a crashed writer left behind (a live writer keeps its mtime fresh)."""
-        try:
-            names = os.listdir(self.dir)
-        except FileNotFoundError:
-            return
-        cutoff = time.time() - self.policy.stale_tmp_s
-        for name in names:
-            if ".kv.tmp." not in name or sha_from_name(name[:43]) is None:
-                continue
-            path = self.dir / name
-            try:
-                if os.stat(path).st_mtime < cutoff:
-                    os.unlink(path)
-            except OSError:
-                pass
-
-
-class _PayloadSizeError(Exception):
-    pass

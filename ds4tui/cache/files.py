@@ -1,0 +1,157 @@
+"""Low-level file operations of the store: atomic write, in-place header edits, cleanup.
+
+Owns: how bytes reach disk safely. A save goes to `<sha>.kv.tmp.<pid>.<rand>`,
+is fsynced and renamed over `<sha>.kv`, then the directory is fsynced, so a
+reader sees no file or a whole file, and a crash leaves at most a temp file
+(which no scan lists; `remove_stale_tmp` clears old ones). In-place edits touch
+only hits/last_used and ext_flags, after checking the file is still KVC.
+Leaves to store.py: what to write, when, and the budget.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ds4tui.cache.kvc import (
+    OFFSET_EXT_FLAGS,
+    OFFSET_HITS,
+    OFFSET_LAST_USED,
+    PREFIX_BYTES,
+    KvcFormatError,
+    KvcHeader,
+    decode_header,
+    encode_header,
+    sha_from_name,
+)
+
+WritePayload = Callable[[BinaryIO], Any]
+TMP_MARK = ".tmp."
+
+
+class PayloadSizeError(Exception):
+    """The payload writer wrote a different number of bytes than it declared."""
+
+
+def write_atomic(final: Path, header: KvcHeader, text: bytes, write_payload: WritePayload,
+                 tail: bytes) -> None:
+    """Write a whole file under a temp name and rename it to `final`.
+
+    On any failure (including KeyboardInterrupt) the temp file is removed and
+    the exception propagates; `final` is then exactly as it was.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # pid + random: unique across processes and threads; never a cache-file name.
+    tmp = final.with_name(f"{final.name}{TMP_MARK}{os.getpid()}.{secrets.token_hex(4)}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "wb") as fp:
+            fp.write(encode_header(header))
+            fp.write(text)
+            start = fp.tell()
+            write_payload(fp)
+            written = fp.tell() - start
+            if written != header.payload_bytes:
+                raise PayloadSizeError(f"payload writer wrote {written} bytes, declared {header.payload_bytes}")
+            fp.write(tail)
+            fp.flush()
+            os.fsync(fp.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(final.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    # Makes a rename durable; some file systems refuse fsync on a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def describe_failure(exc: Exception) -> str:
+    """One line for a failed save."""
+    if isinstance(exc, PayloadSizeError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return f"disk full (ENOSPC): {exc.strerror or exc}"
+    if isinstance(exc, OSError):
+        return f"write failed: {exc.strerror or exc}"
+    return f"payload writer failed: {type(exc).__name__}: {exc}"
+
+
+def write_header_fields(path: Path, *, hits: int | None = None, last_used: int | None = None,
+                        ext_flags: Callable[[int], int] | None = None) -> bool:
+    """Rewrite header fields in place (the only in-place writes of the format)."""
+    try:
+        with open(path, "r+b") as fp:
+            header = decode_header(fp.read(PREFIX_BYTES))
+            fd = fp.fileno()
+            if hits is not None:
+                os.pwrite(fd, struct.pack("<I", hits & 0xFFFFFFFF), OFFSET_HITS)
+            if last_used is not None:
+                os.pwrite(fd, struct.pack("<Q", last_used), OFFSET_LAST_USED)
+            if ext_flags is not None:
+                os.pwrite(fd, bytes([ext_flags(header.ext_flags) & 0xFF]), OFFSET_EXT_FLAGS)
+    except (OSError, KvcFormatError):
+        return False
+    return True
+
+
+def read_text(path: str | Path, text_bytes: int) -> bytes | None:
+    """The stored text of a file, or None if it vanished or is short."""
+    try:
+        with open(path, "rb") as fp:
+            fp.seek(PREFIX_BYTES)
+            text = fp.read(text_bytes)
+    except OSError:
+        return None
+    return text if len(text) == text_bytes else None
+
+
+def unlink_if_same(path: Path, fp: BinaryIO) -> bool:
+    """Delete `path` only if it is still the open file `fp` (a writer may have replaced it)."""
+    try:
+        if os.stat(path).st_ino != os.fstat(fp.fileno()).st_ino:
+            return False
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def remove_stale_tmp(directory: Path, older_than_s: float) -> list[str]:
+    """Remove temp files a crashed writer left behind; a live writer keeps its mtime fresh."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    cutoff = time.time() - older_than_s
+    removed = []
+    for name in names:
+        if TMP_MARK not in name or sha_from_name(name[:43]) is None:
+            continue
+        try:
+            if os.stat(directory / name).st_mtime < cutoff:
+                os.unlink(directory / name)
+                removed.append(name)
+        except OSError:
+            pass
+    return removed
