@@ -1,0 +1,205 @@
+"""tiny-llama: session invariants (restore exactness, chunking, payload framing) and ChatML."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from ds4tui.dsv4_header import DS4TUI_PAYLOAD_ABI, MODEL_ID_LLAMA, unpack_dsv4_header
+from ds4tui.engine.llama import LlamaConfig, LlamaModel
+from ds4tui.engine.llama_weights import hf_to_internal, make_info
+from ds4tui.engine.loader import load_model
+from ds4tui.engine.session import PayloadError
+from ds4tui.engine.tiny_llama import CHAT_TEMPLATE, CONFIG, random_llama_weights
+
+CHUNK = 16  # small chunks so a 50-token prompt crosses several aligned boundaries
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def prompt(model):
+    text = model.chat.render([{"role": "user", "content": "Tell me about the weather today, please."}])
+    ids = model.tokenizer.encode(text)
+    assert len(ids) > 3 * CHUNK
+    return ids
+
+
+def _session(model, ctx=256):
+    s = model.new_session(ctx)
+    s.chunk_size = CHUNK
+    return s
+
+
+def _payload(session) -> bytes:
+    buf = io.BytesIO()
+    session.save_payload(buf)
+    return buf.getvalue()
+
+
+def _greedy(session, n):
+    steps = []
+    for _ in range(n):
+        tok = int(session.logits.argmax())
+        steps.append((tok, session.decode(tok).clone()))
+    return steps
+
+
+def test_info(model):
+    assert model.info.family == "llama"
+    assert model.info.model_id == MODEL_ID_LLAMA
+    assert model.info.payload_abi == DS4TUI_PAYLOAD_ABI
+    assert len(model.info.fingerprint) == 32
+    assert model.tokenizer.eos_ids == {2}
+
+
+def test_restore_then_continue_is_bit_exact(model, prompt):
+    a = _session(model)
+    a.prefill(prompt)
+    data = _payload(a)
+    expected = _greedy(a, 8)
+    b = _session(model)
+    b.load_payload(io.BytesIO(data), len(data))
+    assert b.tokens == prompt
+    got = _greedy(b, 8)
+    assert [t for t, _ in got] == [t for t, _ in expected]
+    for (_, la), (_, lb) in zip(expected, got):
+        assert torch.equal(la, lb)
+    # The greedy continuation of a random model is varied, not one token repeated.
+    assert len({t for t, _ in expected}) > 2
+
+
+def test_token_by_token_matches_chunked_prefill(model, prompt):
+    chunked = _session(model)
+    chunked.prefill(prompt)
+    streamed = _session(model)
+    for tok in prompt:
+        streamed.decode(tok)
+    # Different matmul shapes round differently in fp32; the documented tolerance is 1e-4.
+    assert torch.allclose(streamed.logits, chunked.logits, atol=1e-4, rtol=1e-4)
+    assert int(streamed.logits.argmax()) == int(chunked.logits.argmax())
+    n = len(prompt)
+    assert torch.allclose(streamed.kv[:, :n], chunked.kv[:, :n], atol=1e-4, rtol=1e-4)
+
+
+def test_chunked_prefill_after_cached_tokens_uses_offset_mask(model, prompt):
+    whole = _session(model)
+    whole.prefill(prompt)
+    split = _session(model)
+    split.prefill(prompt[:21])  # ends mid-chunk: the next call's first chunk starts at 21
+    split.prefill(prompt[21:])
+    assert torch.allclose(split.logits, whole.logits, atol=1e-4, rtol=1e-4)
+
+
+def test_payload_round_trip_is_byte_identical(model, prompt):
+    a = _session(model)
+    a.prefill(prompt)
+    data = _payload(a)
+    assert len(data) == a.payload_bytes()
+    h = unpack_dsv4_header(data)
+    cfg = model.cfg
+    assert (h.token_count, h.live_raw_rows, h.layer_count) == (len(prompt), len(prompt), cfg.num_layers)
+    assert (h.raw_capacity, h.raw_window, h.compressed_capacity, h.indexer_head_dim) == (256, 256, 0, 0)
+    assert h.head_dim == 2 * cfg.num_kv_heads * cfg.head_dim and h.vocab_size == cfg.vocab_size
+    b = _session(model, ctx=512)  # a bigger context can take it
+    b.load_payload(io.BytesIO(data), len(data))
+    assert _payload(b)[52 + 32 :] == data[52 + 32 :]  # only saved_ctx etc. in the header differ
+    c = _session(model)
+    c.load_payload(io.BytesIO(data), len(data))
+    assert _payload(c) == data
+
+
+def test_interrupted_prefill_saves_without_logits(model, prompt):
+    a = _session(model)
+    calls = iter([False, True])
+    assert a.prefill(prompt, should_stop=lambda: next(calls)) is False
+    assert len(a.tokens) == CHUNK and a.logits is None
+    data = _payload(a)
+    b = _session(model)
+    b.load_payload(io.BytesIO(data), len(data))
+    assert b.tokens == prompt[:CHUNK] and b.logits is None
+    b.prefill(prompt[CHUNK:])
+    full = _session(model)
+    full.prefill(prompt)
+    assert torch.equal(b.logits, full.logits)
+
+
+def _other_model(model) -> LlamaModel:
+    """A model with another config (one layer): its payloads must not load into tiny-llama."""
+    raw = dict(CONFIG, num_hidden_layers=1)
+    cfg = LlamaConfig.from_hf(raw)
+    tensors = hf_to_internal(cfg, random_llama_weights(raw, seed=7), "test")
+    info = make_info("other", cfg, "test-weights", 32)
+    return LlamaModel(cfg, tensors, info, model.tokenizer, model.chat, "test")
+
+
+def _assert_rejected_and_usable(model, prompt, data, match):
+    s = _session(model)
+    s.prefill(prompt[:5])
+    with pytest.raises(PayloadError, match=match):
+        s.load_payload(io.BytesIO(data), len(data))
+    assert s.tokens == [] and s.logits is None
+    s.prefill(prompt)
+    fresh = _session(model)
+    fresh.prefill(prompt)
+    assert torch.equal(s.logits, fresh.logits)
+
+
+def test_foreign_truncated_and_trailing_payloads_are_rejected(model, prompt):
+    a = _session(model)
+    a.prefill(prompt)
+    data = _payload(a)
+    flipped = bytearray(data)
+    flipped[52] ^= 0xFF  # first fingerprint byte
+    _assert_rejected_and_usable(model, prompt, bytes(flipped), "another model")
+    other = _other_model(model).new_session(256)
+    other.prefill(prompt)
+    _assert_rejected_and_usable(model, prompt, _payload(other), "another model")
+    _assert_rejected_and_usable(model, prompt, data[:-4], "truncated")
+    _assert_rejected_and_usable(model, prompt, data + b"\0" * 4, "trailing")
+    bad_rows = bytearray(data)
+    bad_rows[4 * 8 : 4 * 9] = (1).to_bytes(4, "little")  # header field 8, layer_count: 2 -> 1
+    _assert_rejected_and_usable(model, prompt, bytes(bad_rows), "layer_count")
+
+
+def test_payload_bigger_than_context_is_rejected(model, prompt):
+    a = _session(model)
+    a.prefill(prompt)
+    data = _payload(a)
+    small = _session(model, ctx=len(prompt) - 1)
+    with pytest.raises(PayloadError, match="context"):
+        small.load_payload(io.BytesIO(data), len(data))
+    assert small.tokens == []
+
+
+def test_chatml_matches_jinja_and_parses_back(model):
+    jinja2 = pytest.importorskip("jinja2")  # jinja2 comes with the test tools; the engine never imports it
+    template = jinja2.Environment().from_string(CHAT_TEMPLATE)
+    chats = [
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+         {"role": "user", "content": "Two\nlines"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+         {"role": "assistant", "content": "Yo"}],
+    ]
+    for msgs in chats:
+        for gen in (True, False):
+            assert model.chat.render(msgs, gen) == template.render(messages=msgs, add_generation_prompt=gen)
+    text = model.chat.render(chats[0], add_generation_prompt=False)
+    parsed = model.chat.parse(text)
+    assert parsed[0] == {"role": "system", "content": model.chat.default_system_prompt}
+    assert parsed[1:] == chats[0]
+    assert model.chat.render(parsed, add_generation_prompt=False) == text
+    assert model.chat.parse(model.chat.render(chats[1])) == chats[1]
+
+
+def test_token_bytes_rebuild_the_text(model):
+    text = "<|im_start|>user\nhéllo wörld, 42 € ✓<|im_end|>"
+    ids = model.tokenizer.encode(text)
+    assert ids[0] == 1 and ids[-1] == 2
+    assert b"".join(model.tokenizer.token_bytes(i) for i in ids) == text.encode()
+    assert model.tokenizer.decode(ids) == text
