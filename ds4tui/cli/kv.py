@@ -1,0 +1,293 @@
+"""`ds4tui kv`: list, inspect, pin, delete and evict the `.kv` files of a cache directory.
+
+Owns: the command line over `ds4tui.cache` (argument parsing, prefix
+resolution, table/detail/JSON output). Everything shown that came from a file
+(titles, text) goes through `safe_text`, so a file cannot drive the terminal.
+JSON output is ASCII-escaped for the same reason.
+
+The directory is `--dir`, else the config file's `cache_dir`, else
+`paths.cache_dir()` ($DS4TUI_CACHE_DIR or platformdirs); the budget of
+`evict` is `--budget-mb`, else the config's `budget_mb` (4096).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+
+from ds4tui.cli import CliError
+
+_HEX = re.compile(r"^[0-9a-fA-F]{1,40}$")
+
+
+def register(subparsers) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dir", metavar="DIR", help="cache directory (default: config cache_dir, $DS4TUI_CACHE_DIR or platformdirs)")
+    kv = subparsers.add_parser(
+        "kv", help="list and manage the disk KV cache (.kv files)",
+        description="List and manage the .kv files of a KV cache directory, including files ds4 wrote.",
+    )
+    kv.set_defaults(func=cmd_ls, dir=None, json=False)
+    verbs = kv.add_subparsers(title="commands", metavar="VERB")
+
+    p = verbs.add_parser("ls", parents=[common], help="one row per file (default)",
+                         description="One row per .kv file: sha, reason, tokens, hits, size, times, title, pin, model, eviction score, status.")
+    p.add_argument("--json", action="store_true", help="print a JSON list (same keys as inspect --json)")
+    p.set_defaults(func=cmd_ls)
+
+    p = verbs.add_parser("inspect", parents=[common], help="every decoded field of one file",
+                         description="Decode one file: header fields, ext flags, title, trailers, the DSV4 payload header, a text preview and its validity.")
+    p.add_argument("file", metavar="FILE", help="a path, or a sha prefix in the cache directory")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.set_defaults(func=cmd_inspect)
+
+    for verb, helptext in (("pin", "never evict this file"), ("unpin", "let eviction consider it again"),
+                           ("rm", "delete this file")):
+        p = verbs.add_parser(verb, parents=[common], help=helptext, description=f"{verb}: {helptext}.")
+        p.add_argument("sha", metavar="SHA_PREFIX", help="a unique prefix of the file's sha")
+        p.set_defaults(func=cmd_edit, verb=verb)
+
+    p = verbs.add_parser("evict", parents=[common], help="delete the lowest-scoring files until under budget",
+                         description="Delete the lowest-scoring unpinned files until the directory fits the budget.")
+    p.add_argument("--budget-mb", type=int, metavar="N", help="budget in MiB (default: config budget_mb, 4096)")
+    p.add_argument("--dry-run", action="store_true", help="only show what would be deleted")
+    p.set_defaults(func=cmd_evict)
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+def _config():
+    from ds4tui.config import ConfigError, load_config
+
+    try:
+        return load_config()
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _cache_dir(args) -> Path:
+    from ds4tui import paths
+
+    if args.dir:
+        return paths.cache_dir(args.dir)
+    return _config().cache_path()
+
+
+def _store(args, budget_mb: int | None = None):
+    from ds4tui.cache import KvStore
+
+    return KvStore(_cache_dir(args), budget_mb=budget_mb)
+
+
+def _resolve(store, prefix: str) -> str:
+    """The one sha in the store starting with `prefix`, or a CliError naming the problem."""
+    if not _HEX.match(prefix):
+        raise CliError(f"{prefix!r} is not a sha prefix (1-40 hex digits)")
+    found = store.find(prefix)
+    if not found:
+        raise CliError(f"no .kv file matches {prefix!r} in {store.dir}")
+    if len(found) > 1:
+        shown = ", ".join(s[:12] for s in found[:8]) + (", ..." if len(found) > 8 else "")
+        raise CliError(f"ambiguous prefix {prefix!r} matches {len(found)} files: {shown}")
+    return found[0]
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return "-"
+
+
+def _when(ts: int | None) -> str:
+    if not ts:
+        return "-"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return f"@{ts}"
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2))
+
+
+def _entries_by_path(store) -> dict[str, object]:
+    return {e.path: e for e in store.entries()}
+
+
+# -- ls --------------------------------------------------------------------------
+
+
+def cmd_ls(args) -> int:
+    from ds4tui.cache.entry import safe_text
+
+    store = _store(args)
+    entries = sorted(store.entries(), key=lambda e: (e.header.last_used if e.header else 0), reverse=True)
+    if args.json:
+        rows = []
+        for e in entries:
+            row = e.to_json()
+            row["text_preview"] = row["text_preview"][:80]
+            rows.append(row)
+        _print_json(rows)
+        return 0
+    if not entries:
+        print(f"no .kv files in {store.dir}")
+        return 0
+    # Fixed-width columns first; the title and the status (which can be long) last.
+    print(f"{'SHA':<12}  {'REASON':<13} {'TOKENS':>7} {'HITS':>5} {'SIZE':>10}  {'CREATED':<16}  "
+          f"{'LAST USED':<16}  PIN  {'MODEL':<18} {'SCORE':>9}  {'TITLE':<24}  STATUS")
+    for e in entries:
+        h = e.header
+        status = "ok" if e.valid else safe_text(e.error, 80)
+        score = f"{e.score.score:9.3g}" if e.score else f"{'-':>9}"
+        print(f"{(e.sha or '?')[:12]:<12}  {(h.reason if h else '?'):<13} {(h.tokens if h else 0):>7} "
+              f"{(h.hits if h else 0):>5} {_size(e.file_bytes):>10}  {_when(h.created_at if h else None):<16}  "
+              f"{_when(h.last_used if h else None):<16}  {'yes' if e.pinned else '-':<3}  {e.model:<18} {score}  "
+              f"{safe_text(e.title, 23) or '-':<24}  {status}")
+    total = sum(e.file_bytes for e in entries)
+    print(f"{len(entries)} file(s), {_size(total)} in {store.dir}")
+    return 0
+
+
+# -- inspect ---------------------------------------------------------------------
+
+
+def _locate(args) -> tuple[Path, object | None]:
+    """The file to inspect, and its scored entry when it lives in a cache directory."""
+    given = Path(args.file).expanduser()
+    if given.is_dir():
+        raise CliError(f"{args.file}: is a directory")
+    if given.exists():
+        from ds4tui.cache import KvStore
+        from ds4tui.cache.kvc import sha_from_name
+
+        if sha_from_name(given.name):  # score it among its neighbours
+            return given, _entries_by_path(KvStore(given.parent)).get(str(given))
+        return given, None
+    if not _HEX.match(args.file):
+        raise CliError(f"{args.file}: no such file")
+    store = _store(args)
+    path = store.path_for(_resolve(store, args.file))
+    return path, _entries_by_path(store).get(str(path))
+
+
+def cmd_inspect(args) -> int:
+    from ds4tui.cache import inspect_file
+
+    path, entry = _locate(args)
+    if entry is None:
+        entry = inspect_file(path)
+    if entry.error == "file not found":
+        raise CliError(f"{path}: no such file")
+    if entry.header is None and not args.json:
+        raise CliError(f"{path}: {entry.error}")
+    if args.json:
+        _print_json(entry.to_json())
+    else:
+        _print_detail(entry)
+    if entry.corrupt or entry.header is None:
+        raise CliError(f"{path}: {entry.error}")
+    return 0
+
+
+def _print_detail(e) -> None:
+    from ds4tui.cache.entry import safe_text
+    from ds4tui.cache.kvc import model_name, payload_abi_name
+
+    h = e.header
+    rows = [
+        ("file", safe_text(e.path)),
+        ("sha", e.sha or "-"),
+        ("status", "ok" if e.valid else safe_text(e.error)),
+        ("magic", f"{e.magic}  version {h.version}"),
+        ("reason", f"{h.reason} ({h.reason_code})"),
+        ("ext_flags", f"0x{h.ext_flags:02x} {', '.join(h.ext_flag_names) or '-'}"),
+        ("model_id", f"{h.model_id} ({model_name(h.model_id)})"),
+        ("payload_abi", f"{h.payload_abi} ({payload_abi_name(h.payload_abi)})"),
+        ("quant_bits", str(h.quant_bits)),
+        ("tokens", str(h.tokens)),
+        ("hits", str(h.hits)),
+        ("ctx_size", str(h.ctx_size)),
+        ("created_at", f"{_when(h.created_at)} ({h.created_at})"),
+        ("last_used", f"{_when(h.last_used)} ({h.last_used})"),
+        ("text_bytes", str(h.text_bytes)),
+        ("payload_bytes", str(h.payload_bytes)),
+        ("file_bytes", f"{e.file_bytes} ({_size(e.file_bytes)})"),
+        ("pinned", "yes" if e.pinned else "no"),
+        ("title", safe_text(e.title) if e.title is not None else "-"),
+    ]
+    t = e.trailers
+    if t:
+        parts = []
+        if t.get("tool_map"):
+            tm = t["tool_map"]
+            ids = ", ".join(safe_text(i, 24) for i in tm["ids"][:5]) + (", ..." if tm["count"] > 5 else "")
+            parts.append(f"tool map {tm['count']} entries ({ids}), {tm['dsml_bytes']} B of DSML")
+        if t.get("title_bytes") is not None:
+            parts.append(f"title {t['title_bytes']} B")
+        if t.get("extra_bytes"):
+            parts.append(f"{t['extra_bytes']} unknown trailing bytes")
+        rows.append(("trailers", "; ".join(parts) or "none"))
+    if e.score:
+        s = e.score
+        rows.append(("score", f"{s.score:.4g} (effective hits {s.effective_hits:.2f}, anchor x{s.anchor_weight:g}, "
+                              f"superseded x{s.superseded_factor:.3g}){'  pinned: never evicted' if e.pinned else ''}"))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    if e.payload:
+        print("payload (DSV4 header):")
+        for k, v in e.payload.items():
+            shown = f"0x{v:08x}" if k == "magic" else str(v)
+            print(f"  {k:<20} {shown}")
+    elif e.deep and h.payload_bytes:
+        print("payload: opaque (does not start with DSV4)")
+    if e.text_preview:
+        print("text preview:")
+        print("  " + safe_text(e.text_preview, 300))
+
+
+# -- pin / unpin / rm / evict ------------------------------------------------------
+
+
+def cmd_edit(args) -> int:
+    store = _store(args)
+    sha = _resolve(store, args.sha)
+    if args.verb == "rm":
+        if not store.delete(sha):
+            raise CliError(f"{sha[:12]}: already gone")
+        print(f"removed {sha}")
+        return 0
+    if not store.set_pinned(sha, args.verb == "pin"):
+        raise CliError(f"{sha[:12]}: cannot {args.verb}: not a readable KVC file")
+    print(f"{'pinned' if args.verb == 'pin' else 'unpinned'} {sha}")
+    return 0
+
+
+def cmd_evict(args) -> int:
+    budget = args.budget_mb if args.budget_mb is not None else (4096 if args.dir else _config().budget_mb)
+    if budget < 0:
+        raise CliError("--budget-mb must be >= 0")
+    store = _store(args, budget_mb=budget)
+    total = sum(e.file_bytes for e in store.scan())
+    ev = store.evict(dry_run=args.dry_run)
+    verb = "would evict" if args.dry_run else "evicted"
+    for f in ev.files:
+        print(f"{verb} {f.sha[:12]}  {f.reason:<13} tokens={f.tokens} hits={f.hits} size={_size(f.bytes)} score={f.score:.3g}")
+    left = total - ev.bytes
+    if not ev.files:
+        print(f"nothing to evict: {_size(total)} within the {budget} MiB budget")
+    else:
+        print(f"{verb} {len(ev.files)} file(s), {_size(ev.bytes)}; {_size(left)} left of the {budget} MiB budget")
+    if left > ev.budget_bytes:
+        print("the rest is pinned; unpin files to go further under budget")
+    return 0
