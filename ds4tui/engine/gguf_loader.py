@@ -32,7 +32,7 @@ from ds4tui.engine.llama_weights import chat_for, eos_ids_for, file_sha256, make
 from ds4tui.engine.model import WeightsError
 
 # Bump when the converted layout or the conversion changes: old copies are then rebuilt.
-CONVERT_VERSION = 1
+CONVERT_VERSION = 2
 _CONVERT_LOCK = threading.Lock()
 
 # GGUF token_type values (llama.cpp's llama_token_type).
@@ -121,8 +121,8 @@ def convert_gguf(path: Path, sha: str, out: Path) -> None:
         num_heads=heads,
         num_kv_heads=int(meta("llama.attention.head_count_kv", heads)),
         head_dim=int(meta("llama.attention.key_length", hidden // heads)),
-        rope_theta=float(meta("llama.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(meta("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=_f32(meta("llama.rope.freq_base", 10000.0)),
+        rms_norm_eps=_f32(meta("llama.attention.layer_norm_rms_epsilon", 1e-5)),
         max_position_embeddings=int(meta("llama.context_length", 2048)),
         tie_word_embeddings="output.weight" not in tensors_by_name,
     )
@@ -158,6 +158,12 @@ def convert_gguf(path: Path, sha: str, out: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _f32(value) -> float:
+    """GGUF stores these as float32 (1e-5 reads back as 9.99999974e-06): take the shortest decimal
+    that rounds to the same float32, i.e. the value the model's config was written with."""
+    return float(str(np.float32(value)))
+
+
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undo llama.cpp's converter permutation of q/k rows, per head.
 
@@ -180,7 +186,8 @@ def gguf_tensors_to_internal(cfg: LlamaConfig, by_name: dict, source: str) -> di
             arr = dequantize(t.data, t.tensor_type)  # float32, (out, in) order: F.linear's layout
         except NotImplementedError:
             raise WeightsError(f"{source}: tensor {name} has unsupported type {t.tensor_type.name}") from None
-        return np.ascontiguousarray(arr, dtype=np.float32)
+        # A copy: F32/F16 tensors come back as read-only views of the memory-mapped file.
+        return np.array(arr, dtype=np.float32, order="C", copy=True)
 
     def t(arr: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(arr))
