@@ -1,0 +1,63 @@
+"""The real default model (SmolLM2-135M-Instruct Q4_1 GGUF), installed by `make test`."""
+
+from __future__ import annotations
+
+import pytest
+
+from ds4tui.engine.loader import load_model
+from ds4tui.engine.model import ModelNotFoundError
+from ds4tui.engine.registry import DEFAULT_MODEL, resolve_registered
+
+pytestmark = pytest.mark.real_model
+
+
+@pytest.fixture(scope="module")
+def smol():
+    try:
+        return load_model(DEFAULT_MODEL)
+    except ModelNotFoundError as exc:
+        pytest.fail(f"{exc} (`make test` does this before running the tests)")
+
+
+def test_greedy_answer_names_paris(smol):
+    # fp32 and the exact template matter: the first-token margin is thin (PERF_NOTES.md).
+    text = smol.chat.render([{"role": "user", "content": "What is the capital of France?"}])
+    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    s = smol.new_session(256)
+    s.prefill(smol.tokenizer.encode(text))
+    out = []
+    for _ in range(12):
+        tok = int(s.logits.argmax())
+        if tok in smol.tokenizer.eos_ids:
+            break
+        out.append(tok)
+        s.decode(tok)
+    answer = smol.tokenizer.decode(out)
+    assert "Paris" in answer, answer
+
+
+def test_chat_template_matches_the_gguf_jinja(smol):
+    gguf = pytest.importorskip("gguf")
+    jinja2 = pytest.importorskip("jinja2")
+    reader = gguf.GGUFReader(str(resolve_registered(DEFAULT_MODEL)))
+    template = jinja2.Environment().from_string(reader.fields["tokenizer.chat_template"].contents())
+    chat = [
+        {"role": "user", "content": "Hi! Who are you?"},
+        {"role": "assistant", "content": "I am SmolLM.\nHow can I help?"},
+        {"role": "user", "content": "Name three colours."},
+    ]
+    for msgs in (chat, [{"role": "system", "content": "Answer in French."}, *chat]):
+        for gen in (True, False):
+            assert smol.chat.render(msgs, gen) == template.render(messages=msgs, add_generation_prompt=gen)
+    text = smol.chat.render(chat, add_generation_prompt=False)
+    assert smol.chat.render(smol.chat.parse(text), add_generation_prompt=False) == text
+
+
+def test_tokenizer_ids(smol):
+    tk = smol.tokenizer
+    assert tk.encode("<|im_start|>user\nHi<|im_end|>") == [1, 4093, 198, 26843, 2]
+    assert tk.encode("<|endoftext|>") == [0]
+    assert tk.encode("12345") == [33, 34, 35, 36, 37]  # smollm pre-tokenizer: one digit per token
+    assert tk.encode("Hello world") == [19556, 905]  # no BOS is added
+    assert 2 in tk.eos_ids and tk.vocab_size == 49152
+    assert tk.decode(tk.encode("café 3.14 ✓")) == "café 3.14 ✓"
