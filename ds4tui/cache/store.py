@@ -271,6 +271,47 @@ class KvStore:
             return False
         return True
 
+    def rename_title(self, sha: str, title: str | bytes) -> str:
+        """Retitle a titled session; returns its new SHA, SHA-1(new title || created_at).
+
+        A titled file's name is derived from its title, so renaming writes a
+        copy under the new name (tmp + atomic rename, like a save; header,
+        text, payload and tool map unchanged, the title trailer replaced) and
+        only then removes the old file: at every moment at least one whole
+        copy exists. The copy is transient, so the budget is not consulted.
+        Raises ValueError (not titled, undecodable, new name taken) or OSError.
+        """
+        title_b = _as_bytes(title)
+        if not title_b:
+            raise ValueError("a title cannot be empty")
+        with open(self.path_for(sha), "rb") as fp:
+            try:
+                kf = read_kvc(fp)
+            except KvcFormatError as exc:
+                raise ValueError(f"{sha[:12]}: {exc}") from None
+            if not kf.header.titled:
+                raise ValueError(f"{sha[:12]} is not a titled session")
+            new_sha = title_sha(title_b, kf.header.created_at)
+            if new_sha == sha:
+                return sha
+            if self.path_for(new_sha).exists():
+                raise ValueError(f"a session with that title and creation time exists ({new_sha[:12]})")
+
+            def copy_payload(out: BinaryIO) -> None:
+                fp.seek(kf.payload_offset)
+                left = kf.header.payload_bytes
+                while left:
+                    chunk = fp.read(min(left, 1 << 20))
+                    if not chunk:
+                        raise OSError(f"{sha[:12]} shrank while it was copied")
+                    out.write(chunk)
+                    left -= len(chunk)
+
+            files.write_atomic(self.path_for(new_sha), kf.header, kf.text, copy_payload,
+                               trailer_bytes(kf.tool_map, title_b))
+        self.delete(sha)
+        return new_sha
+
     # -- saving --------------------------------------------------------------
 
     def save(self, text: str | bytes, *, tokens: int, reason: str, engine: Acceptor,
