@@ -353,6 +353,9 @@ class KvStore:
             return SaveResult(reused, (reused,))
         required = self.policy.required_bytes(file_bytes)
         entries = self.scan()
+        if any(e.sha == sha and e.pinned for e in entries):
+            # Re-saving a pinned session must not drop its pin.
+            header = header.with_(ext_flags=header.ext_flags | EXT_PINNED)
         pinned_bytes = sum(e.file_bytes for e in entries if e.pinned and e.sha != sha)
         if required + pinned_bytes > self.budget_bytes:
             return failed(f"file of {file_bytes / MIB:.2f} MiB (+{self.policy.headroom_percent}% headroom)"

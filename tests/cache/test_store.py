@@ -288,6 +288,14 @@ def test_titled_session_is_named_by_title_and_created_at(store):
     assert store.lookup("transcript v1 and more, next", ENGINE) == []
 
 
+def test_re_saving_a_pinned_session_keeps_the_pin(store):
+    sha = save(store, "v1", title="Pinned chat", created_at=99).event.sha
+    store.set_pinned(sha, True)
+    assert save(store, "v1 and v2", tokens=120, title="Pinned chat", created_at=99).event.sha == sha
+    e = inspect_file(store.path_for(sha))
+    assert e.pinned and e.header.tokens == 120
+
+
 def test_tool_map_trailer_comes_back_on_load(store):
     from ds4tui.cache.kvc import ToolMapEntry
     tm = (ToolMapEntry(b"call_1", b"<dsml/>"),)
