@@ -62,7 +62,14 @@ def safe_text(text: str | bytes | None, limit: int | None = None) -> str:
         text = text.decode("utf-8", errors="replace")
     if limit is not None and len(text) > limit:
         text = text[:limit] + "…"
-    return _UNSAFE.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}"), text)
+    return _UNSAFE.sub(_escape_one, text)
+
+
+def _escape_one(match: re.Match) -> str:
+    ch = match.group()
+    if ch in _NAMED:
+        return _NAMED[ch]
+    return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
 
 
 @dataclass(frozen=True)
