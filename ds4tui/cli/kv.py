@@ -274,7 +274,7 @@ def cmd_edit(args) -> int:
 
 
 def cmd_evict(args) -> int:
-    budget = args.budget_mb if args.budget_mb is not None else (4096 if args.dir else _config().budget_mb)
+    budget = args.budget_mb if args.budget_mb is not None else _config().budget_mb
     if budget < 0:
         raise CliError("--budget-mb must be >= 0")
     store = _store(args, budget_mb=budget)
