@@ -201,15 +201,16 @@ class LlamaModel(Model):
     def forward(self, kv: torch.Tensor, tokens: list[int], pos: int, want_logits: bool) -> torch.Tensor | None:
         """Run `tokens` at absolute positions pos..pos+S-1, writing their K/V rows into `kv`.
 
-        kv: the session's static buffer [layers, ctx, 2, Hkv, D] (K at [:, :, 0], V at [:, :, 1]),
-        valid for rows < pos on entry and < pos+S on return. Returns float32 logits [V] of the
-        last position, or None. Call under torch.inference_mode().
+        kv: the session's static buffer [layers, 2 (K, V), Hkv, ctx, D], valid for positions
+        < pos on entry and < pos+S on return. Returns float32 logits [V] of the last position,
+        or None. Call under torch.inference_mode().
         """
         cfg = self.cfg
         s, end = len(tokens), pos + len(tokens)
         hq, hkv, d, g = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.group
         nqk = (hq + hkv) * d
         eps = cfg.rms_norm_eps
+        scale = d**-0.5
         x = F.embedding(torch.tensor(tokens, dtype=torch.long), self.embed)  # [S, H]
         cos = self.cos[pos:end].unsqueeze(1)  # [S, 1, D/2], broadcast over heads
         sin = self.sin[pos:end].unsqueeze(1)
@@ -225,9 +226,9 @@ class LlamaModel(Model):
             h = F.rms_norm(x, (cfg.hidden_size,), layer.attn_norm, eps)
             qkv = layer.wqkv(h)  # [S, (Hq + 2 Hkv) D]
             qk = _rope(qkv[:, :nqk].view(s, hq + hkv, d), cos, sin)  # [S, Hq + Hkv, D]
-            kv_l = kv[i]  # [ctx, 2, Hkv, D]
-            kv_l[pos:end, 0] = qk[:, hq:]
-            kv_l[pos:end, 1] = qkv[:, nqk:].view(s, hkv, d)
+            k_all, v_all = kv[i, 0], kv[i, 1]  # [Hkv, ctx, D] each
+            k_all[:, pos:end] = qk[:, hq:].transpose(0, 1)
+            v_all[:, pos:end] = qkv[:, nqk:].view(s, hkv, d).transpose(0, 1)
             q = qk[:, :hq]
             layer_mask = mask
             if i == last:
@@ -236,12 +237,16 @@ class LlamaModel(Model):
                 if not want_logits:
                     return None
                 x, q, s, layer_mask = x[-1:], q[-1:], 1, None
-            k = kv_l[:end, 0].transpose(0, 1)  # [Hkv, end, D], strided view of the buffer
-            v = kv_l[:end, 1].transpose(0, 1)
+            k, v = k_all[:, :end], v_all[:, :end]  # [Hkv, end, D]: per-head rows contiguous
             # Grouped GQA: the G query heads sharing a KV head become G*S query rows of that
             # head, so K/V are never repeated: q [S, Hq, D] -> [Hkv, G*S, D].
             qg = q.reshape(s, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * s, d)
-            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=layer_mask)  # [Hkv, G*S, D]
+            if s == 1:
+                # Decode: plain batched matmuls beat SDPA's CPU kernel for G query rows.
+                att = torch.bmm(qg * scale, k.transpose(1, 2))  # [Hkv, G, end]
+                o = torch.bmm(att.softmax(-1), v)  # [Hkv, G, D]
+            else:
+                o = F.scaled_dot_product_attention(qg, k, v, attn_mask=layer_mask)  # [Hkv, G*S, D]
             o = o.view(hkv, g, s, d).permute(2, 0, 1, 3).reshape(s, hq * d)  # [S, Hq D]
             x = x + layer.wo(o)
             h = F.rms_norm(x, (cfg.hidden_size,), layer.ffn_norm, eps)

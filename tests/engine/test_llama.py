@@ -84,7 +84,7 @@ def test_token_by_token_matches_chunked_prefill(model, prompt):
     assert torch.allclose(streamed.logits, chunked.logits, atol=1e-4, rtol=1e-4)
     assert int(streamed.logits.argmax()) == int(chunked.logits.argmax())
     n = len(prompt)
-    assert torch.allclose(streamed.kv[:, :n], chunked.kv[:, :n], atol=1e-4, rtol=1e-4)
+    assert torch.allclose(streamed.kv[..., :n, :], chunked.kv[..., :n, :], atol=1e-4, rtol=1e-4)
 
 
 def test_chunked_prefill_after_cached_tokens_uses_offset_mask(model, prompt):
