@@ -69,6 +69,8 @@ def write_tensor(fp: BinaryIO, tensor: torch.Tensor) -> None:
     if t.dtype != torch.float32:
         t = t.to(torch.float32)
     t = t.contiguous()
+    if t.numel() == 0:
+        return  # e.g. a layer with no compressed rows yet (memoryview cannot cast an empty view)
     fp.write(memoryview(t.numpy()).cast("B"))
 
 
@@ -109,6 +111,8 @@ class PayloadReader:
             raise ValueError("read_into needs a contiguous float32 tensor")
         n = out.numel() * 4
         self._take(n, what)
+        if n == 0:
+            return
         view = memoryview(out.numpy()).cast("B")
         got = self._fp.readinto(view)
         if got != n:
