@@ -1,0 +1,120 @@
+"""How the cache browser writes numbers, times and file text for people.
+
+Owns: byte sizes, local and relative timestamps (against an injected "now",
+so snapshots do not age), durations, the resume-cost estimate and the
+terminal-safe multi-line rendering of text that came out of a file.
+Leaves to callers: which fields to show and where. Pure functions, no Textual,
+so the formats are unit-testable.
+
+Why the defaults in `ResumeCost`:
+- `DEFAULT_DISK_MB_S = 450`: a cold read of a 189 MB KV file took 0.42 s on the
+  reference machine (PERF_NOTES.md, "Disk vs recompute"); the page cache is
+  ~3x faster, so this is the pessimistic figure, which is the honest one for a
+  file picked in a browser.
+- `DEFAULT_PREFILL_TOK_S = 288`: SmolLM2-135M fp32 prefill of 4096 tokens
+  (PERF_NOTES.md, "Speed"), the default chat model. The app passes the figure
+  it measured on the live model when it has one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from rich.text import Text
+
+from ds4tui.cache.entry import safe_text
+
+DEFAULT_DISK_MB_S = 450.0
+DEFAULT_PREFILL_TOK_S = 288.0
+MB = 1_000_000  # disk throughput is quoted in decimal megabytes
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "—"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"  # pragma: no cover - loop always returns
+
+
+def local_time(ts: int | None) -> str:
+    """Unix seconds as local `YYYY-MM-DD HH:MM:SS`; 0 (never) and None read as a dash."""
+    if not ts:
+        return "—"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return f"@{ts} (out of range)"
+
+
+def relative_time(ts: int | None, now: float) -> str:
+    """`5m ago`, `3h ago`, `2d ago`; future stamps (a clock skewed writer) read `in 5m`."""
+    if not ts:
+        return "never"
+    delta = now - ts
+    ahead = delta < 0
+    delta = abs(delta)
+    if delta < 45:
+        return "just now"
+    for limit, div, unit in ((3600, 60, "m"), (86400, 3600, "h"), (86400 * 365, 86400, "d")):
+        if delta < limit:
+            amount = f"{int(delta // div)}{unit}"
+            break
+    else:
+        amount = f"{int(delta // (86400 * 365))}y"
+    return f"in {amount}" if ahead else f"{amount} ago"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+@dataclass(frozen=True)
+class ResumeCost:
+    """What resuming a file costs and saves: load its bytes vs prefill its tokens cold."""
+
+    load_bytes: int
+    load_s: float
+    tokens: int
+    prefill_s: float
+    disk_mb_s: float
+    prefill_tok_s: float
+
+    @classmethod
+    def estimate(cls, load_bytes: int, tokens: int, *, disk_mb_s: float = DEFAULT_DISK_MB_S,
+                 prefill_tok_s: float = DEFAULT_PREFILL_TOK_S) -> ResumeCost:
+        return cls(
+            load_bytes=load_bytes,
+            load_s=load_bytes / (disk_mb_s * MB) if disk_mb_s > 0 else float("inf"),
+            tokens=tokens,
+            prefill_s=tokens / prefill_tok_s if prefill_tok_s > 0 else float("inf"),
+            disk_mb_s=disk_mb_s,
+            prefill_tok_s=prefill_tok_s,
+        )
+
+    @property
+    def saved_s(self) -> float:
+        return self.prefill_s - self.load_s
+
+
+def file_text(text: str | bytes | None, style: str = "") -> Text:
+    """Multi-line text from a file, safe for a terminal: newlines kept, every other
+    control (ESC, CR, bidi overrides...) shown as a visible escape. Returned as a
+    rich `Text`, which is never parsed as markup."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    lines = (text or "").split("\n")
+    return Text("\n".join(safe_text(line) for line in lines), style=style)
+
+
+def one_line(text: str | bytes | None, limit: int = 60, style: str = "") -> Text:
+    """A single-line cell (titles, first text line): controls escaped, long text cut with …."""
+    return Text(safe_text(text, limit), style=style, no_wrap=True, overflow="ellipsis")

@@ -1,0 +1,63 @@
+"""A one-line text prompt: `PromptDialog(label, value) -> str | None` (None when cancelled).
+
+Owns: the label, the input and its keys (enter accepts, escape cancels).
+Leaves to callers: validating and applying the answer.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Static
+
+
+class PromptDialog(ModalScreen[str | None]):
+    """Asks for one line of text; dismisses with the text, or None on escape."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", show=False)]
+    """
+    | Key | Description |
+    | :- | :- |
+    | escape | Cancel (dismiss with None). |
+    """
+
+    DEFAULT_CSS = """
+    PromptDialog {
+        align: center middle;
+        & > Vertical {
+            width: 72; height: auto; padding: 1 2;
+            border: thick $primary; background: $surface;
+        }
+        & .label { margin-bottom: 1; }
+    }
+    """
+
+    def __init__(self, label: str | Text, value: str = "", *, placeholder: str = "",
+                 name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
+        """
+        Args:
+            label: the question, shown verbatim (a str is not read as markup).
+            value: the initial text, selected so that typing replaces it.
+            placeholder: shown while the input is empty.
+        """
+        super().__init__(name=name, id=id, classes=classes)
+        self._label = label if isinstance(label, Text) else Text(label)
+        self._value = value
+        self._placeholder = placeholder
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self._label, classes="label", markup=False)
+            yield Input(self._value, placeholder=self._placeholder, select_on_focus=True)
+
+    @on(Input.Submitted)
+    def _on_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
