@@ -10,6 +10,9 @@ and dequantizing takes ~2 s more, every start. The first load therefore writes
 layout of llama.py) + tokenizer.json + meta.json (written last, in a temp dir renamed
 into place); later loads memory-map that copy. The key is the GGUF's SHA-256, which
 `file_sha256` memoizes by (path, size, mtime) so a start does not hash 98 MB.
+Files of a converted copy are never modified in place, only replaced (rename) or
+unlinked: a loaded model memory-maps them, and truncating a mapped file kills the
+process with SIGBUS on its next weight read.
 """
 
 from __future__ import annotations
@@ -51,11 +54,15 @@ def load_gguf(path: Path, name: str) -> LlamaModel:
     out = converted_dir(sha)
     with _CONVERT_LOCK:
         meta = _read_meta(out, sha)
+        if meta is not None:
+            try:
+                return load_converted(out, meta, name)
+            except WeightsError:
+                shutil.rmtree(out, ignore_errors=True)  # a damaged copy: rebuild it once below
+        convert_gguf(path, sha, out)
+        meta = _read_meta(out, sha)
         if meta is None:
-            convert_gguf(path, sha, out)
-            meta = _read_meta(out, sha)
-            if meta is None:
-                raise WeightsError(f"{out}: conversion of {path.name} left no readable meta.json")
+            raise WeightsError(f"{out}: conversion of {path.name} left no readable meta.json")
     return load_converted(out, meta, name)
 
 
@@ -80,8 +87,8 @@ def load_converted(out: Path, meta: dict, name: str) -> LlamaModel:
         tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     except WeightsError:
         raise
-    except Exception as exc:  # a damaged cache: say where, so it can be deleted
-        raise WeightsError(f"{out}: converted cache is damaged ({exc}); delete the directory to rebuild") from None
+    except Exception as exc:  # a damaged cache: load_gguf rebuilds it once
+        raise WeightsError(f"{out}: converted copy is damaged ({exc})") from None
     info = make_info(name, cfg, "gguf:" + meta["gguf_sha256"], int(meta["quant_bits"]))
     chat = ChatMLTemplate(meta.get("default_system_prompt"))
     return LlamaModel(cfg, tensors, info, HFTokenizer(tok, meta["eos_ids"]), chat, str(out))
@@ -150,9 +157,14 @@ def convert_gguf(path: Path, sha: str, out: Path) -> None:
             "chat_template": template,
         }
         (tmp / "meta.json").write_text(json.dumps(info, indent=1))
-        if out.exists():
-            shutil.rmtree(out)  # an outdated or damaged copy (meta did not validate)
-        os.rename(tmp, out)
+        if _read_meta(out, sha) is None:  # else another process finished first: keep its copy
+            if out.exists():
+                shutil.rmtree(out, ignore_errors=True)  # an outdated or damaged copy
+            try:
+                os.rename(tmp, out)
+            except OSError:
+                if _read_meta(out, sha) is None:
+                    raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType as Q
 
 from ds4tui.engine import gguf_loader
 from ds4tui.engine.llama import load_llama_gguf, load_llama_hf
+from ds4tui.engine.llama_weights import file_sha256
 from ds4tui.engine.tiny_llama import CHAT_TEMPLATE, ensure_tiny_llama
 
 # Worst-case error of one weight, as a fraction of the tensor's largest |w|: half a step for
@@ -163,3 +164,19 @@ def test_second_load_uses_the_converted_copy(env, monkeypatch):
     again = load_llama_gguf(ggufs[Q.Q4_1], "tiny-gguf")
     assert again.info == first.info and again.info.quant_bits == 4
     assert torch.equal(again.layers[1].w13.weight, first.layers[1].w13.weight)
+
+
+def test_damaged_converted_copy_is_rebuilt(env):
+    _, ggufs = env
+    first = load_llama_gguf(ggufs[Q.Q4_0], "tiny-gguf")
+    wqkv = first.layers[0].wqkv.weight.clone()
+    out = gguf_loader.converted_dir(file_sha256(ggufs[Q.Q4_0]))
+    weights = out / "model.safetensors"
+    # Truncated (e.g. a full disk), written as a new file: truncating the inode that `first`
+    # has memory-mapped would kill this process with SIGBUS on its next read of a weight.
+    broken = out / "broken"
+    broken.write_bytes(weights.read_bytes()[:1000])
+    broken.replace(weights)
+    again = load_llama_gguf(ggufs[Q.Q4_0], "tiny-gguf")
+    assert again.info == first.info
+    assert torch.equal(again.layers[0].wqkv.weight, wqkv)

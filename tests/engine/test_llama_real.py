@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gguf
+import jinja2
 import pytest
 
 from ds4tui.engine.loader import load_model
@@ -37,8 +39,6 @@ def test_greedy_answer_names_paris(smol):
 
 
 def test_chat_template_matches_the_gguf_jinja(smol):
-    gguf = pytest.importorskip("gguf")
-    jinja2 = pytest.importorskip("jinja2")
     reader = gguf.GGUFReader(str(resolve_registered(DEFAULT_MODEL)))
     template = jinja2.Environment().from_string(reader.fields["tokenizer.chat_template"].contents())
     chat = [
