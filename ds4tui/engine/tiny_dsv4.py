@@ -11,7 +11,8 @@ indexer top-8, 8 experts (top-2, one shared), three hash layers. The routed
 experts are snapped to FP4-representable values, so every writer stores
 exactly the same model. The directory is assembled in a temp dir beside the
 target and renamed into place: concurrent first uses are safe (the first
-rename wins). RECIPE_VERSION is in the directory name; bump it on any change.
+rename wins). Bump RECIPE_VERSION on any change: config.json records it, and a
+build from another recipe is replaced on next use.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ds4tui.engine.dsv4_weights import expected_shapes, hf_top_names, official_t
 from ds4tui.engine.tiny_tokenizer import train_tiny_tokenizer
 
 RECIPE_VERSION = 1
+RECIPE_KEY = "ds4tui_tiny_recipe"  # in config.json: a build from an older recipe is replaced
 SEED = 4_0_4_2026
 VOCAB = 512
 CONFIG = {
@@ -79,7 +81,14 @@ FP8_SUFFIXES = ("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn
 
 
 def tiny_dsv4_dir() -> Path:
-    return paths.models_dir() / f"tiny-dsv4-v{RECIPE_VERSION}"
+    return paths.models_dir() / "tiny-dsv4"
+
+
+def _recipe_of(target: Path) -> int | None:
+    try:
+        return json.loads((target / "config.json").read_text()).get(RECIPE_KEY)
+    except (OSError, ValueError):
+        return None
 
 
 def tiny_config() -> Dsv4Config:
@@ -172,7 +181,8 @@ def write_checkpoint(out_dir: Path, tensors: dict[str, torch.Tensor], names: str
     half = len(keys) // 2  # two shards: the loader must merge files
     for i, part in enumerate((keys[:half], keys[half:])):
         save_file({k: stored[k] for k in part}, str(out_dir / f"model-{i + 1:05d}-of-00002.safetensors"))
-    (out_dir / "config.json").write_text(json.dumps(config or CONFIG, indent=1) + "\n")
+    config = dict(config or CONFIG, **{RECIPE_KEY: RECIPE_VERSION})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     train_tiny_tokenizer(SPECIAL_TOKENS, VOCAB).save(str(out_dir / "tokenizer.json"))
     return out_dir
 
@@ -180,18 +190,23 @@ def write_checkpoint(out_dir: Path, tensors: dict[str, torch.Tensor], names: str
 def ensure_tiny_dsv4() -> Path:
     """The tiny checkpoint's directory, written once (seeded, deterministic)."""
     target = tiny_dsv4_dir()
-    if (target / "config.json").is_file():
+    if _recipe_of(target) == RECIPE_VERSION:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-dsv4-", dir=target.parent))
+    old = None
     try:
         write_checkpoint(tmp, random_tensors(tiny_config()))
+        if target.exists() and _recipe_of(target) != RECIPE_VERSION:
+            old = Path(tempfile.mkdtemp(prefix=".tiny-dsv4-old-", dir=target.parent))
+            os.rename(target, old / "model")  # an older recipe: move it aside, then replace
         try:
             os.rename(tmp, target)
         except OSError:
-            if not (target / "config.json").is_file():
-                raise  # not a lost race: a real failure
+            if _recipe_of(target) != RECIPE_VERSION:
+                raise  # not a lost race with another builder: a real failure
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        for leftover in (tmp, old):
+            if leftover is not None and leftover.exists():
+                shutil.rmtree(leftover, ignore_errors=True)
     return target

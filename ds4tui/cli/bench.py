@@ -1,0 +1,41 @@
+"""`ds4tui bench <what>`: benchmarks. This module only gathers the subcommands.
+
+Each benchmark lives in its own module under ds4tui/bench/ and exposes
+`add_bench_command(subparsers)`, which adds its subcommand and sets `func`.
+To add one (e.g. `bench cache`), write the module and list it in
+BENCH_MODULES; a listed module that does not exist yet is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# In the order `ds4tui bench --help` lists them.
+BENCH_MODULES = [
+    "ds4tui.bench.engine_bench",  # bench engine: prefill/decode speed, payload size, save/load speed
+    "ds4tui.bench.cache_bench",  # bench cache
+    "ds4tui.bench.swa_bench",  # bench swa
+]
+
+
+def register(subparsers) -> None:
+    bench = subparsers.add_parser(
+        "bench", help="measure the engine and the cache",
+        description="Benchmarks. Each prints a table, or JSON with --json.",
+    )
+    sub = bench.add_subparsers(title="benchmarks", metavar="WHAT")
+    for name in BENCH_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue  # not written yet
+            raise
+        module.add_bench_command(sub)
+
+    def show_help(args: argparse.Namespace) -> int:
+        bench.print_help()
+        return 0
+
+    bench.set_defaults(func=show_help)
