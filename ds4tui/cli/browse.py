@@ -50,7 +50,7 @@ def _settings(args) -> tuple[Path, int]:
 def cmd_browse(args: argparse.Namespace) -> int:
     directory, budget_mb = _settings(args)
     from ds4tui.cache.store import KvStore
-    from ds4tui.screens.cache_browser import BrowseApp
+    from ds4tui.screens.browse_app import BrowseApp
 
     sha = BrowseApp(KvStore(directory, budget_mb=budget_mb)).run()
     if not sha:

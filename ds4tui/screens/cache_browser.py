@@ -17,7 +17,10 @@ Contract with the app (the chat pushes this screen; `ds4tui browse` shows it alo
 
 - Resume posts `CacheBrowserScreen.ResumeRequested(path, sha, title)`; it
   bubbles to the app (`on_cache_browser_screen_resume_requested`), which pops
-  the browser and opens the conversation in the chat with no prefill. The
+  the browser and opens the conversation in the chat with no prefill. A
+  titled session (`.titled`) is a saved conversation; an untitled checkpoint
+  is a prompt prefix: the app may open its parsed text as a new conversation
+  (its next prompt then restores the file) or say it has nothing to resume. The
   screen posts it only for a file the given model can load (valid under its
   `Acceptor`, and for ds4tui payloads the same fingerprint); with no model
   (standalone browse) any file a ds4tui engine can load qualifies. Otherwise
@@ -36,12 +39,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on, work
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.events import ScreenResume
@@ -49,12 +51,11 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
-from ds4tui.cache.entry import ANY_DS4TUI, NOT_LOADABLE, PREVIEW_BYTES, Acceptor, KvEntry
-from ds4tui.cache.kvc import PREFIX_BYTES, KvcFormatError, read_kvc
+from ds4tui import paths
+from ds4tui.cache.entry import ANY_DS4TUI, Acceptor, KvEntry
 from ds4tui.cache.store import KvStore
 from ds4tui.cache.watch import CacheChanges, CacheWatcher
-from ds4tui.dsv4_header import DS4TUI_PAYLOAD_ABI, DSV4_HEADER_BYTES
-from ds4tui.engine.model import ModelInfo
+from ds4tui.screens import cache_scan
 from ds4tui.widgets.budget_gauge import BudgetGauge
 from ds4tui.widgets.confirm_dialog import ConfirmDialog
 from ds4tui.widgets.eviction_preview import EvictionPlan, EvictionPreview
@@ -64,25 +65,13 @@ from ds4tui.widgets.kv_table import KvTable
 from ds4tui.widgets.prompt_dialog import PromptDialog
 from ds4tui.widgets.transcript_view import TranscriptView
 
-FINGERPRINT_BYTES = 32  # ds4tui payloads: right after the 52-byte DSV4 header (engine/payload.py)
-# Texts searched by the filter are kept in memory; past this a file is searched
-# by its first bytes only (a 30000-token prompt is ~120 KB).
-FILTER_TEXT_CAP = 1 << 20
+if TYPE_CHECKING:  # only its attributes are read; the browser never needs the engine loaded
+    from ds4tui.engine.model import ModelInfo
+
 # The transcript modal reads at most this much text.
 TRANSCRIPT_CAP = 16 << 20
 # Relative times ("5m ago") and decayed hits go stale; a slow rescan keeps them honest.
 RESCAN_INTERVAL_S = 60.0
-
-
-@dataclass
-class _Scan:
-    """One scan's results, computed off the UI thread."""
-
-    gen: int
-    now: float
-    entries: list[KvEntry]
-    raw_headers: dict[str, bytes] = field(default_factory=dict)
-    fingerprints: dict[str, bytes] = field(default_factory=dict)
 
 
 class CacheBrowserScreen(Screen[None]):
@@ -123,6 +112,11 @@ class CacheBrowserScreen(Screen[None]):
             self.sha = sha
             self.title = title
 
+        @property
+        def titled(self) -> bool:
+            """A saved conversation (resumable by SHA); else a cached prompt prefix."""
+            return self.title is not None
+
     class Refreshed(Message):
         """The table now shows `shas` (display order). Handler: `on_cache_browser_screen_refreshed`."""
 
@@ -131,7 +125,7 @@ class CacheBrowserScreen(Screen[None]):
             self.shas = shas
 
     class _Scanned(Message):
-        def __init__(self, scan: _Scan) -> None:
+        def __init__(self, scan: cache_scan.BrowserScan) -> None:
             super().__init__()
             self.scan = scan
 
@@ -147,7 +141,7 @@ class CacheBrowserScreen(Screen[None]):
 
     def __init__(
         self,
-        store: KvStore | str | os.PathLike,
+        store: KvStore | str | os.PathLike | None = None,
         *,
         model: ModelInfo | None = None,
         ctx_size: int | None = None,
@@ -161,7 +155,8 @@ class CacheBrowserScreen(Screen[None]):
     ) -> None:
         """
         Args:
-            store: the cache (its directory and budget), or a directory for a default store.
+            store: the cache (its directory and budget), or a directory for a default store;
+                None: `paths.cache_dir()` with the default budget.
             model: the running model; files it cannot load are marked and never resumed.
             ctx_size: the chat session's context size (a file for a larger one is refused).
             prefill_tok_s: measured prefill speed of `model`, for the resume cost.
@@ -171,9 +166,13 @@ class CacheBrowserScreen(Screen[None]):
         """
         super().__init__(name=name, id=id, classes=classes)
         self._clock = clock or time.time
+        if store is None:
+            store = paths.cache_dir()
         self.store = store if isinstance(store, KvStore) else KvStore(store, clock=self._clock)
         self.model = model
-        self.acceptor = (Acceptor(model_id=model.model_id, payload_abi=model.payload_abi, ctx_size=ctx_size)
+        # The same test the chat's checkpoints apply before loading (chat/checkpoints.py).
+        self.acceptor = (Acceptor(model_id=model.model_id, payload_abi=model.payload_abi, ctx_size=ctx_size,
+                                  quant_bits=model.quant_bits)
                          if model is not None else ANY_DS4TUI)
         self.prefill_tok_s = prefill_tok_s or DEFAULT_PREFILL_TOK_S
         self.disk_mb_s = disk_mb_s or DEFAULT_DISK_MB_S
@@ -181,9 +180,9 @@ class CacheBrowserScreen(Screen[None]):
         self._watcher: CacheWatcher | None = None
         self._gen = 0
         self._shown_gen = -1
-        self._scan: _Scan | None = None
+        self._scan: cache_scan.BrowserScan | None = None
         self._by_sha: dict[str, KvEntry] = {}
-        self._texts: dict[str, tuple[tuple, str, str]] = {}  # path -> (stat key, casefolded text, preview)
+        self._texts = cache_scan.TextIndex()
         self._filter = ""
         self._select_next: str | None = None
         self._detail_of: KvEntry | None = None
@@ -206,7 +205,7 @@ class CacheBrowserScreen(Screen[None]):
                 self.store.dir.mkdir(parents=True, exist_ok=True)
                 self._watcher = CacheWatcher(self.store.dir, self._from_watcher).start()
             except OSError as exc:
-                self.notify(f"not watching {self.store.dir}: {exc}", severity="warning")
+                self.notify(f"not watching {self.store.dir}: {exc}", severity="warning", markup=False)
         self.set_interval(RESCAN_INTERVAL_S, self.rescan)
 
     def on_unmount(self) -> None:
@@ -225,7 +224,7 @@ class CacheBrowserScreen(Screen[None]):
     @on(_Changed)
     def _on_changed(self, event: _Changed) -> None:
         if event.changes.directory_gone:
-            self.notify(f"{self.store.dir} was removed", severity="warning")
+            self.notify(f"{self.store.dir} was removed", severity="warning", markup=False)
         self.rescan()
 
     # -- scanning ----------------------------------------------------------------
@@ -237,59 +236,9 @@ class CacheBrowserScreen(Screen[None]):
 
     @work(thread=True, group="scan", description="scan the cache directory")
     def _scan_worker(self, gen: int) -> None:
-        now = self._clock()
-        scan = _Scan(gen, now, self.store.entries(acceptor=self.acceptor))
-        for e in scan.entries:
-            self._read_raw(e, scan)
-            self._refresh_text(e)
-        live = {e.path for e in scan.entries}
-        for path in list(self._texts):
-            if path not in live:
-                self._texts.pop(path, None)
-        self.post_message(self._Scanned(scan))
-
-    def _read_raw(self, e: KvEntry, scan: _Scan) -> None:
-        """The raw header bytes for the hex view and, for ds4tui payloads, the model fingerprint."""
-        try:
-            with open(e.path, "rb") as fp:
-                scan.raw_headers[e.path] = fp.read(PREFIX_BYTES)
-                h = e.header
-                if h is None or h.payload_abi != DS4TUI_PAYLOAD_ABI or not e.payload:
-                    return
-                if h.payload_bytes < DSV4_HEADER_BYTES + FINGERPRINT_BYTES:
-                    return
-                fp.seek(PREFIX_BYTES + h.text_bytes + DSV4_HEADER_BYTES)
-                fingerprint = fp.read(FINGERPRINT_BYTES)
-        except OSError:
-            return
-        if len(fingerprint) != FINGERPRINT_BYTES:
-            return
-        scan.fingerprints[e.path] = fingerprint
-        if self.model is not None and e.valid and fingerprint != self.model.fingerprint:
-            # The header matched (same family id); the weights or config did not.
-            e.not_loadable = f"written by another {e.model} model or config (fingerprint {fingerprint[:6].hex()}…)"
-            e.error = NOT_LOADABLE + e.not_loadable
-
-    def _refresh_text(self, e: KvEntry) -> None:
-        try:
-            st = os.stat(e.path)
-        except OSError:
-            return
-        key = (st.st_ino, st.st_size, st.st_mtime_ns)
-        cached = self._texts.get(e.path)
-        if cached is None or cached[0] != key:
-            text = ""
-            if e.header is not None:
-                try:
-                    with open(e.path, "rb") as fp:
-                        fp.seek(PREFIX_BYTES)
-                        text = fp.read(min(e.header.text_bytes, FILTER_TEXT_CAP)).decode("utf-8", "replace")
-                except OSError:
-                    pass
-            cached = self._texts[e.path] = (key, text.casefold(), text[:PREVIEW_BYTES])
-        if not e.text_preview:
-            # A corrupt file gets no preview from the inspection; whatever text it holds still helps.
-            e.text_preview = cached[2]
+        result = cache_scan.scan(self.store, self.acceptor, gen=gen, now=self._clock(), texts=self._texts,
+                                 model_fingerprint=self.model.fingerprint if self.model else None)
+        self.post_message(self._Scanned(result))
 
     @on(_Scanned)
     def _on_scanned(self, event: _Scanned) -> None:
@@ -304,22 +253,12 @@ class CacheBrowserScreen(Screen[None]):
             file_count=len(entries), pinned_count=sum(1 for e in entries if e.pinned))
         self._apply()
 
-    def _matches(self, e: KvEntry) -> bool:
-        if not self._filter:
-            return True
-        needle = self._filter.casefold()
-        if e.title is not None and needle in e.title.casefold():
-            return True
-        cached = self._texts.get(e.path)
-        text = cached[1] if cached else (e.text_preview or "").casefold()
-        return needle in text
-
     def _apply(self) -> None:
         """Show the last scan through the filter, keep the selection, refresh the detail."""
         if self._scan is None:
             return
         table = self.query_one(KvTable)
-        visible = [e for e in self._scan.entries if self._matches(e)]
+        visible = [e for e in self._scan.entries if self._texts.matches(e, self._filter)]
         table.show(visible, self._scan.now, select=self._select_next)
         self._show_sort(table.sort_description)
         self._select_next = None
@@ -415,7 +354,7 @@ class CacheBrowserScreen(Screen[None]):
         if block is None:
             self.post_message(self.ResumeRequested(e.path, e.sha, e.title))
             return
-        self.notify(block, title="Cannot resume here", severity="warning")
+        self.notify(block, title="Cannot resume here", severity="warning", markup=False)
         self._load_transcript(e, f"cannot resume: {block}")
 
     def action_view_text(self) -> None:
@@ -425,19 +364,10 @@ class CacheBrowserScreen(Screen[None]):
 
     @work(thread=True, group="io", description="read a transcript")
     def _load_transcript(self, e: KvEntry, note: str) -> None:
-        if e.header is None:
-            self.app.call_from_thread(self.notify, "the header does not decode: no text to show", severity="error")
-            return
         try:
-            with open(e.path, "rb") as fp:
-                try:
-                    text = read_kvc(fp).text[:TRANSCRIPT_CAP]
-                except KvcFormatError:
-                    # A corrupt file still shows whatever text it holds.
-                    fp.seek(PREFIX_BYTES)
-                    text = fp.read(min(e.header.text_bytes, TRANSCRIPT_CAP))
-        except OSError as exc:
-            self.app.call_from_thread(self.notify, f"cannot read: {exc.strerror or exc}", severity="error")
+            text = cache_scan.read_transcript(e, TRANSCRIPT_CAP)
+        except (OSError, ValueError) as exc:
+            self.app.call_from_thread(self.notify, f"no text to show: {exc}", severity="error", markup=False)
             return
         self.post_message(self._Transcript(e.title, text, note))
 
@@ -450,7 +380,7 @@ class CacheBrowserScreen(Screen[None]):
         if e is None:
             return
         if e.header is None:
-            self.notify("cannot pin: the header does not decode", severity="error")
+            self.notify("cannot pin: the header does not decode", severity="error", markup=False)
             return
         pin = not e.pinned
         self._io(lambda: self.store.set_pinned(e.sha, pin), f"{'pinned' if pin else 'unpinned'} {e.sha[:12]}",
@@ -460,8 +390,9 @@ class CacheBrowserScreen(Screen[None]):
         e = self.selected
         if e is None:
             return
-        what = Text.assemble("Delete ", (e.sha[:12], "bold"), " ")
+        what = Text.assemble("Delete ", (e.sha[:12], "bold"))
         if e.title is not None:
+            what.append(" ")
             what.append_text(one_line(e.title, 40, "italic"))
         what.append(f" ({human_bytes(e.file_bytes)}, {e.header.tokens if e.header else '?'} tokens)?")
 
@@ -489,7 +420,7 @@ class CacheBrowserScreen(Screen[None]):
         if e is None:
             return
         if e.header is None or not e.header.titled or e.title is None:
-            self.notify("only titled sessions have a name to change", severity="warning")
+            self.notify("only titled sessions have a name to change", severity="warning", markup=False)
             return
 
         def done(title: str | None) -> None:
@@ -505,10 +436,10 @@ class CacheBrowserScreen(Screen[None]):
         try:
             new_sha = self.store.rename_title(e.sha, title)
         except (OSError, ValueError) as exc:
-            self.app.call_from_thread(self.notify, f"rename failed: {exc}", severity="error")
+            self.app.call_from_thread(self.notify, f"rename failed: {exc}", severity="error", markup=False)
             return
         self._select_next = new_sha
-        self.app.call_from_thread(self.notify, f"renamed to {new_sha[:12]}")
+        self.app.call_from_thread(self.notify, f"renamed to {new_sha[:12]}", markup=False)
         self.app.call_from_thread(self.rescan)
 
     def action_eviction(self) -> None:
@@ -517,7 +448,13 @@ class CacheBrowserScreen(Screen[None]):
     @work(thread=True, group="io", description="eviction dry run")
     def _eviction_worker(self) -> None:
         # A shallow scan, as a real budget pass does, so the preview matches it exactly.
-        plan = EvictionPlan.build(self.store.score(self.store.scan()), self.store.budget_bytes)
+        entries = self.store.score(self.store.scan())
+        for e in entries:
+            # A shallow scan reads no text; borrow what the table already knows, for display.
+            known = self._by_sha.get(e.sha)
+            if known is not None:
+                e.title, e.text_preview = known.title, known.text_preview
+        plan = EvictionPlan.build(entries, self.store.budget_bytes)
         self.app.call_from_thread(self.app.push_screen, EvictionPreview(plan))
 
     @work(thread=True, group="io", description="cache file operation")
@@ -525,24 +462,5 @@ class CacheBrowserScreen(Screen[None]):
         ok = op()
         if select:
             self._select_next = select
-        self.app.call_from_thread(self.notify, ok_msg if ok else fail_msg, severity="information" if ok else "warning")
+        self.app.call_from_thread(self.notify, ok_msg if ok else fail_msg, severity="information" if ok else "warning", markup=False)
         self.app.call_from_thread(self.rescan)
-
-
-class BrowseApp(App[str | None]):
-    """`ds4tui browse`: the browser alone. Exits with the SHA to resume, or None."""
-
-    TITLE = "ds4tui cache browser"
-
-    def __init__(self, store: KvStore | str | os.PathLike, **screen_kwargs) -> None:
-        super().__init__()
-        self._browser = CacheBrowserScreen(store, **screen_kwargs)
-
-    def on_mount(self) -> None:
-        # Pushed (not the default screen) so its CSS_PATH loads as it does in the chat;
-        # closing it closes the app.
-        self.push_screen(self._browser, lambda _: self.exit(None))
-
-    @on(CacheBrowserScreen.ResumeRequested)
-    def _on_resume(self, event: CacheBrowserScreen.ResumeRequested) -> None:
-        self.exit(event.sha)

@@ -1,0 +1,42 @@
+"""The app of `ds4tui browse`: the cache browser alone, no model loaded.
+
+Owns: hosting `CacheBrowserScreen` and turning its resume request into the
+app's exit value (the SHA of a titled session; the command then starts the
+chat on it). Leaves everything else to the screen.
+"""
+
+from __future__ import annotations
+
+import os
+
+from textual import on
+from textual.app import App
+
+from ds4tui.cache.store import KvStore
+from ds4tui.screens.cache_browser import CacheBrowserScreen
+
+
+class BrowseApp(App[str | None]):
+    """`ds4tui browse`: the browser alone. Exits with the SHA to resume, or None."""
+
+    TITLE = "ds4tui cache browser"
+
+    def __init__(self, store: KvStore | str | os.PathLike, **screen_kwargs) -> None:
+        super().__init__()
+        self._browser = CacheBrowserScreen(store, **screen_kwargs)
+
+    def on_mount(self) -> None:
+        # Pushed (not the default screen) so its CSS_PATH loads as it does in the chat;
+        # closing it closes the app.
+        self.push_screen(self._browser, lambda _: self.exit(None))
+
+    @on(CacheBrowserScreen.ResumeRequested)
+    def _on_resume(self, event: CacheBrowserScreen.ResumeRequested) -> None:
+        if not event.titled:
+            # `ds4tui --resume` opens saved conversations; a prefix checkpoint is
+            # reused on its own by any chat whose prompt starts with its text.
+            self.notify("An untitled checkpoint is a cached prompt prefix, not a saved conversation: a chat whose"
+                        " prompt starts with its text reuses it automatically.", title="Nothing to resume",
+                        severity="warning", markup=False)
+            return
+        self.exit(event.sha)
