@@ -81,6 +81,13 @@ class ChatController:
         with self._lock:
             return list(self.conversations.values())
 
+    def ctx_size(self) -> int:
+        """Context size of this controller's sessions (known exactly once one exists)."""
+        for conv in self.list():
+            if conv.session is not None:
+                return conv.session.ctx_size
+        return self.config.ctx or self.model.info.n_ctx
+
     def live_count(self) -> int:
         return sum(1 for c in self.list() if c.live)
 

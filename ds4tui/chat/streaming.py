@@ -4,13 +4,17 @@ Owns: the incremental UTF-8 decode of token bytes (a byte-level BPE token may
 hold half of a character; showing it would print U+FFFD and then the other
 half), stop-string detection across token boundaries, and holding back text
 that might still become a stop string. Leaves to callers: sampling, EOS ids
-and the session itself.
+and the session itself. Also `EventBatcher`, which thins the event stream
+down to what a screen can redraw.
 """
 
 from __future__ import annotations
 
 import codecs
-from typing import Sequence
+import time
+from typing import Callable, Sequence
+
+from ds4tui.chat.events import PrefillProgress, TokenText
 
 
 class ReplyStream:
@@ -77,3 +81,44 @@ class ReplyStream:
             if any(stop.startswith(tail) for stop in self._stops):
                 return k
         return 0
+
+
+class EventBatcher:
+    """Coalesces the controller's frequent events before they cross to the UI thread.
+
+    Token text and prefill progress can arrive hundreds of times a second; a
+    terminal redraw costs more than that. Text is joined and only the newest
+    progress is kept, released at most once per `interval` (0.05 s: ~20
+    updates a second reads as smooth streaming). Any other event first
+    flushes what is pending, so the order the UI sees is never changed.
+    """
+
+    def __init__(self, emit: Callable[[object], None], interval: float = 0.05,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._emit = emit
+        self._interval = interval
+        self._clock = clock
+        self._text: list[str] = []
+        self._progress = None
+        self._last = float("-inf")
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, TokenText):
+            self._text.append(event.text)
+        elif isinstance(event, PrefillProgress):
+            self._progress = event
+        else:
+            self.flush()
+            self._emit(event)
+            return
+        if self._clock() - self._last >= self._interval:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._progress is not None:
+            progress, self._progress = self._progress, None
+            self._emit(progress)
+        if self._text:
+            text, self._text = "".join(self._text), []
+            self._emit(TokenText(text))
+        self._last = self._clock()

@@ -1,8 +1,16 @@
-"""`ds4tui` with no command: the chat. Flags mirror the config file's keys."""
+"""`ds4tui` with no command: the chat. Flags mirror the config file's keys.
+
+Everything that can fail with a one-line message is checked here, before the
+full-screen UI takes the terminal: a bad config file, a model that is not on
+disk (the engine's ModelNotFoundError names `ds4tui models pull ...`), a
+`--resume` that matches nothing or several sessions. The model itself is
+loaded by the UI, in a worker, behind a loading indicator.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,7 +22,80 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-disk-cache", action="store_true", help="do not read or write .kv files")
 
 
-def run_chat(args: argparse.Namespace) -> int:
+def chat_config(args: argparse.Namespace):
+    """The config file with the flags on top; CliError for a bad file or flag."""
+    from ds4tui.cli import CliError
+    from ds4tui.config import ConfigError, load_config, with_overrides
+
+    try:
+        return with_overrides(
+            load_config(),
+            model=getattr(args, "model", None),
+            cache_dir=getattr(args, "cache_dir", None),
+            budget_mb=getattr(args, "budget_mb", None),
+            ctx=getattr(args, "ctx", None),
+            no_disk_cache=True if getattr(args, "no_disk_cache", False) else None,
+        )
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
+def check_model(spec: str) -> None:
+    """Raise ModelNotFoundError when `spec` names nothing loadable, without loading weights."""
+    from ds4tui.engine.model import ModelNotFoundError
+
+    if spec in ("tiny-llama", "tiny-dsv4"):
+        return  # built from a seed on first use
+    if Path(spec).expanduser().exists():
+        return
+    from ds4tui.engine.registry import resolve_registered
+
+    if resolve_registered(spec) is None:  # raises ModelNotFoundError naming the pull command
+        raise ModelNotFoundError(
+            f"unknown model {spec!r}: not a file, a directory or a name from `ds4tui models list`")
+
+
+def check_resume(query: str, cache_dir: Path) -> None:
+    """CliError unless exactly one titled session in `cache_dir` matches `query`."""
+    from ds4tui.cache.entry import inspect_file
+    from ds4tui.cache.store import KvStore
     from ds4tui.cli import CliError
 
-    raise CliError("the chat UI is not built yet; try `ds4tui kv ls` or `ds4tui --help`")
+    store = KvStore(cache_dir)
+    titled = []
+    for sha in store.shas():
+        e = inspect_file(store.path_for(sha), deep=True, preview_bytes=0)
+        if e.valid and e.header is not None and e.header.titled and e.title is not None:
+            titled.append((sha, e.title))
+    q = query.strip()
+    matches = [t for t in titled if q and t[0].startswith(q.lower())]
+    if not matches:
+        matches = [t for t in titled if t[1] == q] or [t for t in titled if t[1].casefold() == q.casefold()]
+    if not matches:
+        raise CliError(f"--resume {query!r}: no saved session matches in {cache_dir} (see `ds4tui kv ls`)")
+    if len(matches) > 1:
+        from ds4tui.cache.entry import safe_text
+
+        names = "; ".join(f"{sha[:12]} {safe_text(title, 40)}" for sha, title in matches[:5])
+        raise CliError(f"--resume {query!r} matches {len(matches)} sessions: {names}")
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    from ds4tui.cli import CliError
+    from ds4tui.engine.model import EngineError
+
+    config = chat_config(args)
+    try:
+        check_model(config.model)
+    except EngineError as exc:
+        raise CliError(str(exc)) from None
+    resume = getattr(args, "resume", None)
+    if resume:
+        if config.no_disk_cache:
+            raise CliError("--resume needs the disk cache (drop --no-disk-cache)")
+        check_resume(resume, config.cache_path())
+
+    from ds4tui.app import Ds4TuiApp
+
+    Ds4TuiApp(config, resume=resume).run()
+    return 0

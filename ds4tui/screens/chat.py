@@ -1,0 +1,594 @@
+"""The chat screen: conversations in a sidebar, the active one in the middle, a prompt below.
+
+Owns: turning user intents (send, cancel, new, switch, rename, resume, quit)
+into controller calls on worker threads, and the controller's events into
+widgets (streamed Markdown, the prefill bar, the status bar, notifications).
+The engine never runs on the UI thread: model loading, every turn, resuming
+and the shutdown saves are `@work(thread=True)` workers that report back
+through this screen's messages. One engine job runs at a time (the CPU has
+no room for two); switching chats, typing and scrolling stay live meanwhile.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import ContentSwitcher, Footer, LoadingIndicator
+
+from ds4tui.chat import events as ev
+from ds4tui.chat.streaming import EventBatcher
+from ds4tui.config import Config
+from ds4tui.widgets import fmt
+from ds4tui.widgets.chat_log import AssistantMessage, ChatLog
+from ds4tui.widgets.conversation_list import ChatEntry, ConversationList
+from ds4tui.widgets.prefill_bar import PrefillBar
+from ds4tui.widgets.prompt_input import PromptInput
+from ds4tui.widgets.status_bar import StatusBar
+
+if TYPE_CHECKING:
+    from ds4tui.controller import ChatController
+    from ds4tui.engine.model import Model
+
+NOTIFY_TIMEOUT = 4.0  # seconds a cache toast stays up: long enough to read one line
+SHUTDOWN_WAIT_S = 30.0  # longest wait for a running turn at exit: one prefill chunk is far less
+
+
+class ChatPane(Vertical):
+    """One conversation's view: its log and its own prefill bar (so switching away keeps both)."""
+
+    DEFAULT_CSS = """
+    ChatPane { height: 1fr; }
+    """
+
+    def __init__(self, key: str) -> None:
+        super().__init__(id=f"pane-{key}")
+        self.key = key
+        self.reply: AssistantMessage | None = None  # the reply being streamed
+
+    def compose(self) -> ComposeResult:
+        yield ChatLog()
+        yield PrefillBar()
+
+    @property
+    def log(self) -> ChatLog:
+        return self.query_one(ChatLog)
+
+    @property
+    def prefill(self) -> PrefillBar:
+        return self.query_one(PrefillBar)
+
+
+class ChatScreen(Screen):
+    """The whole chat UI; the app's default screen."""
+
+    BINDINGS = [
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("f2", "rename", "Rename"),
+        Binding("escape", "cancel", "Cancel"),
+        Binding("f3", "settings", "Settings"),
+        Binding("f4", "cache_browser", "Cache"),
+        Binding("ctrl+b", "toggle_sidebar", "Chats"),
+        Binding("ctrl+pageup", "cycle_chat(-1)", "Previous chat", show=False),
+        Binding("ctrl+pagedown", "cycle_chat(1)", "Next chat", show=False),
+    ]
+    """
+    | Key | Description |
+    | :- | :- |
+    | ctrl+n | Start a new chat. |
+    | f2 | Rename the active chat. |
+    | escape | Cancel the running prefill or reply. |
+    | f3 | Sampling settings and system prompt. |
+    | f4 | Open the cache browser. |
+    | ctrl+b | Show or hide the chat list. |
+    | ctrl+pageup / ctrl+pagedown | Previous / next open chat. |
+    """
+
+    # -- messages (posted by workers, bubbling to the app so tests can watch them) -----------
+
+    @dataclass
+    class ModelReady(Message):
+        """The model is loaded and the controller exists."""
+
+    @dataclass
+    class ModelFailed(Message):
+        """Loading the model failed; `error` is one line."""
+
+        error: str
+
+    @dataclass
+    class EngineEvent(Message):
+        """The controller reported `event` (a ds4tui.chat.events record) for chat `key`."""
+
+        key: str
+        event: object
+
+    @dataclass
+    class TurnEnded(Message):
+        """A send finished (`done` is None when it was cancelled in prefill or failed)."""
+
+        key: str
+        done: ev.Done | None
+
+    @dataclass
+    class Resumed(Message):
+        """A titled session was opened (`key`), or could not be (`error`)."""
+
+        key: str | None
+        error: str | None = None
+
+    @dataclass
+    class SessionsSaved(Message):
+        """The shutdown saves are done; the app may exit."""
+
+    def __init__(self, config: Config, *, model: Model | None = None, controller: ChatController | None = None,
+                 resume: str | None = None, cursor_blink: bool = True) -> None:
+        """
+        Args:
+            config: Settings (the model spec is loaded in a worker unless `model` or `controller` is given).
+            model: An already loaded model.
+            controller: A ready controller (tests pass their own).
+            resume: A titled session (sha prefix or title) to open once the model is ready.
+            cursor_blink: False keeps the prompt cursor still (snapshot tests).
+        """
+        super().__init__()
+        self.config = config
+        self.controller = controller
+        self._model = model
+        self._resume = resume
+        self._cursor_blink = cursor_blink
+        self._active: str | None = None
+        self._busy: str | None = None  # key of the chat whose turn is running
+        self._engine_job = False  # any engine work (turn, resume, shutdown) in flight
+        self._last_speed = ""
+        self._quitting = False
+        self._saved: list = []  # titled sessions on disk, as last scanned (off the UI thread)
+        # Set while no engine job runs; the shutdown worker waits on it.
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="body"):
+            yield ConversationList(id="sidebar")
+            with Vertical(id="main"):
+                yield LoadingIndicator(id="loading")
+                yield ContentSwitcher(id="chats")
+                yield PromptInput(id="prompt", placeholder="Message · Enter sends · ctrl+j new line",
+                                  cursor_blink=self._cursor_blink)
+        yield StatusBar(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#prompt", PromptInput).focus()
+        if self.controller is None and self._model is not None:
+            self._make_controller(self._model)
+        if self.controller is not None:
+            self.post_message(self.ModelReady())
+        else:
+            self._load_model(self.config.model)
+
+    # -- model loading -------------------------------------------------------------------------
+
+    @work(thread=True, group="engine", description="load the model")
+    def _load_model(self, spec: str) -> None:
+        from ds4tui.engine.loader import load_model
+        from ds4tui.engine.model import EngineError
+
+        try:
+            model = load_model(spec)
+            self._make_controller(model)
+        except EngineError as exc:
+            self.post_message(self.ModelFailed(str(exc)))
+        except Exception as exc:  # a loader bug is shown, never a traceback
+            self.post_message(self.ModelFailed(f"{type(exc).__name__}: {exc}"))
+        else:
+            self.post_message(self.ModelReady())
+
+    def _make_controller(self, model: Model) -> None:
+        from ds4tui.controller import ChatController
+
+        self.controller = ChatController(model, self.config)
+
+    @on(ModelReady)
+    async def _model_ready(self) -> None:
+        self.query_one("#loading").display = False
+        status = self.query_one(StatusBar)
+        assert self.controller is not None
+        status.model_name = self.controller.model.info.name
+        status.ctx_total = self.controller.ctx_size()
+        self._scan_saved()
+        if self._resume:
+            self._start_resume(self._resume)
+        else:
+            await self.action_new_chat()
+
+    @on(ModelFailed)
+    def _model_failed(self, message: ModelFailed) -> None:
+        self.query_one("#loading").display = False
+        self.query_one(StatusBar).model_name = "no model"
+        pane_log = self.query_one("#main")
+        from ds4tui.widgets.chat_log import NoticeLine
+
+        pane_log.mount(NoticeLine(f"Could not load the model: {message.error}", error=True), before=0)
+        self.notify(message.error, title="Model not loaded", severity="error", markup=False, timeout=10)
+
+    # -- sending -------------------------------------------------------------------------------
+
+    @on(PromptInput.Submitted)
+    def _submit(self, message: PromptInput.Submitted) -> None:
+        text = message.text
+        if not text.strip():
+            return
+        if self.controller is None or self._active is None:
+            self.notify("The model is still loading.", severity="warning", markup=False)
+            return
+        if self._engine_job:
+            self.notify("Still working on the last reply (Escape cancels it).", severity="warning", markup=False)
+            return
+        key = self._active
+        pane = self._pane(key)
+        pane.log.add_user(text)
+        pane.reply = pane.log.add_assistant()
+        message.prompt_input.clear()
+        self._busy = key
+        self._begin_job()
+        self.query_one(StatusBar).activity = "prefilling…"
+        self._refresh_sidebar()
+        self._generate(key, text)
+
+    @work(thread=True, group="engine", description="generate a reply")
+    def _generate(self, key: str, text: str) -> None:
+        assert self.controller is not None
+        sink = EventBatcher(lambda event: self.post_message(self.EngineEvent(key, event)))
+        done = None
+        try:
+            done = self.controller.send(key, text, sink)
+        except Exception as exc:  # a controller bug: shown, never a traceback
+            sink(ev.ChatError("generate", f"{type(exc).__name__}: {exc}"))
+        finally:
+            sink.flush()
+            self._idle.set()
+            self.post_message(self.TurnEnded(key, done))
+
+    @on(EngineEvent)
+    def _engine_event(self, message: EngineEvent) -> None:
+        event, pane = message.event, self._pane_or_none(message.key)
+        status = self.query_one(StatusBar)
+        if isinstance(event, ev.TokenText):
+            if pane is not None and pane.reply is not None:
+                pane.reply.append(event.text)
+        elif isinstance(event, ev.PrefillStarted):
+            if event.source != "cold" and event.cached:
+                status.cache = f"reused {fmt.tokens(event.cached)} tokens ({event.source})"
+        elif isinstance(event, ev.PrefillProgress):
+            if pane is not None and event.done < event.total:
+                pane.prefill.show_progress(event.done, event.total, event.tok_s, event.eta_s)
+        elif isinstance(event, ev.Done):
+            if pane is not None:
+                pane.prefill.hide()
+                if pane.reply is not None:
+                    pane.reply.set_stats(_stats_line(event))
+            self._last_speed = fmt.rate(event.tok_s)
+            status.speed = self._last_speed
+        elif isinstance(event, ev.Cancelled):
+            if pane is not None:
+                pane.prefill.hide()
+        else:
+            self._cache_event(message.key, event)
+        if message.key == self._active:
+            self._update_context()
+
+    def _cache_event(self, key: str, event: object) -> None:
+        """Cache and error events: one line in the status bar, a toast for the notable ones."""
+        status = self.query_one(StatusBar)
+        if isinstance(event, ev.Hit):
+            status.cache = f"kv hit {fmt.tokens(event.tokens)} tok in {fmt.ms(event.ms)}"
+            self._toast(f"Restored {fmt.tokens(event.tokens)} tokens from disk ({fmt.size(event.bytes)},"
+                        f" {fmt.ms(event.ms)})", "KV cache hit")
+        elif isinstance(event, ev.Miss):
+            status.cache = f"kv miss: {event.reason}"
+        elif isinstance(event, ev.Saved):
+            if event.reason == "agent-session":
+                status.cache = f"session saved ({fmt.tokens(event.tokens)} tok)"
+            else:
+                status.cache = f"kv saved {event.reason} {fmt.tokens(event.tokens)} tok"
+                self._toast(f"Checkpoint ({event.reason}): {fmt.tokens(event.tokens)} tokens,"
+                            f" {fmt.size(event.bytes)} in {fmt.ms(event.ms)}", "KV cache saved")
+        elif isinstance(event, ev.SaveFailed):
+            status.cache = "kv save failed"
+            self._toast(f"Checkpoint not saved: {event.reason}", "KV cache", severity="error")
+        elif isinstance(event, ev.Evicted):
+            if event.files:
+                self._scan_saved()
+                status.cache = f"kv evicted {len(event.files)} file(s)"
+                self._toast(f"Evicted {len(event.files)} file(s), {fmt.size(event.bytes)}, to stay under"
+                            f" the {fmt.size(event.budget_bytes)} budget", "KV cache", severity="warning")
+        elif isinstance(event, ev.Rejected):
+            status.cache = f"kv rejected {event.file[:12]}"
+            self._toast(f"Ignored cache file {event.file[:12]}: {event.reason}", "KV cache", severity="warning")
+        elif isinstance(event, ev.SessionFreed):
+            conv = self._conversation(event.conversation)
+            title = conv.display_title if conv is not None else event.conversation
+            self._toast(f"{fmt.one_line(title, 40)!s} left memory (saved to disk: {event.reason})", "Sessions")
+            self._refresh_sidebar()
+        elif isinstance(event, ev.ChatError):
+            pane = self._pane_or_none(key)
+            if pane is not None:
+                pane.log.add_notice(f"Error ({event.where}): {event.message}", error=True)
+            self._toast(event.message, f"Error: {event.where}", severity="error")
+
+    @on(TurnEnded)
+    def _turn_ended(self, message: TurnEnded) -> None:
+        self._busy = None
+        self._engine_job = False
+        status = self.query_one(StatusBar)
+        status.activity = ""
+        pane = self._pane_or_none(message.key)
+        if pane is not None:
+            pane.prefill.hide()
+            if message.done is None and pane.reply is not None:
+                # Cancelled in prefill or failed: the controller withdrew the user message.
+                self._withdraw_turn(pane)
+            pane.reply = None
+        self._refresh_sidebar()
+        self._update_context()
+
+    def _withdraw_turn(self, pane: ChatPane) -> None:
+        """Remove the unanswered exchange; put the text back in the prompt if it is empty."""
+        reply = pane.reply
+        assert reply is not None
+        users = pane.log.query("UserMessage")
+        text = users.last().text if users else ""
+        if users:
+            users.last().remove()
+        reply.remove()
+        prompt = self.query_one("#prompt", PromptInput)
+        if pane.key == self._active and not prompt.text:
+            prompt.load_text(text)
+            prompt.move_cursor(prompt.document.end)
+
+    def action_cancel(self) -> None:
+        """Escape: stop the running prefill or reply."""
+        if self._busy is not None and self.controller is not None:
+            self.controller.cancel()
+            self.query_one(StatusBar).activity = "cancelling…"
+
+    # -- conversations ----------------------------------------------------------------------------
+
+    async def action_new_chat(self) -> None:
+        if self.controller is None:
+            return
+        conv = self.controller.new_conversation()
+        await self._add_pane(conv.key)
+        self._switch(conv.key)
+
+    async def _add_pane(self, key: str) -> ChatPane:
+        pane = ChatPane(key)
+        await self.query_one(ContentSwitcher).add_content(pane)
+        return pane
+
+    def _switch(self, key: str) -> None:
+        self._active = key
+        self.query_one(ContentSwitcher).current = f"pane-{key}"
+        conv = self._conversation(key)
+        if conv is not None:
+            conv.touch()
+        self._refresh_sidebar()
+        self._update_context()
+        self.query_one("#prompt", PromptInput).focus()
+
+    def action_cycle_chat(self, step: int) -> None:
+        if self.controller is None or self._active is None:
+            return
+        keys = [c.key for c in self.controller.list()]
+        if len(keys) > 1:
+            self._switch(keys[(keys.index(self._active) + step) % len(keys)])
+
+    def action_toggle_sidebar(self) -> None:
+        sidebar = self.query_one(ConversationList)
+        sidebar.display = not sidebar.display
+
+    @on(ConversationList.ChatChosen)
+    def _chat_chosen(self, message: ConversationList.ChatChosen) -> None:
+        entry = message.entry
+        if entry.key is not None:
+            self._switch(entry.key)
+        elif entry.sha is not None:
+            self._start_resume(entry.sha)
+
+    def _start_resume(self, query: str) -> None:
+        if self._engine_job:
+            self.notify("Wait for the reply to finish (Escape cancels it).", severity="warning", markup=False)
+            return
+        self._begin_job()
+        self.query_one(StatusBar).activity = "resuming…"
+        self._resume_session(query)
+
+    @work(thread=True, group="engine", description="resume a saved session")
+    def _resume_session(self, query: str) -> None:
+        assert self.controller is not None
+        sink = EventBatcher(lambda event: self.post_message(self.EngineEvent("", event)))
+        try:
+            conv = self.controller.resume(query, sink)
+        except Exception as exc:  # LookupError, EngineError, or a bug: all shown as one line
+            sink.flush()
+            self._idle.set()
+            self.post_message(self.Resumed(None, str(exc) or type(exc).__name__))
+        else:
+            sink.flush()
+            self._idle.set()
+            self.post_message(self.Resumed(conv.key))
+
+    @on(Resumed)
+    async def _resumed(self, message: Resumed) -> None:
+        self._engine_job = False
+        self.query_one(StatusBar).activity = ""
+        if message.error is not None or message.key is None:
+            self.notify(message.error or "not resumed", title="Resume", severity="error", markup=False)
+            if self._active is None:
+                await self.action_new_chat()
+            return
+        conv = self._conversation(message.key)
+        assert conv is not None
+        pane = self._pane_or_none(conv.key)
+        if pane is None:
+            pane = await self._add_pane(conv.key)
+            pane.log.show_messages(conv.visible_messages())
+        self._switch(conv.key)
+        self._scan_saved()
+        self._toast(f"Resumed {fmt.one_line(conv.display_title, 40)} ({fmt.tokens(conv.context_tokens)} tokens,"
+                    " no prefill)", "Session")
+
+    def action_rename(self) -> None:
+        if self.controller is None or self._active is None:
+            return
+        from ds4tui.screens.rename import RenameScreen
+
+        key = self._active
+        conv = self.controller.get(key)
+
+        def done(title: str | None) -> None:
+            if title:
+                self._rename(key, title)
+
+        self.app.push_screen(RenameScreen(conv.display_title), done)
+
+    @work(thread=True, group="files", description="rename a chat")
+    def _rename(self, key: str, title: str) -> None:
+        assert self.controller is not None
+        sink = EventBatcher(lambda event: self.post_message(self.EngineEvent(key, event)))
+        try:
+            self.controller.rename(key, title, sink)
+        except (ValueError, OSError) as exc:
+            sink(ev.ChatError("rename", str(exc)))
+        sink.flush()
+        self.app.call_from_thread(self._refresh_sidebar)
+
+    def action_settings(self) -> None:
+        if self.controller is None:
+            return
+        from ds4tui.screens.settings import SettingsScreen
+
+        def done(changes: dict | None) -> None:
+            if changes and self.controller is not None:
+                self.controller.update_config(**changes)
+                self.config = self.controller.config
+                self.notify("Settings applied (the system prompt applies to new chats).", markup=False)
+
+        self.app.push_screen(SettingsScreen(self.controller.config), done)
+
+    def action_cache_browser(self) -> None:
+        try:
+            from ds4tui.screens.cache_browser import CacheBrowserScreen
+        except ImportError:
+            self.notify("The cache browser is not available in this build.", severity="warning", markup=False)
+            return
+        try:
+            screen = CacheBrowserScreen(self.config.cache_path())
+        except TypeError:
+            screen = CacheBrowserScreen()
+        self.app.push_screen(screen)
+
+    # -- quitting -----------------------------------------------------------------------------
+
+    def save_and_exit(self) -> None:
+        """Cancel what runs, save every live session (reason `shutdown`), then exit the app."""
+        if self._quitting:
+            return
+        self._quitting = True
+        if self.controller is None:
+            self.app.exit()
+            return
+        self.controller.cancel()
+        live = self.controller.live_count()
+        if live:
+            self.query_one(StatusBar).activity = f"saving {live} session(s)…"
+        self._shutdown()
+
+    @work(thread=True, group="shutdown", description="save live sessions")
+    def _shutdown(self) -> None:
+        assert self.controller is not None
+        # A running turn stops at its next chunk or token (cancelled above); wait for it
+        # to hand its session back. Bounded, so a stuck engine cannot hang the exit.
+        self._idle.wait(timeout=SHUTDOWN_WAIT_S)
+        sink = EventBatcher(lambda event: self.post_message(self.EngineEvent("", event)))
+        try:
+            self.controller.shutdown(sink)
+        finally:
+            sink.flush()
+            self.post_message(self.SessionsSaved())
+
+    @on(SessionsSaved)
+    def _sessions_saved(self) -> None:
+        self.app.exit()
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _pane(self, key: str) -> ChatPane:
+        return self.query_one(f"#pane-{key}", ChatPane)
+
+    def _pane_or_none(self, key: str) -> ChatPane | None:
+        found = self.query(f"#pane-{key}") if key else None
+        return found.first(ChatPane) if found else None
+
+    def _conversation(self, key: str):
+        if self.controller is None:
+            return None
+        return self.controller.conversations.get(key)
+
+    def _toast(self, text: str, title: str, severity: str = "information") -> None:
+        self.notify(text, title=title, severity=severity, timeout=NOTIFY_TIMEOUT, markup=False)
+
+    def _update_context(self) -> None:
+        status = self.query_one(StatusBar)
+        conv = self._conversation(self._active) if self._active else None
+        status.ctx_used = conv.context_tokens if conv is not None else 0
+        if self.controller is not None:
+            status.ctx_total = self.controller.ctx_size()
+
+    def _begin_job(self) -> None:
+        self._engine_job = True
+        self._idle.clear()
+
+    def _refresh_sidebar(self) -> None:
+        """Redraw the chat list from memory (open chats) and the last disk scan (saved ones)."""
+        if self.controller is None:
+            return
+        entries = [ChatEntry(c.display_title, key=c.key, live=c.live, busy=c.key == self._busy)
+                   for c in self.controller.list()]
+        open_shas = {c.saved_sha for c in self.controller.list() if c.saved_sha}
+        entries += [ChatEntry(s.title, sha=s.sha) for s in self._saved if s.sha not in open_shas]
+        self.run_worker(self.query_one(ConversationList).show_entries(entries, self._active),
+                        group="sidebar", exclusive=True)
+
+    @work(thread=True, group="scan", exclusive=True, description="list saved sessions")
+    def _scan_saved(self) -> None:
+        """Read the titled sessions on disk (deep inspection reads files: never on the UI thread)."""
+        assert self.controller is not None
+        try:
+            saved = self.controller.saved_sessions()
+        except OSError:
+            saved = []
+        self.app.call_from_thread(self._saved_scanned, saved)
+
+    def _saved_scanned(self, saved: list) -> None:
+        self._saved = saved
+        self._refresh_sidebar()
+
+
+def _stats_line(done: ev.Done) -> str:
+    parts = [f"{fmt.tokens(done.tokens)} tokens", fmt.rate(done.tok_s)]
+    if done.prompt_tokens:
+        parts.append(f"prefill {fmt.tokens(done.prompt_tokens)} tok")
+    parts.append(f"first token {fmt.ms(done.ttft_ms)}")
+    if done.stop not in ("eos", "stop-string"):
+        parts.append(f"stopped: {done.stop}")
+    return " · ".join(parts)
+

@@ -1,0 +1,45 @@
+"""Command palette entries (ctrl+p) for the chat: new chat, rename, cache browser, settings, quit.
+
+Owns: the names and help lines; each entry runs the chat screen's action of
+the same name, so the palette, the key bindings and the footer stay in step.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+# (palette name, help line, chat screen action)
+CHAT_COMMANDS = (
+    ("New chat", "Start an empty conversation (ctrl+n)", "new_chat"),
+    ("Rename chat", "Give the active conversation a new title (f2)", "rename"),
+    ("Cache browser", "Browse, pin, delete or resume the .kv files on disk (f4)", "cache_browser"),
+    ("Settings", "Temperature, top-p, max tokens, system prompt (f3)", "settings"),
+    ("Quit", "Save live sessions and exit (ctrl+q)", "quit"),
+)
+
+
+class ChatCommands(Provider):
+    """Offers the chat actions while the chat screen is the active one."""
+
+    def _commands(self):
+        from ds4tui.screens.chat import ChatScreen
+
+        screen = self.screen
+        if not isinstance(screen, ChatScreen):
+            return
+        for name, help_text, action in CHAT_COMMANDS:
+            target = self.app if action == "quit" else screen
+            yield name, help_text, partial(target.run_action, action)
+
+    async def discover(self) -> Hits:
+        for name, help_text, callback in self._commands():
+            yield DiscoveryHit(name, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, help_text, callback in self._commands():
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), callback, help=help_text)

@@ -1,0 +1,97 @@
+"""The settings dialog: temperature, top-p, min-p, max tokens and the system prompt.
+
+Owns: the form and checking each value with `config.check_value` (the same
+rules as the config file), and optionally writing them to the config file.
+Leaves to the chat screen: applying the result to the controller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Checkbox, Input, Label, Static, TextArea
+
+from ds4tui.config import Config, ConfigError, check_value, load_config, save_config
+
+NUMBER_FIELDS = (
+    ("temperature", "Temperature (0 = greedy)"),
+    ("top_p", "Top-p"),
+    ("min_p", "Min-p"),
+    ("max_tokens", "Max tokens per reply"),
+)
+
+
+class SettingsScreen(ModalScreen[dict | None]):
+    """Dismisses with the changed settings ({key: value}), or None when cancelled."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    """
+    | Key | Description |
+    | :- | :- |
+    | escape | Close without changing anything. |
+    """
+
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self._config = config
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="settings-dialog", classes="dialog"):
+            yield Label(Text("Settings"), classes="dialog-title")
+            for key, label in NUMBER_FIELDS:
+                with Horizontal(classes="field"):
+                    yield Label(Text(label), classes="field-label")
+                    yield Input(value=str(getattr(self._config, key)), id=f"set-{key}", classes="field-input")
+            yield Label(Text("System prompt for new chats (empty: the model's default)"), classes="field-label")
+            yield TextArea(self._config.system_prompt or "", id="set-system_prompt", soft_wrap=True)
+            yield Checkbox("Save to the config file", id="set-persist")
+            yield Static("", id="settings-error")
+            with Horizontal(classes="buttons"):
+                yield Button("Apply", variant="primary", id="settings-apply")
+                yield Button("Cancel", id="settings-cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#set-temperature", Input).focus()
+
+    def _values(self) -> dict:
+        """The form's values, checked; raises ConfigError naming the bad field."""
+        out: dict = {}
+        for key, _ in NUMBER_FIELDS:
+            raw = self.query_one(f"#set-{key}", Input).value.strip()
+            try:
+                value = int(raw) if key == "max_tokens" else float(raw)
+            except ValueError:
+                raise ConfigError(f"{key}: {raw!r} is not a number") from None
+            out[key] = check_value(key, value, "settings")
+        prompt = self.query_one("#set-system_prompt", TextArea).text
+        out["system_prompt"] = prompt if prompt.strip() else None
+        return out
+
+    @on(Button.Pressed, "#settings-apply")
+    @on(Input.Submitted)
+    def _apply(self) -> None:
+        try:
+            values = self._values()
+        except ConfigError as exc:
+            self.query_one("#settings-error", Static).update(Text(str(exc)))
+            return
+        if self.query_one("#set-persist", Checkbox).value:
+            try:
+                file_config = load_config()
+                path = save_config(replace(file_config, **values))
+            except (ConfigError, OSError) as exc:
+                self.query_one("#settings-error", Static).update(Text(f"not saved: {exc}"))
+                return
+            self.notify(f"Saved to {path}", markup=False)
+        changes = {k: v for k, v in values.items() if getattr(self._config, k) != v}
+        self.dismiss(changes)
+
+    @on(Button.Pressed, "#settings-cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,79 @@
+"""The sidebar: open chats (live in memory or parked on disk) and saved sessions to resume.
+
+Owns: the list items, their markers and the `ChatChosen` message. Titles come
+from files, so they are shown as `Text` after `fmt.one_line`, never as markup.
+Leaves to the screen: opening, resuming and switching.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual import on
+from textual.message import Message
+from textual.widgets import Label, ListItem, ListView
+
+from ds4tui.widgets import fmt
+
+LIVE, PARKED, SAVED = "●", "○", "↺"
+TITLE_WIDTH = 26
+
+
+@dataclass(frozen=True)
+class ChatEntry:
+    """One row: an open chat (`key`) or a saved session (`sha`)."""
+
+    title: str
+    key: str | None = None
+    sha: str | None = None
+    live: bool = False
+    busy: bool = False
+
+
+class ChatItem(ListItem):
+    def __init__(self, entry: ChatEntry, active: bool) -> None:
+        marker = SAVED if entry.key is None else (LIVE if entry.live else PARKED)
+        label = Text(f"{marker} ")
+        label.append(fmt.one_line(entry.title, TITLE_WIDTH), style="bold" if active else "")
+        if entry.busy:
+            label.append(" …")
+        super().__init__(Label(label), classes="-saved" if entry.key is None else "")
+        self.entry = entry
+
+
+class ConversationList(ListView):
+    """Open chats first (● live in memory, ○ saved to disk), then saved sessions (↺)."""
+
+    DEFAULT_CSS = """
+    ConversationList {
+        width: 32;
+        & > ChatItem.-saved { color: $text-muted; }
+    }
+    """
+
+    @dataclass
+    class ChatChosen(Message):
+        """The user picked a row; handle with `on_conversation_list_chat_chosen`."""
+
+        conversation_list: ConversationList
+        entry: ChatEntry
+
+        @property
+        def control(self) -> ConversationList:
+            return self.conversation_list
+
+    async def show_entries(self, entries: list[ChatEntry], active_key: str | None) -> None:
+        """Replace the rows; the active chat is highlighted."""
+        await self.clear()
+        await self.extend([ChatItem(e, e.key is not None and e.key == active_key) for e in entries])
+        for i, e in enumerate(entries):
+            if e.key is not None and e.key == active_key:
+                self.index = i
+                break
+
+    @on(ListView.Selected)
+    def _chosen(self, event: ListView.Selected) -> None:
+        event.stop()
+        if isinstance(event.item, ChatItem):
+            self.post_message(self.ChatChosen(self, event.item.entry))
