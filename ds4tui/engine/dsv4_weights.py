@@ -206,7 +206,12 @@ def _materialize(src: Source, scale: Source | None, shape: tuple[int, ...], dtyp
         raise WeightsError(f"tensor {name}: dtype {src.dtype} is not a weight format")
     if tuple(t.shape) != shape:
         raise WeightsError(f"tensor {name}: shape {tuple(t.shape)} after dequantization, expected {shape}")
-    t = t.to(dtype)
+    t = t.to(dtype).contiguous()
+    if t.data_ptr() % 64:
+        # A zero-copy view into the memory-mapped file can sit at any offset; BLAS kernels
+        # may sum in another order for unaligned data, so the same weights would give other
+        # bits depending on the file layout. A copy is 64-byte aligned.
+        t = t.clone()
     if not bool(torch.isfinite(t).all()):
         raise WeightsError(f"tensor {name}: contains NaN or infinite values")
     return t
