@@ -42,7 +42,8 @@ class BudgetGauge(Widget):
         out.append("█" * filled, style)
         out.append("░" * (BAR_WIDTH - filled), "dim")
         out.append(f" {human_bytes(self.used_bytes)} / {human_bytes(self.budget_bytes)} ({frac:.0%})", style)
-        out.append(f" · {self.file_count} files · {self.pinned_count} pinned")
+        files = "file" if self.file_count == 1 else "files"
+        out.append(f" · {self.file_count} {files} · {self.pinned_count} pinned")
         return out
 
     def set_usage(self, *, used_bytes: int, budget_bytes: int, file_count: int, pinned_count: int) -> None:

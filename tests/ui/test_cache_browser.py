@@ -196,3 +196,11 @@ def test_file_text_is_never_markup_or_control_codes():
     t = file_text("[bold]x[/bold]\n\x1b[31mred\r\u202e")
     assert t.plain == "[bold]x[/bold]\n\\e[31mred\\r\\u202e"
     assert not t.spans
+
+
+def test_browse_command_refuses_a_missing_directory(tmp_path, capsys):
+    """`ds4tui browse --dir` on a path that is not a directory fails with one line naming it."""
+    from ds4tui.cli import main
+
+    assert main(["browse", "--dir", str(tmp_path / "nope")]) == 1
+    assert "nope is not a directory" in capsys.readouterr().err
