@@ -41,6 +41,20 @@ def load(session, data: bytes) -> None:
     session.load_payload(io.BytesIO(data), len(data))
 
 
+def expected_size(cfg, t: int) -> int:
+    """The size formula of docs/payload.md, written independently of the writer."""
+    d, idim, w = cfg.head_dim, cfg.index_head_dim, cfg.sliding_window
+    n = 52 + 32 + 4 * t + 4 * cfg.vocab_size + 8 * cfg.num_hidden_layers
+    for r in cfg.compress_ratios:
+        n += min(t, w) * d * 4
+        if r:
+            coff = 2 if r == 4 else 1
+            n += (t // r) * d * 4 + 2 * (coff * r) * (coff * d) * 4
+        if r == 4:
+            n += (t // 4) * idim * 4 + 2 * 8 * (2 * idim) * 4
+    return n
+
+
 @pytest.fixture(scope="module", autouse=True)
 def single_thread():
     before = torch.get_num_threads()

@@ -15,7 +15,7 @@ from ds4tui.dsv4_header import DSV4_HEADER_BYTES
 from ds4tui.engine.dsv4 import model_from_tensors
 from ds4tui.engine.session import PayloadError
 from ds4tui.engine.tiny_dsv4 import random_tensors
-from tests.engine.dsv4_helpers import load, save, single_thread, tiny, tokens  # noqa: F401 (fixture)
+from tests.engine.dsv4_helpers import expected_size, load, save, single_thread, tiny, tokens  # noqa: F401 (fixture)
 
 CHUNK = 128
 K = 40  # tokens prefilled after the restore (crosses a chunk boundary from T = 100 on)
@@ -62,20 +62,6 @@ def test_resume_on_a_chunk_boundary_equals_a_cold_prefill(t):
     cold.prefill(toks)
     assert torch.equal(b.logits, cold.logits)
     assert save(b) == save(cold)
-
-
-def expected_size(cfg, t: int) -> int:
-    """The size formula of docs/payload.md, written independently of the writer."""
-    d, idim, w = cfg.head_dim, cfg.index_head_dim, cfg.sliding_window
-    n = 52 + 32 + 4 * t + 4 * cfg.vocab_size + 8 * cfg.num_hidden_layers
-    for r in cfg.compress_ratios:
-        n += min(t, w) * d * 4
-        if r:
-            coff = 2 if r == 4 else 1
-            n += (t // r) * d * 4 + 2 * (coff * r) * (coff * d) * 4
-        if r == 4:
-            n += (t // 4) * idim * 4 + 2 * 8 * (2 * idim) * 4
-    return n
 
 
 def test_size_matches_the_formula_and_the_doc():
