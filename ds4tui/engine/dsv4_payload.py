@@ -13,8 +13,12 @@ the framing, for each layer in order (all float32, little-endian):
 The ratio and coff of each layer come from the model config, which the
 fingerprint pins. A load checks everything derivable from the header before
 touching the session (version, fingerprint, dims, window, chunk size, counts =
-floor(T/R), the exact total size), then fills the static buffers; any failure
-leaves the session empty and usable (docs/payload.md is the full table).
+floor(T/R), the exact total size): such a rejection leaves the session as it
+was. Then it fills the static buffers; a failure there (a short file, a
+non-finite value, a non-canonical frontier) leaves the session empty. Sections
+are written and read by one function each, so a storage policy (e.g. dropping
+or recomputing the raw window) can replace one section without touching the
+others. docs/payload.md is the full table.
 """
 
 from __future__ import annotations
