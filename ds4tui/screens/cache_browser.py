@@ -201,14 +201,21 @@ class CacheBrowserScreen(Screen[None]):
 
     def on_mount(self) -> None:
         if self._watch:
-            try:
-                self.store.dir.mkdir(parents=True, exist_ok=True)
-                self._watcher = CacheWatcher(self.store.dir, self._from_watcher).start()
-            except OSError as exc:
-                self.notify(f"not watching {self.store.dir}: {exc}", severity="warning", markup=False)
+            self._start_watching()
         self.set_interval(RESCAN_INTERVAL_S, self.rescan)
 
     def on_unmount(self) -> None:
+        self._stop_watching()
+
+    def _start_watching(self) -> None:
+        try:
+            # The cache directory is ours to create (the store does so on its first save).
+            self.store.dir.mkdir(parents=True, exist_ok=True)
+            self._watcher = CacheWatcher(self.store.dir, self._from_watcher).start()
+        except OSError as exc:
+            self.notify(f"not watching {self.store.dir}: {exc}", severity="warning", markup=False)
+
+    def _stop_watching(self) -> None:
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
@@ -224,7 +231,11 @@ class CacheBrowserScreen(Screen[None]):
     @on(_Changed)
     def _on_changed(self, event: _Changed) -> None:
         if event.changes.directory_gone:
-            self.notify(f"{self.store.dir} was removed", severity="warning", markup=False)
+            # The old watch died with the directory (someone cleared the disposable
+            # cache); watch a fresh one so later saves still show up.
+            self.notify(f"{self.store.dir} was removed; watching a new empty one", severity="warning", markup=False)
+            self._stop_watching()
+            self._start_watching()
         self.rescan()
 
     # -- scanning ----------------------------------------------------------------

@@ -60,3 +60,18 @@ async def test_table_follows_another_process_and_keeps_the_selection(tmp_path):
         _other_process(tmp_path, "delete", new)
         await until(pilot, lambda: app.shown == (kept,), "the deleted file to vanish")
         assert browser.selected.sha == kept
+
+
+async def test_directory_removed_and_refilled(tmp_path):
+    """`rm -r` of the cache directory empties the table; files saved there afterwards still show up."""
+    import shutil
+
+    directory = tmp_path / "kv"
+    fx.cold_checkpoint(directory)
+    app = BrowserHost(directory, watch=True)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await until(pilot, lambda: len(app.shown) == 1, "the first scan")
+        shutil.rmtree(directory)
+        await until(pilot, lambda: app.shown == () and directory.is_dir(), "the empty, re-watched directory")
+        new = _other_process(directory, "save", NEW_TEXT)
+        await until(pilot, lambda: app.shown == (new,), "a file saved into the new directory")
