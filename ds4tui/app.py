@@ -57,6 +57,13 @@ class Ds4TuiApp(App[None]):
         """The chat screen (the bottom of the screen stack)."""
         return self.screen_stack[0]  # type: ignore[return-value]
 
+    def on_cache_browser_screen_resume_requested(self, message) -> None:
+        """The cache browser asked to open a file: close it and open the file as a chat."""
+        message.stop()
+        if len(self.screen_stack) > 1:
+            self.pop_screen()
+        self.chat.open_file(message.sha)
+
     async def action_quit(self) -> None:
         """Save every live session (reason `shutdown`) before exiting."""
         self.chat.save_and_exit()

@@ -384,16 +384,39 @@ class ChatController:
         if len(matches) > 1:
             names = ", ".join(f"{m.sha[:12]} {m.title!r}" for m in matches[:5])
             raise LookupError(f"{query!r} matches {len(matches)} saved sessions: {names}")
-        saved = matches[0]
+        return self._open(matches[0], on_event)
+
+    def open_file(self, sha: str, on_event: EventFn = _ignore) -> Conversation:
+        """Open any checkpoint this model wrote (the cache browser's resume), titled or not.
+
+        An untitled checkpoint is a prompt prefix: its transcript may end inside a
+        message, and its next turn continues from exactly that KV state.
+        """
+        if self.checkpoints is None:
+            raise LookupError("the disk cache is off (--no-disk-cache): nothing to resume")
+        for conv in self.list():
+            if conv.saved_sha == sha:
+                conv.touch()
+                return conv
+        return self._open(self.checkpoints.describe(sha), on_event)
+
+    def _open(self, saved: SavedSession, on_event: EventFn) -> Conversation:
+        assert self.checkpoints is not None
         conv = Conversation(key=f"c{next(self._keys)}", title=saved.title, created_at=saved.created_at)
         conv.busy = True
         try:
             session = self._ensure_session(conv, on_event)
-            text = self.checkpoints.load_titled(saved, session, on_event)
+            text = self.checkpoints.load_saved(saved, session, on_event)
+            try:
+                conv.messages = self.model.chat.parse(text.decode("utf-8", errors="replace"))
+            except ValueError as exc:
+                raise EngineError(f"{saved.sha[:12]}: the text is not a transcript of this chat template ({exc})") from None
             conv.session_text = text
-            conv.messages = self.model.chat.parse(text.decode("utf-8", errors="replace"))
-            conv.saved_sha = saved.sha
+            conv.saved_sha = saved.sha if saved.titled else None
             conv.stored_upto = len(session.tokens)
+            if conv.title is None:
+                first = next((m["content"] for m in conv.messages if m.get("role") == "user"), "")
+                conv.title = default_title(first) if first else f"checkpoint {saved.sha[:12]}"
         except BaseException:
             conv.session = None
             raise

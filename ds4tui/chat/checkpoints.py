@@ -37,11 +37,15 @@ class SavedSession:
 
     sha: str
     path: str
-    title: str
+    title: str | None  # None: an untitled checkpoint (a prompt prefix)
     created_at: int
     last_used: int
     tokens: int
     file_bytes: int
+
+    @property
+    def titled(self) -> bool:
+        return self.title is not None
 
 
 class Checkpoints:
@@ -73,20 +77,20 @@ class Checkpoints:
             return 0
         return hit.text_bytes
 
-    def load_titled(self, saved: SavedSession, session: Session, on_event: Callable) -> bytes:
-        """Restore a titled session; returns its rendered text. Raises EngineError when it fails."""
+    def load_saved(self, saved: SavedSession, session: Session, on_event: Callable) -> bytes:
+        """Restore one file into `session`; returns its rendered text. Raises EngineError when it fails."""
         result = self.store.load_file(saved.sha, self.acceptor(session), _loader(session))
         for ev in result.events:
             on_event(ev)
         if result.hit is None:
             reason = result.event.reason if isinstance(result.event, Miss) else "not loaded"
-            raise EngineError(f"cannot resume {saved.title!r}: {reason}")
+            raise EngineError(f"cannot resume {saved.title or saved.sha[:12]!r}: {reason}")
         try:
             with open(saved.path, "rb") as fp:
                 return read_kvc(fp, with_trailers=False).text
         except (OSError, KvcFormatError) as exc:
             session.reset()
-            raise EngineError(f"cannot resume {saved.title!r}: {exc}") from None
+            raise EngineError(f"cannot resume {saved.title or saved.sha[:12]!r}: {exc}") from None
 
     # -- save -------------------------------------------------------------------------------------
 
@@ -146,6 +150,15 @@ class Checkpoints:
         return result.event.sha
 
     # -- titled sessions ---------------------------------------------------------------------------
+
+    def describe(self, sha: str) -> SavedSession:
+        """One file as a SavedSession; LookupError when it is missing or not loadable here."""
+        e = inspect_file(self.store.path_for(sha), acceptor=self.acceptor(), deep=True, preview_bytes=0)
+        if not e.valid or e.header is None:
+            raise LookupError(f"{sha[:12]}: {e.error or 'not a cache file'}")
+        h = e.header
+        return SavedSession(sha=sha, path=e.path, title=e.title if h.titled else None, created_at=h.created_at,
+                            last_used=h.last_used, tokens=h.tokens, file_bytes=e.file_bytes)
 
     def titled_sessions(self) -> list[SavedSession]:
         """Valid titled sessions written by this model (same fingerprint), newest first."""

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ds4tui.engine.model import Model
 
 NOTIFY_TIMEOUT = 4.0  # seconds a cache toast stays up: long enough to read one line
+PREFILL_SAMPLE_TOKENS = 256  # a shorter prefill's speed is mostly fixed overhead, not a rate
 SHUTDOWN_WAIT_S = 30.0  # longest wait for a running turn at exit: one prefill chunk is far less
 
 
@@ -148,6 +149,7 @@ class ChatScreen(Screen):
         self._busy: str | None = None  # key of the chat whose turn is running
         self._engine_job = False  # any engine work (turn, resume, shutdown) in flight
         self._last_speed = ""
+        self._prefill_tok_s: float | None = None  # measured on the last long prefill (browser's resume cost)
         self._quitting = False
         self._saved: list = []  # titled sessions on disk, as last scanned (off the UI thread)
         # Set while no engine job runs; the shutdown worker waits on it.
@@ -264,17 +266,28 @@ class ChatScreen(Screen):
         if isinstance(event, ev.TokenText):
             if pane is not None and pane.reply is not None:
                 pane.reply.append(event.text)
+            if status.activity.startswith("prefill"):
+                status.activity = "generating…"
         elif isinstance(event, ev.PrefillStarted):
             if event.source != "cold" and event.cached:
                 status.cache = f"reused {fmt.tokens(event.cached)} tokens ({event.source})"
+            if event.total == 0:
+                status.activity = "generating…"
         elif isinstance(event, ev.PrefillProgress):
-            if pane is not None and event.done < event.total:
-                pane.prefill.show_progress(event.done, event.total, event.tok_s, event.eta_s)
+            if event.done < event.total:
+                if pane is not None:
+                    pane.prefill.show_progress(event.done, event.total, event.tok_s, event.eta_s)
+            else:
+                if pane is not None:
+                    pane.prefill.hide()
+                status.activity = "generating…"
         elif isinstance(event, ev.Done):
             if pane is not None:
                 pane.prefill.hide()
                 if pane.reply is not None:
                     pane.reply.set_stats(_stats_line(event))
+            if event.prompt_tokens >= PREFILL_SAMPLE_TOKENS:
+                self._prefill_tok_s = event.prefill_tok_s
             self._last_speed = fmt.rate(event.tok_s)
             status.speed = self._last_speed
         elif isinstance(event, ev.Cancelled):
@@ -401,22 +414,32 @@ class ChatScreen(Screen):
         if entry.key is not None:
             self._switch(entry.key)
         elif entry.sha is not None:
-            self._start_resume(entry.sha)
+            self._start_resume(entry.sha, exact=True)
 
-    def _start_resume(self, query: str) -> None:
+    def open_file(self, sha: str) -> None:
+        """Open one checkpoint file (titled or not) as a chat: the cache browser's resume."""
+        if self.controller is None:
+            self.notify("The model is still loading.", severity="warning", markup=False)
+            return
+        self._start_resume(sha, exact=True)
+
+    def _start_resume(self, query: str, exact: bool = False) -> None:
         if self._engine_job:
             self.notify("Wait for the reply to finish (Escape cancels it).", severity="warning", markup=False)
             return
         self._begin_job()
         self.query_one(StatusBar).activity = "resuming…"
-        self._resume_session(query)
+        self._resume_session(query, exact)
 
     @work(thread=True, group="engine", description="resume a saved session")
-    def _resume_session(self, query: str) -> None:
+    def _resume_session(self, query: str, exact: bool) -> None:
         assert self.controller is not None
         sink = EventBatcher(lambda event: self.post_message(self.EngineEvent("", event)))
         try:
-            conv = self.controller.resume(query, sink)
+            if exact:
+                conv = self.controller.open_file(query, sink)
+            else:
+                conv = self.controller.resume(query, sink)
         except Exception as exc:  # LookupError, EngineError, or a bug: all shown as one line
             sink.flush()
             self._idle.set()
@@ -490,11 +513,15 @@ class ChatScreen(Screen):
         except ImportError:
             self.notify("The cache browser is not available in this build.", severity="warning", markup=False)
             return
-        try:
-            screen = CacheBrowserScreen(self.config.cache_path())
-        except TypeError:
-            screen = CacheBrowserScreen()
-        self.app.push_screen(screen)
+        if self.controller is None:
+            self.app.push_screen(CacheBrowserScreen(self.config.cache_path()))
+            return
+        checkpoints = self.controller.checkpoints
+        store = checkpoints.store if checkpoints is not None else self.config.cache_path()
+        self.app.push_screen(CacheBrowserScreen(
+            store, model=self.controller.model.info, ctx_size=self.controller.ctx_size(),
+            prefill_tok_s=self._prefill_tok_s,
+        ))
 
     # -- quitting -----------------------------------------------------------------------------
 
@@ -559,14 +586,15 @@ class ChatScreen(Screen):
 
     def _refresh_sidebar(self) -> None:
         """Redraw the chat list from memory (open chats) and the last disk scan (saved ones)."""
-        if self.controller is None:
+        if self.controller is None or self._quitting:
             return
         entries = [ChatEntry(c.display_title, key=c.key, live=c.live, busy=c.key == self._busy)
                    for c in self.controller.list()]
         open_shas = {c.saved_sha for c in self.controller.list() if c.saved_sha}
         entries += [ChatEntry(s.title, sha=s.sha) for s in self._saved if s.sha not in open_shas]
+        # exit_on_error=False: a redraw racing the app's exit must not end in a traceback.
         self.run_worker(self.query_one(ConversationList).show_entries(entries, self._active),
-                        group="sidebar", exclusive=True)
+                        group="sidebar", exclusive=True, exit_on_error=False)
 
     @work(thread=True, group="scan", exclusive=True, description="list saved sessions")
     def _scan_saved(self) -> None:

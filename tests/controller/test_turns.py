@@ -1,0 +1,163 @@
+"""One turn through the controller: live reuse, disk hits, cancellation, bad files, full disks."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from ds4tui.cache.kvc import PREFIX_BYTES, decode_header
+from ds4tui.chat import events as ev
+from ds4tui.dsv4_header import DSV4_HEADER_BYTES
+from tests.controller.conftest import LONG_PROMPT, Recorder, make_controller
+
+
+def kv_files(directory) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if n.endswith(".kv")) if os.path.isdir(directory) else []
+
+
+def test_second_controller_gets_disk_hit_and_prefills_only_suffix(tiny_llama, tmp_path):
+    """A fresh controller over the same cache dir restores the cold checkpoint and prefills the rest."""
+    first, first_events = make_controller(tiny_llama, tmp_path), Recorder()
+    conv = first.new_conversation()
+    first.send(conv.key, LONG_PROMPT, first_events)
+    saved = {s.reason: s for s in first_events.of(ev.Saved)}
+    assert {"continued", "cold", "agent-session"} <= set(saved)
+    cold = saved["cold"]  # the longest prefix of the prompt alone (trimmed, aligned)
+
+    second, events = make_controller(tiny_llama, tmp_path), Recorder()
+    done = second.send(second.new_conversation().key, LONG_PROMPT, events)
+    hit = events.of(ev.Hit)[0]
+    started = events.of(ev.PrefillStarted)[0]
+    assert (hit.sha, hit.tokens) == (cold.sha, cold.tokens)
+    assert started.source == "disk" and started.cached == cold.tokens
+    assert started.total == first_events.of(ev.PrefillStarted)[0].total - cold.tokens
+    assert done is not None and done.prompt_tokens == started.total
+    # The restored state is the one a cold prefill computes: greedy replies agree.
+    assert events.reply == first_events.reply and events.reply
+
+
+def test_next_turn_reuses_live_session(tiny_llama, tmp_path, recorder):
+    """The second message of a chat prefills only its own text: no disk lookup, no re-prefill."""
+    ctl = make_controller(tiny_llama, tmp_path)
+    conv = ctl.new_conversation()
+    ctl.send(conv.key, "Hello there.", Recorder())
+    before = len(conv.session.tokens)
+    ctl.send(conv.key, "And what next?", recorder)
+    started = recorder.of(ev.PrefillStarted)[0]
+    assert started.source == "live" and started.cached == before
+    assert not recorder.of(ev.Hit) and not recorder.of(ev.Miss)
+    # The session's bytes are exactly what the rendered transcript starts with.
+    assert conv.session_text == b"".join(tiny_llama.tokenizer.token_bytes(t) for t in conv.session.tokens)
+
+
+def test_cancel_mid_prefill_leaves_a_session_that_answers_correctly(tiny_llama, tmp_path):
+    """Stopping after the first chunk withdraws the message; resending answers as a cold run does."""
+    text = "word " * 420  # ~1300 tokens: three 512-token chunks of tiny-llama
+    ctl = make_controller(tiny_llama, tmp_path, no_disk_cache=True)
+    conv = ctl.new_conversation()
+    events = Recorder()
+
+    def cancel_after_first_chunk(event):
+        events.append(event)
+        if isinstance(event, ev.PrefillProgress):
+            ctl.cancel()
+
+    assert ctl.send(conv.key, text, cancel_after_first_chunk) is None
+    cancelled = events.of(ev.Cancelled)[0]
+    assert 0 < cancelled.prefilled < events.of(ev.PrefillStarted)[0].total
+    assert not events.of(ev.Done) and not events.of(ev.TokenText)
+    assert conv.messages == []  # the unanswered message was withdrawn
+    kept = len(conv.session.tokens)
+    assert kept == cancelled.prefilled
+
+    again = Recorder()
+    ctl.send(conv.key, text, again)
+    assert again.of(ev.PrefillStarted)[0].source == "live"
+    assert again.of(ev.PrefillStarted)[0].cached == kept
+
+    cold_ctl, cold = make_controller(tiny_llama, tmp_path, no_disk_cache=True), Recorder()
+    cold_ctl.send(cold_ctl.new_conversation().key, text, cold)
+    assert again.reply == cold.reply and again.reply
+
+
+def _flip_byte(path: str, offset: int) -> None:
+    with open(path, "r+b") as fp:
+        fp.seek(offset)
+        byte = fp.read(1)
+        fp.seek(offset)
+        fp.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_corrupt_cache_files_are_reported_and_the_answer_still_comes(tiny_llama, tmp_path):
+    """Bit rot in a checkpoint's text (hash mismatch: deleted) or in its payload's model
+    fingerprint (refused by the engine: kept) is a Rejected event; the turn goes on cold."""
+    first, first_events = make_controller(tiny_llama, tmp_path), Recorder()
+    first.send(first.new_conversation().key, LONG_PROMPT, first_events)
+    cold = [s for s in first_events.of(ev.Saved) if s.reason == "cold"][0]
+    continued = [s for s in first_events.of(ev.Saved) if s.reason == "continued"]
+    assert continued
+    for saved, where in [(cold, "text")] + [(c, "fingerprint") for c in continued]:
+        with open(saved.path, "rb") as fp:
+            header = decode_header(fp.read(PREFIX_BYTES))
+        at = header.text_bytes // 2 if where == "text" else header.text_bytes + DSV4_HEADER_BYTES + 3
+        _flip_byte(saved.path, PREFIX_BYTES + at)
+
+    second, events = make_controller(tiny_llama, tmp_path), Recorder()
+    done = second.send(second.new_conversation().key, LONG_PROMPT, events)
+    rejected = {r.file: r for r in events.of(ev.Rejected)}
+    assert rejected[cold.sha].deleted and "does not match the file name" in rejected[cold.sha].reason
+    for c in continued:
+        assert not rejected[c.sha].deleted and "fingerprint" in rejected[c.sha].reason
+    assert all(os.path.exists(c.path) for c in continued)
+    # The cold run writes its cold checkpoint again: a whole, valid file under the same name.
+    assert cold.sha in {s.sha for s in events.of(ev.Saved) if s.reason == "cold"}
+    assert events.of(ev.Miss) and events.of(ev.PrefillStarted)[0].source == "cold"
+    assert done is not None and events.reply == first_events.reply
+
+
+def test_full_disk_fails_the_save_not_the_conversation(tiny_llama, tmp_path, monkeypatch):
+    """ENOSPC while writing a checkpoint is a SaveFailed event; the reply arrives and no partial file stays."""
+    session_type = type(tiny_llama.new_session())
+
+    def disk_full(self, fp):
+        fp.write(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(session_type, "save_payload", disk_full)
+    ctl, events = make_controller(tiny_llama, tmp_path), Recorder()
+    conv = ctl.new_conversation()
+    done = ctl.send(conv.key, LONG_PROMPT, events)
+    failures = events.of(ev.SaveFailed)
+    assert failures and all("disk full" in f.reason for f in failures)
+    assert done is not None and events.reply
+    assert conv.messages[-1]["role"] == "assistant"
+    assert os.listdir(tmp_path) == []  # no .kv, no leftover .tmp
+
+
+def test_no_disk_cache_reads_and_writes_nothing(tiny_llama, tmp_path, recorder):
+    """--no-disk-cache: a Miss saying so, and an empty directory afterwards."""
+    ctl = make_controller(tiny_llama, tmp_path, no_disk_cache=True)
+    ctl.send(ctl.new_conversation().key, LONG_PROMPT, recorder)
+    assert "disk cache off" in recorder.of(ev.Miss)[0].reason
+    assert not recorder.of(ev.Saved) and kv_files(tmp_path) == []
+
+
+def test_max_tokens_and_reply_text_match_the_session(tiny_llama, tmp_path, recorder):
+    """The reply stops at max_tokens; the streamed text is the stored assistant message."""
+    ctl = make_controller(tiny_llama, tmp_path, max_tokens=5)
+    conv = ctl.new_conversation()
+    done = ctl.send(conv.key, "Count to ten.", recorder)
+    assert done.stop in ("max-tokens", "eos", "stop-string")
+    assert done.tokens <= 5
+    assert conv.messages[-1] == {"role": "assistant", "content": recorder.reply}
+    assert done.context_tokens == len(conv.session.tokens)
+
+
+def test_prompt_longer_than_the_context_is_an_error_not_a_crash(tiny_llama, tmp_path, recorder):
+    """ContextFullError comes back as a ChatError; the message is withdrawn and the chat still works."""
+    ctl = make_controller(tiny_llama, tmp_path, no_disk_cache=True)
+    conv = ctl.new_conversation()
+    assert ctl.send(conv.key, "word " * 1000, recorder) is None
+    assert "context full" in recorder.of(ev.ChatError)[0].message
+    assert conv.messages == []
+    assert ctl.send(conv.key, "Short one.", Recorder()) is not None
