@@ -1,0 +1,265 @@
+/* llama_step.c: one llama decode step (batch 1) in a single call: embedding row to logits.
+ *
+ * Owns: the math of llama.py's forward for one token at position pos, against the same
+ * weights (raw GGUF blocks or fp32, through ds4k_gemv), the same RoPE tables (half-split
+ * rotation, rows already un-permuted by the loader) and the session's own KV buffer
+ * [layers, 2 (K, V), Hkv, ctx, D] (the new K/V rows are written in place). Leaves to
+ * callers (llama_step.py): building the model table, checks, serializing calls.
+ *
+ * Why one call: the math per token is ~135M multiply-adds, ~4 ms; the same step as ~600
+ * torch ops costs ~3 ms of dispatch on top. One C call also releases the GIL for the
+ * whole token, so the UI thread keeps running.
+ *
+ * Attention splits each KV head's positions into fixed blocks of ATT_BLOCK (one pool
+ * chunk each: the G query heads of a group read each K/V row once), then merges the
+ * blocks' (max, sum, output) with the usual log-sum-exp rescaling. Block bounds depend
+ * only on pos, so results do not depend on the thread count.
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "ds4k.h"
+
+#define ATT_BLOCK 256
+#define MAX_GROUP 16
+#define MAX_HEAD_DIM 256
+
+typedef struct {
+    const float *attn_norm, *ffn_norm; /* [H] */
+    const void *wqkv;                  /* [(Hq + 2 Hkv) D, H]: q rows, k rows, v rows */
+    const void *wo;                    /* [H, Hq D] */
+    const void *w13;                   /* [2 F, H]: gate rows, up rows */
+    const void *w2;                    /* [H, F] */
+    int32_t t_qkv, t_o, t_13, t_2;     /* ds4k.h types */
+} ds4k_layer;
+
+typedef struct {
+    int32_t n_layers, hidden, inter, n_heads, n_kv_heads, head_dim, vocab, rope_rows;
+    float eps;
+    int32_t t_head;
+    const float *embed;               /* fp32 [vocab, H] */
+    const float *norm;                /* [H] */
+    const void *head;                 /* [vocab, H] of t_head */
+    const float *rope_cos, *rope_sin; /* [rope_rows, D/2] */
+    const ds4k_layer *layers;
+} ds4k_llama;
+
+/* ---------------------------------------------------------------- vector math */
+
+#if DS4K_AVX2
+/* exp for x <= 88 (Cephes expf polynomial, ~1 ulp): softmax and SiLU call it ~10^6 times
+ * per token at 4K context, where libm's scalar expf would cost several ms. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+static float dot(const float *a, const float *b, int n) {
+    int i = 0;
+    float s = 0.0f;
+#if DS4K_AVX2
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    s = hsum(_mm256_add_ps(acc0, acc1));
+#endif
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* p[i] = exp(p[i] - m); returns the sum. */
+static float exp_shift_sum(float *p, int n, float m) {
+    int i = 0;
+    float s = 0.0f;
+#if DS4K_AVX2
+    __m256 acc = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i), mv));
+        _mm256_storeu_ps(p + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    s = hsum(acc);
+#endif
+    for (; i < n; i++) s += (p[i] = expf(p[i] - m));
+    return s;
+}
+
+/* y += a * x */
+static void axpy(float *y, float a, const float *x, int n) {
+    int i = 0;
+#if DS4K_AVX2
+    __m256 av = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* out = x * rsqrt(mean(x^2) + eps) * w, like torch's F.rms_norm in fp32. */
+static void rms_norm(float *out, const float *x, const float *w, int n, float eps) {
+    float ss = dot(x, x, n);
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+/* HF rotate_half on one head: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin). */
+static void rope(float *x, const float *cos_row, const float *sin_row, int d) {
+    int half = d / 2;
+    for (int i = 0; i < half; i++) {
+        float a = x[i], b = x[i + half], c = cos_row[i], s = sin_row[i];
+        x[i] = a * c - b * s;
+        x[i + half] = b * c + a * s;
+    }
+}
+
+/* a[i] = silu(g[i]) * u[i] */
+static void swiglu(float *a, const float *g, const float *u, int n) {
+    int i = 0;
+#if DS4K_AVX2
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < n; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* ---------------------------------------------------------------- attention */
+
+typedef struct {
+    const float *q;        /* [Hq, D], roped and scaled */
+    const float *k, *v;    /* this layer's [Hkv, ctx, D] */
+    int64_t ctx, n, nblk;  /* n: positions 0..n-1 are live */
+    int g, d;
+    float *part;           /* [Hkv, nblk, G, D + 2]: max, sum, unnormalized output */
+} att_job;
+
+static void att_chunk(void *vctx, int64_t c) {
+    const att_job *j = (const att_job *)vctx;
+    const int64_t h = c / j->nblk, blk = c % j->nblk;
+    const int64_t t0 = blk * ATT_BLOCK, t1 = t0 + ATT_BLOCK < j->n ? t0 + ATT_BLOCK : j->n;
+    const int nt = (int)(t1 - t0), d = j->d;
+    const float *k = j->k + (h * j->ctx + t0) * d, *v = j->v + (h * j->ctx + t0) * d;
+    float p[MAX_GROUP][ATT_BLOCK];
+    for (int g = 0; g < j->g; g++) {
+        const float *q = j->q + (h * j->g + g) * d;
+        float *out = j->part + ((h * j->nblk + blk) * j->g + g) * (d + 2);
+        float m = -INFINITY;
+        for (int t = 0; t < nt; t++) {
+            p[g][t] = dot(q, k + (int64_t)t * d, d);
+            if (p[g][t] > m) m = p[g][t];
+        }
+        out[0] = m;
+        out[1] = exp_shift_sum(p[g], nt, m);
+        memset(out + 2, 0, sizeof(float) * (size_t)d);
+        for (int t = 0; t < nt; t++) axpy(out + 2, p[g][t], v + (int64_t)t * d, d);
+    }
+}
+
+/* att[Hq, D] = softmax(q k^T) v over positions 0..n-1, grouped: query head h*G+g uses KV
+ * head h (llama.py's q.reshape(S, Hkv, G, D) order). */
+static void attention(const ds4k_llama *m, float *att, const float *q, const float *k,
+                      const float *v, int64_t ctx, int64_t n, float *part, int nth) {
+    const int hkv = m->n_kv_heads, g = m->n_heads / m->n_kv_heads, d = m->head_dim;
+    att_job j = {q, k, v, ctx, n, (n + ATT_BLOCK - 1) / ATT_BLOCK, g, d, part};
+    ds4k_run_chunks(att_chunk, &j, hkv * j.nblk, nth);
+    for (int h = 0; h < hkv; h++) {
+        for (int gi = 0; gi < g; gi++) {
+            float *o = att + (h * g + gi) * d;
+            float mx = -INFINITY, sum = 0.0f;
+            for (int64_t b = 0; b < j.nblk; b++) {
+                float bm = part[((h * j.nblk + b) * g + gi) * (d + 2)];
+                if (bm > mx) mx = bm;
+            }
+            memset(o, 0, sizeof(float) * (size_t)d);
+            for (int64_t b = 0; b < j.nblk; b++) {
+                const float *pb = part + ((h * j.nblk + b) * g + gi) * (d + 2);
+                float w = expf(pb[0] - mx);
+                sum += pb[1] * w;
+                axpy(o, w, pb + 2, d);
+            }
+            float inv = 1.0f / sum;
+            for (int i = 0; i < d; i++) o[i] *= inv;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- the step */
+
+/* Floats of workspace ds4k_llama_step needs for a session of `ctx` positions. */
+int64_t ds4k_llama_workspace(const ds4k_llama *m, int64_t ctx) {
+    const int64_t h = m->hidden, d = m->head_dim, hq = m->n_heads, hkv = m->n_kv_heads;
+    const int64_t nblk = (ctx + ATT_BLOCK - 1) / ATT_BLOCK;
+    int64_t wide = (hq + 2 * hkv) * d;
+    if (2 * (int64_t)m->inter > wide) wide = 2 * (int64_t)m->inter;
+    return 3 * h + wide + hq * d + m->inter + hkv * nblk * (hq / hkv) * (d + 2);
+}
+
+/* Run `token` at position pos: writes its K/V rows into kv (valid for positions < pos on
+ * entry), and logits [vocab] unless logits is NULL (then the last layer stops after its
+ * K/V, as llama.py does). Returns 0, or -1 for bad arguments or shapes. */
+int ds4k_llama_step(const ds4k_llama *m, float *kv, int64_t ctx, int64_t pos, int32_t token,
+                    float *logits, float *ws, int nth) {
+    const int hdim = m->hidden, d = m->head_dim, hq = m->n_heads, hkv = m->n_kv_heads, f = m->inter;
+    if (pos < 0 || pos >= ctx || pos >= m->rope_rows || token < 0 || token >= m->vocab) return -1;
+    if (hkv <= 0 || hq % hkv || hq / hkv > MAX_GROUP || d > MAX_HEAD_DIM || d % 2) return -1;
+    float *x = ws, *hb = x + hdim, *tmp = hb + hdim;
+    float *wide = tmp + hdim;                    /* qkv [(Hq + 2 Hkv) D] or gate|up [2F] */
+    int64_t wide_n = (int64_t)(hq + 2 * hkv) * d > 2 * (int64_t)f ? (int64_t)(hq + 2 * hkv) * d : 2 * (int64_t)f;
+    float *att = wide + wide_n, *act = att + hq * d, *part = act + f;
+    const float *cos_row = m->rope_cos + pos * (d / 2), *sin_row = m->rope_sin + pos * (d / 2);
+    const float scale = 1.0f / sqrtf((float)d);
+    const int64_t plane = (int64_t)hkv * ctx * d; /* one of K or V of one layer */
+
+    memcpy(x, m->embed + (int64_t)token * hdim, sizeof(float) * (size_t)hdim);
+    for (int i = 0; i < m->n_layers; i++) {
+        const ds4k_layer *L = &m->layers[i];
+        float *kc = kv + (int64_t)i * 2 * plane, *vc = kc + plane;
+        rms_norm(hb, x, L->attn_norm, hdim, m->eps);
+        if (ds4k_gemv(L->t_qkv, L->wqkv, hb, wide, (int64_t)(hq + 2 * hkv) * d, hdim, nth)) return -1;
+        for (int h = 0; h < hq + hkv; h++) rope(wide + h * d, cos_row, sin_row, d);
+        for (int h = 0; h < hkv; h++) {
+            memcpy(kc + ((int64_t)h * ctx + pos) * d, wide + (hq + h) * d, sizeof(float) * (size_t)d);
+            memcpy(vc + ((int64_t)h * ctx + pos) * d, wide + (hq + hkv + h) * d, sizeof(float) * (size_t)d);
+        }
+        if (i == m->n_layers - 1 && logits == NULL) return 0;
+        for (int e = 0; e < hq * d; e++) wide[e] *= scale; /* llama.py scales q, not scores */
+        attention(m, att, wide, kc, vc, ctx, pos + 1, part, nth);
+        if (ds4k_gemv(L->t_o, L->wo, att, tmp, hdim, hq * d, nth)) return -1;
+        for (int e = 0; e < hdim; e++) x[e] += tmp[e];
+        rms_norm(hb, x, L->ffn_norm, hdim, m->eps);
+        if (ds4k_gemv(L->t_13, L->w13, hb, wide, 2 * (int64_t)f, hdim, nth)) return -1;
+        swiglu(act, wide, wide + f, f);
+        if (ds4k_gemv(L->t_2, L->w2, act, tmp, hdim, f, nth)) return -1;
+        for (int e = 0; e < hdim; e++) x[e] += tmp[e];
+    }
+    rms_norm(hb, x, m->norm, hdim, m->eps);
+    return ds4k_gemv(m->t_head, m->head, hb, logits, m->vocab, hdim, nth);
+}
