@@ -246,6 +246,8 @@ def _yarn_keys(cfg: Mapping[str, Any]) -> dict[str, Any]:
             out["rope_theta"] = main["rope_theta"]
     else:
         out = {}
+        if src is None and isinstance(params, Mapping) and "rope_type" in params:
+            src = params  # HF's flat form before nesting: the YaRN settings themselves
     if not isinstance(src, Mapping):
         return out
     kind = src.get("rope_type", src.get("type", "yarn"))

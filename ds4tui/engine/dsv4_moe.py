@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 # ds4 divides by max(sum, this) rather than adding an epsilon: a fixed floor keeps the
 # normalization finite even if every selected score underflows.
-WEIGHT_SUM_FLOOR = 6.1e-5
+WEIGHT_SUM_FLOOR = 2.0**-14  # 6.1035e-5, ds4's value
 
 
 @dataclass
