@@ -30,12 +30,14 @@ import torch
 
 from ds4tui import paths
 from ds4tui.engine.hf_tokenizer import ChatMLTemplate, HFTokenizer
+from ds4tui.engine.kernels.raw_weights import gguf_raw_blocks, split_raw
 from ds4tui.engine.llama import LlamaConfig, LlamaModel, expected_shapes
 from ds4tui.engine.llama_weights import chat_for, eos_ids_for, file_sha256, make_info
 from ds4tui.engine.model import WeightsError
 
 # Bump when the converted layout or the conversion changes: old copies are then rebuilt.
-CONVERT_VERSION = 2
+# 3: the copy also holds the file's raw weight blocks for the fused decode step.
+CONVERT_VERSION = 3
 _CONVERT_LOCK = threading.Lock()
 
 # GGUF token_type values (llama.cpp's llama_token_type).
@@ -91,7 +93,8 @@ def load_converted(out: Path, meta: dict, name: str) -> LlamaModel:
         raise WeightsError(f"{out}: converted copy is damaged ({exc})") from None
     info = make_info(name, cfg, "gguf:" + meta["gguf_sha256"], int(meta["quant_bits"]))
     chat = ChatMLTemplate(meta.get("default_system_prompt"))
-    return LlamaModel(cfg, tensors, info, HFTokenizer(tok, meta["eos_ids"]), chat, str(out))
+    raw = split_raw(tensors, meta.get("raw_types") or {})  # decode kernels read the file's blocks
+    return LlamaModel(cfg, tensors, info, HFTokenizer(tok, meta["eos_ids"]), chat, str(out), raw=raw)
 
 
 def convert_gguf(path: Path, sha: str, out: Path) -> None:
@@ -134,6 +137,8 @@ def convert_gguf(path: Path, sha: str, out: Path) -> None:
         tie_word_embeddings="output.weight" not in tensors_by_name,
     )
     tensors = gguf_tensors_to_internal(cfg, tensors_by_name, str(path))
+    raw, raw_types = gguf_raw_blocks(cfg, tensors_by_name, unpermute_rope_rows)
+    tensors.update(raw)
     tok = build_tokenizer(tokens, meta("tokenizer.ggml.merges") or [], meta("tokenizer.ggml.token_type") or [],
                           meta("tokenizer.ggml.pre", "default"), str(path))
     wrapped = HFTokenizer(tok, [])
@@ -155,6 +160,7 @@ def convert_gguf(path: Path, sha: str, out: Path) -> None:
             "quant_bits": bits,
             "default_system_prompt": chat.default_system_prompt,
             "chat_template": template,
+            "raw_types": raw_types,
         }
         (tmp / "meta.json").write_text(json.dumps(info, indent=1))
         if _read_meta(out, sha) is None:  # else another process finished first: keep its copy

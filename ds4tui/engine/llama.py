@@ -172,7 +172,10 @@ class LlamaModel(Model):
         tokenizer: Tokenizer,
         chat: ChatTemplate,
         source: str,
+        raw: Mapping[str, tuple[str, torch.Tensor]] | None = None,
     ) -> None:
+        """raw: weights also kept as the file's blocks, {name: (type, uint8 blocks)}, for the
+        fused decode step (kernels/raw_weights.py); absent ones decode from the fp32 copy."""
         check_tensors(cfg, tensors, source)
         self.cfg = cfg
         self.info = info
@@ -189,6 +192,11 @@ class LlamaModel(Model):
         self.cos = freqs.cos().contiguous()  # [n_ctx, D/2]
         self.sin = freqs.sin().contiguous()
         assert self.cos.shape[1] == half
+        # Batch-1 forwards (decode) run as one C call over the raw blocks (kernels/); None on
+        # the torch kernel backend, and tests may set it to None to force the torch path.
+        from ds4tui.engine.kernels.llama_step import make_fast_decoder
+
+        self.fast = make_fast_decoder(self, raw)
 
     def new_session(self, ctx_size: int | None = None):
         from ds4tui.engine.llama_session import LlamaSession
@@ -205,6 +213,8 @@ class LlamaModel(Model):
         < pos on entry and < pos+S on return. Returns float32 logits [V] of the last position,
         or None. Call under torch.inference_mode().
         """
+        if len(tokens) == 1 and self.fast is not None:
+            return self.fast.step(kv, tokens[0], pos, want_logits)
         cfg = self.cfg
         s, end = len(tokens), pos + len(tokens)
         hq, hkv, d, g = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.group
