@@ -1,0 +1,46 @@
+"""The config file: defaults, types checked with the key named, flags on top, written back."""
+
+from __future__ import annotations
+
+import pytest
+
+from ds4tui import paths
+from ds4tui.config import Config, ConfigError, load_config, save_config, with_overrides
+
+
+def test_missing_file_gives_defaults():
+    assert load_config() == Config()
+
+
+def test_file_values_are_read_and_ints_become_floats(tmp_path):
+    paths.config_path().write_text('model = "tiny-llama"\ntemperature = 1\nmax_tokens = 64\nsystem_prompt = "Be brief."\n')
+    config = load_config()
+    assert (config.model, config.temperature, config.max_tokens, config.system_prompt) == (
+        "tiny-llama", 1.0, 64, "Be brief.")
+    assert isinstance(config.temperature, float)
+
+
+@pytest.mark.parametrize("line, needle", [
+    ("temperature = \"hot\"", "temperature must be int or float"),
+    ("top_p = 1.5", "top_p must be within"),
+    ("max_tokens = true", "max_tokens must be int, not a boolean"),
+    ("colour = 1", "unknown key 'colour'"),
+    ("model = ", "invalid TOML"),
+])
+def test_bad_values_name_the_key(line, needle):
+    paths.config_path().write_text(line + "\n")
+    with pytest.raises(ConfigError, match=needle):
+        load_config()
+
+
+def test_flags_override_and_none_means_unset():
+    config = with_overrides(Config(budget_mb=10), budget_mb=None, ctx=512, model="tiny-llama")
+    assert (config.budget_mb, config.ctx, config.model) == (10, 512, "tiny-llama")
+    with pytest.raises(ConfigError, match="command line: ctx must be > 0"):
+        with_overrides(Config(), ctx=0)
+
+
+def test_save_round_trips_awkward_strings():
+    config = Config(system_prompt='Quote " backslash \\ newline\n tab\t del\x7f é', temperature=0.2)
+    save_config(config)
+    assert load_config() == config

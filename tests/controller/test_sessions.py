@@ -1,0 +1,140 @@
+"""Conversations over time: titled sessions, the live-session cap, the disk budget, shutdown."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+
+from ds4tui.cache.kvc import PREFIX_BYTES, decode_header
+from ds4tui.chat import events as ev
+from tests.controller.conftest import LONG_PROMPT, SMALL_POLICY, Recorder, make_controller
+
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-dsv4"])
+def tiny_model(request):
+    from ds4tui.engine.loader import load_model
+
+    return load_model(request.param)
+
+
+def _visible(messages):
+    return [m for m in messages if m["role"] != "system"]
+
+
+def test_titled_session_resumes_transcript_and_kv_without_prefill(tiny_model, tmp_path):
+    """After two turns the chat is a titled file; a fresh controller resumes it with zero prefill,
+    and its next reply is the one the original session gives."""
+    first = make_controller(tiny_model, tmp_path)
+    conv = first.new_conversation()
+    first.send(conv.key, "Hello there, tiny model.", Recorder())
+    turn2 = Recorder()
+    first.send(conv.key, "Tell me more.", turn2)
+    saved = [s for s in turn2.of(ev.Saved) if s.reason == "agent-session"][-1]
+    assert saved.sha == conv.saved_sha and conv.title == "Hello there, tiny model."
+    with open(saved.path, "rb") as fp:
+        header = decode_header(fp.read(PREFIX_BYTES))
+    assert header.titled and header.tokens == len(conv.session.tokens)
+
+    second, events = make_controller(tiny_model, tmp_path), Recorder()
+    listed = second.saved_sessions()
+    assert [(s.sha, s.title) for s in listed] == [(saved.sha, conv.title)]
+    resumed = second.resume(saved.sha[:10], events)
+    assert resumed.title == conv.title and resumed.saved_sha == saved.sha
+    assert _visible(resumed.messages) == _visible(conv.messages)
+    assert resumed.session.tokens == conv.session.tokens
+    assert events.of(ev.Hit) and not events.of(ev.PrefillStarted) and not events.of(ev.PrefillProgress)
+
+    a, b = Recorder(), Recorder()
+    restored = len(resumed.session.tokens)
+    first.send(conv.key, "One more thing.", a)
+    second.send(resumed.key, "One more thing.", b)
+    started = b.of(ev.PrefillStarted)[0]
+    assert started.source == "live" and started.cached == restored  # the history is not prefilled again
+    assert started.total == a.of(ev.PrefillStarted)[0].total
+    assert b.reply == a.reply
+
+
+def test_resume_by_title_and_rename(tiny_llama, tmp_path):
+    """A session is found by its exact title; renaming moves the file to SHA-1(new title || created_at)."""
+    ctl = make_controller(tiny_llama, tmp_path)
+    conv = ctl.new_conversation()
+    ctl.send(conv.key, "  A   [bold]title[/bold]\nwith lines  ", Recorder())
+    assert conv.title == "A [bold]title[/bold] with lines"  # whitespace collapsed, nothing interpreted
+    old = conv.saved_sha
+    ctl.rename(conv.key, "Renamed chat")
+    assert conv.saved_sha != old and not os.path.exists(tmp_path / f"{old}.kv")
+
+    other = make_controller(tiny_llama, tmp_path)
+    resumed = other.resume("Renamed chat")
+    assert resumed.saved_sha == conv.saved_sha and resumed.title == "Renamed chat"
+    with pytest.raises(LookupError):
+        other.resume("no such title")
+
+
+def test_long_titles_are_clipped(tiny_llama, tmp_path):
+    ctl = make_controller(tiny_llama, tmp_path, max_tokens=1)
+    conv = ctl.new_conversation()
+    ctl.send(conv.key, "x" * 100, Recorder())
+    assert len(conv.title) == 48 and conv.title.endswith("…")
+
+
+def test_live_session_cap_saves_the_least_recently_used_one(tiny_llama, tmp_path):
+    """With room for two live sessions, a third chat sends the oldest to disk (reason evict);
+    that chat then continues from disk."""
+    ctl = make_controller(tiny_llama, tmp_path, live_sessions=2)
+    convs = [ctl.new_conversation() for _ in range(3)]
+    for i, conv in enumerate(convs[:2]):
+        ctl.send(conv.key, f"Chat number {i}: hello.", Recorder())
+    tokens0 = len(convs[0].session.tokens)
+    events = Recorder()
+    ctl.send(convs[2].key, "Chat number 2: hello.", events)
+    freed = events.of(ev.SessionFreed)
+    assert [f.conversation for f in freed] == [convs[0].key]
+    evict = [s for s in events.of(ev.Saved) if s.reason == "evict"][0]
+    assert evict.tokens == tokens0
+    assert [c.live for c in convs] == [False, True, True] and ctl.live_count() == 2
+
+    again = Recorder()
+    ctl.send(convs[0].key, "Back to chat 0.", again)
+    assert again.of(ev.Hit) and again.of(ev.PrefillStarted)[0].source == "disk"
+    assert again.of(ev.SessionFreed)[0].conversation == convs[1].key  # now the oldest live one
+
+
+def test_tiny_budget_evicts_and_holds(tiny_llama, tmp_path):
+    """A 1 MiB budget: saves evict the lowest-scoring files, and the directory never exceeds it."""
+    policy = replace(SMALL_POLICY, budget_mb=1)
+    ctl = make_controller(tiny_llama, tmp_path, policy=policy)
+    evicted = []
+    for i in range(4):
+        events = Recorder()
+        ctl.send(ctl.new_conversation().key, f"Topic {i}. " + LONG_PROMPT, events)
+        evicted += [f for e in events.of(ev.Evicted) for f in e.files]
+        total = sum(os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path))
+        assert total <= 1 << 20
+    assert evicted
+
+
+def test_shutdown_saves_every_live_session(tiny_llama, tmp_path, recorder):
+    ctl = make_controller(tiny_llama, tmp_path)
+    convs = [ctl.new_conversation() for _ in range(2)]
+    for conv in convs:
+        ctl.send(conv.key, f"Hello from {conv.key}.", Recorder())
+    sizes = {conv.key: len(conv.session.tokens) for conv in convs}
+    ctl.shutdown(recorder)
+    saved = [s for s in recorder.of(ev.Saved) if s.reason == "shutdown"]
+    assert sorted(s.tokens for s in saved) == sorted(sizes.values())
+    assert ctl.live_count() == 0 and len(recorder.of(ev.SessionFreed)) == 2
+
+
+def test_open_untitled_checkpoint_continues_from_its_kv(tiny_llama, tmp_path):
+    """The cache browser may open a plain checkpoint: its text becomes the transcript, its KV the session."""
+    first, events = make_controller(tiny_llama, tmp_path), Recorder()
+    first.send(first.new_conversation().key, LONG_PROMPT, events)
+    cold = [s for s in events.of(ev.Saved) if s.reason == "cold"][0]
+    ctl = make_controller(tiny_llama, tmp_path)
+    conv = ctl.open_file(cold.sha)
+    assert len(conv.session.tokens) == cold.tokens and conv.saved_sha is None
+    assert conv.messages[-1]["role"] == "user" and LONG_PROMPT.startswith(conv.messages[-1]["content"])
+    assert conv.title.startswith("Please summarize")
