@@ -117,12 +117,12 @@ def attend(
                 cmask = cmask & select(b0, b1, nvis)
             kv = torch.cat([kv, comp[:nvis]])
             mask = torch.cat([mask, cmask], dim=1)
-        s = torch.einsum("qhd,kd->qhk", q[b0:b1], kv) * scale
+        s = (q[b0:b1] @ kv.T) * scale  # [qb, H, k]
         s = s.masked_fill(~mask[:, None, :], float("-inf"))
         top = torch.maximum(s.amax(dim=-1), sink[None, :])  # [qb, H]; own raw row keeps it finite
         e = torch.exp(s - top[..., None])
         den = e.sum(dim=-1) + torch.exp(sink[None, :] - top)
-        out[b0:b1] = torch.einsum("qhk,kd->qhd", e, kv) / den[..., None]
+        out[b0:b1] = (e @ kv) / den[..., None]  # [qb, H, d]
     return out
 
 
@@ -165,8 +165,8 @@ def index_selector(
         else:
             qi, wts = project()
             krows = rows[:nvis].to(a.dtype)
-            s = torch.relu(torch.einsum("qhd,cd->qhc", qi[b0:b1], krows))
-            score = torch.einsum("qh,qhc->qc", wts[b0:b1], s).masked_fill(~visible, float("-inf"))
+            s = torch.relu(qi[b0:b1] @ krows.T)  # [qb, IH, rows]
+            score = (wts[b0:b1, None, :] @ s)[:, 0].masked_fill(~visible, float("-inf"))  # [qb, rows]
             order = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :k]
             chosen = torch.zeros_like(visible).scatter_(1, order, True) & visible
         if on_select is not None:

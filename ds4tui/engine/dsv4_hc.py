@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """x / rms(x) over the last dim, times `weight` when given (None: the unweighted norm)."""
-    y = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps)
-    return y if weight is None else y * weight
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 @dataclass
@@ -42,13 +42,14 @@ def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     In numpy, in place: ~120 tiny dependent ops per call, and numpy's per-op overhead
     is a fraction of torch's (this loop was a fifth of decode time in torch)."""
     x = logits.detach().contiguous().numpy()
-    m = np.exp(x - x.max(axis=-1, keepdims=True))
-    m /= m.sum(axis=-1, keepdims=True)
+    add = np.add.reduce  # the ufunc itself: ndarray.sum adds a Python wrapper per call
+    m = np.exp(x - np.maximum.reduce(x, axis=-1, keepdims=True))
+    m /= add(m, axis=-1, keepdims=True)
     m += eps
-    m /= m.sum(axis=-2, keepdims=True) + eps
+    m /= add(m, axis=-2, keepdims=True) + eps
     for _ in range(iters - 1):
-        m /= m.sum(axis=-1, keepdims=True) + eps
-        m /= m.sum(axis=-2, keepdims=True) + eps
+        m /= add(m, axis=-1, keepdims=True) + eps
+        m /= add(m, axis=-2, keepdims=True) + eps
     return torch.from_numpy(m)
 
 
