@@ -192,14 +192,15 @@ def _canonical(name: str) -> str | None:
 
 def _materialize(src: Source, scale: Source | None, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     name = src.name
-    if src.dtype == "F8_E4M3":
+    if src.dtype in ("F8_E4M3", "I8") and len(shape) == 2:
+        kind = "FP8" if src.dtype == "F8_E4M3" else "FP4"
         if scale is None:
-            raise WeightsError(f"tensor {name}: FP8 weight without its .scale partner")
-        t = quant.dequant_fp8_weight(src.get(), scale.get())
-    elif src.dtype == "I8" and len(shape) == 2:
-        if scale is None:
-            raise WeightsError(f"tensor {name}: FP4 weight without its .scale partner")
-        t = quant.dequant_fp4_weight(src.get(), scale.get())
+            raise WeightsError(f"tensor {name}: {kind} weight without its .scale partner")
+        dequant = quant.dequant_fp8_weight if kind == "FP8" else quant.dequant_fp4_weight
+        try:
+            t = dequant(src.get(), scale.get())
+        except ValueError as exc:  # scale shape or dtype
+            raise WeightsError(f"tensor {name}: {exc}") from None
     elif src.dtype in _FLOAT:
         t = src.get()
     else:

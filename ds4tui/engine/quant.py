@@ -129,6 +129,16 @@ def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
     return torch.where(scale == 255, torch.full_like(out, float("nan")), out)
 
 
+def scale_to_float(scale: torch.Tensor) -> torch.Tensor:
+    """Block scales as float32: E8M0 bytes (official checkpoints) or plain floats (HF's
+    `weight_scale_inv`, which despite its name multiplies the weight)."""
+    if scale.dtype in (torch.float8_e8m0fnu, torch.uint8):
+        return e8m0_to_float(scale)
+    if scale.is_floating_point():
+        return scale.to(torch.float32)
+    raise ValueError(f"block scales of dtype {scale.dtype} are not supported")
+
+
 def float_to_e8m0(scale: torch.Tensor) -> torch.Tensor:
     """Powers of two (float) to E8M0 bytes, as a float8_e8m0fnu tensor."""
     _, e = torch.frexp(scale.to(torch.float64))  # scale = 0.5 * 2**e exactly
@@ -154,7 +164,7 @@ def dequant_fp8_weight(
     want = (-(-rows // block), -(-cols // block))
     if tuple(scale.shape) != want:
         raise ValueError(f"FP8 scale shape {tuple(scale.shape)} does not match {want} for weight {tuple(w.shape)}")
-    s = e8m0_to_float(scale)
+    s = scale_to_float(scale)
     blocks, _, _ = _blocked(w, block, block)  # [R/b, b, C/b, b]
     out = blocks * s[:, None, :, None]
     return out.reshape(want[0] * block, want[1] * block)[:rows, :cols].contiguous()
@@ -182,7 +192,7 @@ def dequant_fp4_weight(packed: torch.Tensor, scale: torch.Tensor, block: int = F
     table = torch.tensor(FP4_VALUES + tuple(-v for v in FP4_VALUES), dtype=torch.float32)
     codes = torch.stack([p & 0x0F, p >> 4], dim=-1).reshape(rows, cols)  # [out, in], nibble order
     vals = table[codes.long()].reshape(rows, cols // block, block)
-    return (vals * e8m0_to_float(scale)[:, :, None]).reshape(rows, cols)
+    return (vals * scale_to_float(scale)[:, :, None]).reshape(rows, cols)
 
 
 def quant_fp4_weight(w: torch.Tensor, block: int = FP4_WEIGHT_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:

@@ -117,8 +117,12 @@ def _load(tensors):
         (lambda t: t["norm.weight"].__setitem__(3, float("nan")), "norm.weight: contains NaN"),
         (lambda t: t.__setitem__("head.weight", t["head.weight"].to(torch.float8_e4m3fn)),
          "head.weight: FP8 weight without its .scale"),
+        (lambda t: t.update({"head.weight": t["head.weight"].to(torch.float8_e4m3fn),
+                             "head.scale": torch.ones(2, 2).to(torch.float8_e8m0fnu)}),
+         r"head.weight: FP8 scale shape \(2, 2\) does not match \(4, 1\)"),
     ],
-    ids=["missing", "missing-expert", "extra", "extra-compressor", "shape", "tid2eid", "nan", "fp8-no-scale"],
+    ids=["missing", "missing-expert", "extra", "extra-compressor", "shape", "tid2eid", "nan", "fp8-no-scale",
+         "fp8-scale-shape"],
 )
 def test_bad_tensors_are_weights_errors_naming_the_tensor(good, edit, match):
     tensors = {k: v.clone() for k, v in good.items()}
