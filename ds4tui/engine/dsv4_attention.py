@@ -215,5 +215,5 @@ def attention(
     groups = cfg.o_groups
     grouped = out.reshape(n, groups, heads * d // groups)  # [n, G, heads/G * d]
     wo_a = w.wo_a.reshape(groups, cfg.o_lora_rank, heads * d // groups)  # [G, rank, heads/G * d]
-    low = torch.einsum("ngi,gri->ngr", grouped, wo_a).reshape(n, groups * cfg.o_lora_rank)
+    low = torch.einsum("ngi,gri->ngr", grouped, wo_a).reshape(n, groups * cfg.o_lora_rank)  # [n, G*rank]
     return low @ w.wo_b.T

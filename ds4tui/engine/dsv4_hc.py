@@ -76,6 +76,6 @@ def hc_post(y: torch.Tensor, x_hc: torch.Tensor, post: torch.Tensor, comb: torch
 def hc_head(x_hc: torch.Tensor, w: HcHeadWeights, hc_eps: float, norm_eps: float) -> torch.Tensor:
     """Final collapse of the streams before the output norm: [n, hc, D] -> [n, D]."""
     n, hc, d = x_hc.shape
-    flat = rms_norm(x_hc.reshape(n, hc * d), None, norm_eps)
+    flat = rms_norm(x_hc.reshape(n, hc * d), None, norm_eps)  # [n, hc*D]
     pre = torch.sigmoid((flat @ w.fn.T) * w.scale[0] + w.base) + hc_eps  # [n, hc]
     return (pre[:, :, None] * x_hc).sum(dim=1)

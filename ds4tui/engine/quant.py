@@ -191,7 +191,7 @@ def dequant_fp4_weight(packed: torch.Tensor, scale: torch.Tensor, block: int = F
         raise ValueError(f"FP4 scale shape {tuple(scale.shape)} does not match weight [{rows}, {cols}]")
     table = torch.tensor(FP4_VALUES + tuple(-v for v in FP4_VALUES), dtype=torch.float32)
     codes = torch.stack([p & 0x0F, p >> 4], dim=-1).reshape(rows, cols)  # [out, in], nibble order
-    vals = table[codes.long()].reshape(rows, cols // block, block)
+    vals = table[codes.long()].reshape(rows, cols // block, block)  # [out, blocks, block]
     return (vals * scale_to_float(scale)[:, :, None]).reshape(rows, cols)
 
 
@@ -200,12 +200,12 @@ def quant_fp4_weight(w: torch.Tensor, block: int = FP4_WEIGHT_BLOCK) -> tuple[to
     rows, cols = w.shape
     if cols % block:
         raise ValueError(f"FP4 input width {cols} is not a multiple of {block}")
-    v = w.to(torch.float32).reshape(rows, cols // block, block)
+    v = w.to(torch.float32).reshape(rows, cols // block, block)  # [out, blocks, block]
     amax = v.abs().amax(dim=-1).clamp(min=2.0**-120)
     scale = pow2_scale(amax, FP4_MAX)
     q = round_e2m1((v / scale[:, :, None]).clamp(-FP4_MAX, FP4_MAX)).reshape(rows, cols)
     mags = torch.tensor(FP4_VALUES, dtype=torch.float32)
     code = torch.searchsorted(mags, q.abs()).to(torch.uint8) | ((q < 0).to(torch.uint8) << 3)
-    pairs = code.reshape(rows, cols // 2, 2)
+    pairs = code.reshape(rows, cols // 2, 2)  # [out, in/2, (even, odd)]
     packed = (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
     return packed.view(torch.int8), float_to_e8m0(scale)
