@@ -44,6 +44,9 @@ class CompressorState:
         self.n_rows = 0
         self.state_kv = torch.zeros((self.coff * ratio, self.width), dtype=torch.float32)
         self.state_score = torch.full((self.coff * ratio, self.width), EMPTY_SCORE, dtype=torch.float32)
+        # True while a load re-runs tokens whose rows and frontier were restored (dsv4_swa.py):
+        # `compress` then emits nothing and the rows are inputs only.
+        self.frozen = False
 
     @property
     def capacity(self) -> int:

@@ -96,6 +96,8 @@ def compress(
     `finish` is the QAT/storage rounding of the emitted rows. Appends the rows of
     every window the chunk closes to st.rows; returns how many were emitted.
     """
+    if st.frozen:  # rows and frontier restored ahead of an SWA replay (dsv4_swa.py)
+        return 0
     n = a.shape[0]
     slots = torch.arange(first_pos, first_pos + n) % st.ratio
     kv = (a @ w.wkv.T).to(torch.float32)  # [n, width]

@@ -19,6 +19,11 @@ non-finite value, a non-canonical frontier) leaves the session empty. Sections
 are written and read by one function each, so a storage policy (e.g. dropping
 or recomputing the raw window) can replace one section without touching the
 others. docs/payload.md is the full table.
+
+SWA storage policies (dsv4_swa.py, docs/swa_policies.md): `payload_version`
+tags the layout. 1 is full (the above); periodic and zero payloads store the
+raw window as of an earlier position (or none), put a 16-byte marker block
+after the per-layer counts, and a load re-runs the missing tokens.
 """
 
 from __future__ import annotations
@@ -38,6 +43,15 @@ from ds4tui.engine.payload import (
     write_framing,
     write_tensor,
 )
+from ds4tui.engine.dsv4_swa import (
+    SwaLayout,
+    finish_load,
+    layout_for_save,
+    layout_from_header,
+    raw_rows_for_save,
+    read_marker,
+    write_marker,
+)
 from ds4tui.engine.session import PayloadError
 
 if TYPE_CHECKING:
@@ -46,13 +60,14 @@ if TYPE_CHECKING:
 DSV4_PAYLOAD_VERSION = 1  # ds4's DSV4 payload version; ours adds the fingerprint (payload ABI 128)
 
 
-def header_for(s: "Dsv4Session") -> Dsv4Header:
+def header_for(s: "Dsv4Session", layout: SwaLayout | None = None) -> Dsv4Header:
     cfg, t = s.cfg, len(s.tokens)
+    raw_at = t if layout is None else layout.raw_at
     caps = [lc.attn.capacity for lc in s.layers if lc.attn is not None and lc.ratio == 4]
     caps += [lc.attn.capacity for lc in s.layers if lc.attn is not None]
     return Dsv4Header(
         magic=DSV4_MAGIC,
-        payload_version=DSV4_PAYLOAD_VERSION,
+        payload_version=DSV4_PAYLOAD_VERSION if layout is None else layout.version,
         saved_ctx=s.ctx_size,
         prefill_chunk=s.chunk_size,
         raw_capacity=s.layers[0].raw_cap,
@@ -63,13 +78,14 @@ def header_for(s: "Dsv4Session") -> Dsv4Header:
         head_dim=cfg.head_dim,
         indexer_head_dim=cfg.index_head_dim,
         vocab_size=cfg.vocab_size,
-        live_raw_rows=min(t, cfg.sliding_window),
+        live_raw_rows=min(raw_at, cfg.sliding_window),
     )
 
 
-def layer_bytes(lc: LayerCache, t: int, window: int, head_dim: int) -> int:
-    """Bytes of one layer's sections after t tokens (uses the expected counts t // R)."""
-    n = min(t, window) * head_dim * 4
+def layer_bytes(lc: LayerCache, t: int, window: int, head_dim: int, raw_at: int | None = None) -> int:
+    """Bytes of one layer's sections after t tokens (uses the expected counts t // R), the raw
+    window being the one live after raw_at tokens (default t; see dsv4_swa.py)."""
+    n = min(t if raw_at is None else raw_at, window) * head_dim * 4
     for st in (lc.attn, lc.index):
         if st is not None:
             n += (t // st.ratio) * st.dim * 4 + st.state_bytes()
@@ -78,15 +94,16 @@ def layer_bytes(lc: LayerCache, t: int, window: int, head_dim: int) -> int:
 
 def payload_size(s: "Dsv4Session") -> int:
     cfg, t = s.cfg, len(s.tokens)
-    body = sum(layer_bytes(lc, t, cfg.sliding_window, cfg.head_dim) for lc in s.layers)
-    return framing_bytes(t, cfg.vocab_size, cfg.num_hidden_layers) + body
+    layout = layout_for_save(s)
+    body = sum(layer_bytes(lc, t, cfg.sliding_window, cfg.head_dim, layout.raw_at) for lc in s.layers)
+    return framing_bytes(t, cfg.vocab_size, cfg.num_hidden_layers) + layout.marker_bytes + body
 
 
 # -- writing, section by section ---------------------------------------------------------------
 
 
-def write_raw_section(fp: BinaryIO, lc: LayerCache, t: int, window: int) -> None:
-    write_tensor(fp, lc.raw_logical(t, window))
+def write_raw_section(fp: BinaryIO, s: "Dsv4Session", layout: SwaLayout, li: int) -> None:
+    write_tensor(fp, raw_rows_for_save(s, layout, li))  # full: the live window; see dsv4_swa.py
 
 
 def write_compressor_section(fp: BinaryIO, st: CompressorState) -> None:
@@ -96,15 +113,17 @@ def write_compressor_section(fp: BinaryIO, st: CompressorState) -> None:
 
 
 def write_payload(s: "Dsv4Session", fp: BinaryIO) -> None:
-    cfg, t = s.cfg, len(s.tokens)
+    cfg = s.cfg
     logits = s.next_logits()
     if logits is None:
         logits = torch.zeros(cfg.vocab_size, dtype=torch.float32)  # an empty session
     comp = [lc.attn.n_rows if lc.attn is not None else 0 for lc in s.layers]
     index = [lc.index.n_rows if lc.index is not None else 0 for lc in s.layers]
-    write_framing(fp, header_for(s), s.model.info.fingerprint, s.tokens, logits, comp, index)
-    for lc in s.layers:
-        write_raw_section(fp, lc, t, cfg.sliding_window)
+    layout = layout_for_save(s)
+    write_framing(fp, header_for(s, layout), s.model.info.fingerprint, s.tokens, logits, comp, index)
+    write_marker(fp, layout)
+    for li, lc in enumerate(s.layers):
+        write_raw_section(fp, s, layout, li)
         for st in (lc.attn, lc.index):
             if st is not None:
                 write_compressor_section(fp, st)
@@ -115,11 +134,12 @@ def write_payload(s: "Dsv4Session", fp: BinaryIO) -> None:
 
 def read_payload(s: "Dsv4Session", fp: BinaryIO, nbytes: int, begin: Callable[[], None]) -> None:
     """Restore s from exactly nbytes of fp; raises PayloadError. `begin()` is called (and must
-    empty the session) once everything but the sections themselves has been checked."""
+    empty the session) once everything but the sections themselves has been checked. A
+    periodic or zero payload then re-runs the tokens whose raw rows it does not hold."""
     cfg = s.cfg
     r = PayloadReader(fp, nbytes)
     h = r.read_header()
-    check_field(h, "payload_version", DSV4_PAYLOAD_VERSION)
+    layout = layout_from_header(h)  # the payload_version check: full (1), periodic or zero
     check_fingerprint(r.read_bytes(FINGERPRINT_BYTES, "the fingerprint"), s.model.info.fingerprint, s.model.info.name)
     for name, want in (
         ("layer_count", cfg.num_hidden_layers),
@@ -133,7 +153,7 @@ def read_payload(s: "Dsv4Session", fp: BinaryIO, nbytes: int, begin: Callable[[]
     t = h.token_count
     if t > s.ctx_size:
         raise PayloadError(f"payload holds {t} tokens, this session's context is {s.ctx_size}")
-    check_field(h, "live_raw_rows", min(t, cfg.sliding_window))
+    check_field(h, "live_raw_rows", min(layout.raw_at, cfg.sliding_window))
     tokens = r.read_u32(t, "the tokens")
     bad = next((x for x in tokens if x >= cfg.vocab_size), None)
     if bad is not None:
@@ -149,20 +169,22 @@ def read_payload(s: "Dsv4Session", fp: BinaryIO, nbytes: int, begin: Callable[[]
                 f"layer {li} (ratio {lc.ratio}) has {comp[li]} compressed / {index[li]} indexer rows, "
                 f"{t} tokens make {want_c} / {want_i}"
             )
-    body = sum(layer_bytes(lc, t, cfg.sliding_window, cfg.head_dim) for lc in s.layers)
+    read_marker(r, layout)
+    body = sum(layer_bytes(lc, t, cfg.sliding_window, cfg.head_dim, layout.raw_at) for lc in s.layers)
     if body > r.remaining:
         raise PayloadError(f"payload truncated: the layer sections need {body} bytes, {r.remaining} left")
     if body < r.remaining:
         raise PayloadError(f"payload has {r.remaining - body} trailing bytes after the last section")
     begin()
     for li, lc in enumerate(s.layers):
-        read_raw_section(r, lc, t, cfg.sliding_window, li)
+        read_raw_section(r, lc, layout.raw_at, cfg.sliding_window, li)
         for kind, st in (("compressor", lc.attn), ("indexer", lc.index)):
             if st is not None:
                 read_compressor_section(r, st, t // st.ratio, t, f"layer {li} {kind}")
     r.finish()
     s.tokens = tokens
     s.logits = logits if t else None
+    finish_load(s, layout)  # periodic / zero: re-run the tokens whose raw rows were not stored
 
 
 def read_raw_section(r: PayloadReader, lc: LayerCache, t: int, window: int, li: int) -> None:

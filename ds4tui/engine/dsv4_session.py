@@ -24,6 +24,7 @@ import torch
 from ds4tui.engine.dsv4_cache import new_layer_caches
 from ds4tui.engine.dsv4_model import Dsv4Trace
 from ds4tui.engine.dsv4_payload import payload_size, read_payload, write_payload
+from ds4tui.engine.dsv4_swa import SwaState, after_forward
 from ds4tui.engine.session import Session
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class Dsv4Session(Session):
         )
         self.trace: Dsv4Trace | None = None  # set to record discrete choices (tests, debugging)
         self._last_streams: torch.Tensor | None = None  # HC streams of the last position [1, hc, D]
+        self.swa = SwaState()  # SWA storage policy of saves, periodic snapshots (dsv4_swa.py)
 
     def _forward(self, tokens: list[int], want_logits: bool) -> torch.Tensor | None:
         vocab = self.cfg.vocab_size
@@ -52,6 +54,7 @@ class Dsv4Session(Session):
         with torch.no_grad():
             logits, last = self.model.net.forward(self.layers, tokens, len(self.tokens), want_logits, self.trace)
         self._last_streams = last
+        after_forward(self, len(self.tokens) + len(tokens))  # periodic SWA snapshots
         return logits
 
     def next_logits(self) -> torch.Tensor | None:
@@ -66,6 +69,7 @@ class Dsv4Session(Session):
         self.tokens = []
         self.logits = None
         self._last_streams = None
+        self.swa.forget()
         for lc in self.layers:
             lc.reset()
 
