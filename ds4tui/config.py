@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ds4tui import paths
+from ds4tui.swa_policy import check_policy_text
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -52,6 +53,9 @@ class Config:
     # cap is what bounds memory; the least recently used one goes to disk.
     live_sessions: int = 4
     seed: int | None = None  # sampling seed; None: fresh randomness per turn
+    # What DSV4-family checkpoints store of the sliding window: "full", "periodic:K" or
+    # "zero" (ds4tui/swa_policy.py, docs/swa_policies.md). Other families ignore it.
+    swa_policy: str = "full"
 
     def cache_path(self) -> Path:
         return paths.cache_dir(self.cache_dir)
@@ -71,6 +75,7 @@ _CHECKS: dict[str, tuple[tuple[type, ...], Any]] = {
     "no_disk_cache": ((bool,), lambda v: None),
     "live_sessions": ((int,), lambda v: None if v >= 1 else "must be >= 1"),
     "seed": ((int,), lambda v: None if v >= 0 else "must be >= 0"),
+    "swa_policy": ((str,), check_policy_text),
 }
 _FLOAT_KEYS = {"temperature", "top_p", "min_p"}
 

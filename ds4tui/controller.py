@@ -36,6 +36,7 @@ from ds4tui.chat.events import (
 )
 from ds4tui.chat.streaming import ReplyStream
 from ds4tui.config import Config
+from ds4tui.engine.dsv4_swa import set_policy as set_swa_policy
 from ds4tui.engine.model import EngineError, Model
 from ds4tui.engine.sampling import Sampler, SamplingParams
 from ds4tui.engine.session import Session
@@ -131,8 +132,13 @@ class ChatController:
         return SamplingParams(temperature=c.temperature, top_p=c.top_p, min_p=c.min_p, seed=c.seed)
 
     def update_config(self, **changes) -> None:
-        """Settings the UI may change while running (sampling, max tokens, system prompt of new chats)."""
+        """Settings the UI may change while running (sampling, max tokens, system prompt of new
+        chats, the SWA policy of the next DSV4 checkpoints)."""
         self.config = replace(self.config, **changes)
+        if "swa_policy" in changes:
+            for conv in self.list():
+                if conv.session is not None and not conv.busy:  # a busy one picks it up next turn
+                    set_swa_policy(conv.session, self.config.swa_policy)
 
     # -- a turn ------------------------------------------------------------------------------
 
@@ -177,6 +183,7 @@ class ChatController:
         suffix, source = self._prepare(conv, prompt, prompt_bytes, on_event)
         session = conv.session
         assert session is not None
+        set_swa_policy(session, self.config.swa_policy)  # a change made while this chat was busy
         base, base_text = len(session.tokens), conv.session_text
         on_event(PrefillStarted(total=len(suffix), cached=base, source=source))
         if not self._prefill(conv, suffix, source, on_event, t0):
@@ -336,6 +343,7 @@ class ChatController:
             while others and self.live_count() >= self.config.live_sessions:
                 self._free(others.pop(0), "evict", on_event)
             conv.session = self.model.new_session(self.config.ctx)
+            set_swa_policy(conv.session, self.config.swa_policy)  # DSV4 only; others ignore it
             conv.session_text = b""
         return conv.session
 

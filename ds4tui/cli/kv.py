@@ -134,7 +134,7 @@ def cmd_ls(args) -> int:
     if args.json:
         rows = []
         for e in entries:
-            row = e.to_json()
+            row = _json_of(e)
             row["text_preview"] = row["text_preview"][:80]
             rows.append(row)
         _print_json(rows)
@@ -191,7 +191,7 @@ def cmd_inspect(args) -> int:
     if entry.header is None and not args.json:
         raise CliError(f"{path}: {entry.error}")
     if args.json:
-        _print_json(entry.to_json())
+        _print_json(_json_of(entry))
     else:
         _print_detail(entry)
     if entry.corrupt or entry.header is None:
@@ -249,11 +249,30 @@ def _print_detail(e) -> None:
         for k, v in e.payload.items():
             shown = f"0x{v:08x}" if k == "magic" else str(v)
             print(f"  {k:<20} {shown}")
+        from ds4tui.swa_policy import describe_payload
+
+        print(f"  {'swa_policy':<20} {describe_payload(e.payload)}")
     elif e.deep and h.payload_bytes:
         print("payload: opaque (does not start with DSV4)")
     if e.text_preview:
         print("text preview:")
         print("  " + safe_text(e.text_preview, 300))
+
+
+def _json_of(entry) -> dict:
+    """entry.to_json(), the payload object extended by `swa_policy`: the SWA storage policy
+    its DSV4 header announces ("full", "periodic:K", "zero" or "unknown")."""
+    from ds4tui.swa_policy import policy_of_version
+
+    obj = entry.to_json()
+    payload = obj["payload"]
+    if payload:
+        try:
+            policy = str(policy_of_version(int(payload["payload_version"])))
+        except (KeyError, ValueError):
+            policy = "unknown"
+        obj["payload"] = dict(payload, swa_policy=policy)  # a copy: the entry keeps the 13 fields
+    return obj
 
 
 # -- pin / unpin / rm / evict ------------------------------------------------------

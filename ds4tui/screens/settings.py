@@ -1,4 +1,4 @@
-"""The settings dialog: temperature, top-p, min-p, max tokens and the system prompt.
+"""The settings dialog: temperature, top-p, min-p, max tokens, the system prompt and the SWA policy.
 
 Owns: the form and checking each value with `config.check_value` (the same
 rules as the config file), and optionally writing them to the config file.
@@ -13,11 +13,12 @@ from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static, TextArea
 
 from ds4tui.config import Config, ConfigError, check_value, load_config, save_config
+from ds4tui.swa_policy import parse_policy
 
 NUMBER_FIELDS = (
     ("temperature", "Temperature (0 = greedy)"),
@@ -42,12 +43,16 @@ class SettingsScreen(ModalScreen[dict | None]):
         self._config = config
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="settings-dialog", classes="dialog"):
+        with VerticalScroll(id="settings-dialog", classes="dialog"):
             yield Label(Text("Settings"), classes="dialog-title")
             for key, label in NUMBER_FIELDS:
                 with Horizontal(classes="field"):
                     yield Label(Text(label), classes="field-label")
                     yield Input(value=str(getattr(self._config, key)), id=f"set-{key}", classes="field-input")
+            with Horizontal(classes="field"):
+                yield Label(Text("SWA policy (DSV4 files)"), classes="field-label")
+                yield Input(value=self._config.swa_policy, placeholder="full | periodic:K | zero",
+                            id="set-swa_policy", classes="field-input")
             yield Label(Text("System prompt for new chats (empty: the model's default)"), classes="field-label")
             yield TextArea(self._config.system_prompt or "", id="set-system_prompt", soft_wrap=True)
             yield Checkbox("Save to the config file", id="set-persist")
@@ -69,6 +74,8 @@ class SettingsScreen(ModalScreen[dict | None]):
             except ValueError:
                 raise ConfigError(f"{key}: {raw!r} is not a number") from None
             out[key] = check_value(key, value, "settings")
+        raw = self.query_one("#set-swa_policy", Input).value
+        out["swa_policy"] = str(parse_policy(check_value("swa_policy", raw, "settings")))  # canonical text
         prompt = self.query_one("#set-system_prompt", TextArea).text
         out["system_prompt"] = prompt if prompt.strip() else None
         return out
