@@ -7,6 +7,7 @@ engine and the cache are reached only through the controller.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textual.app import App
@@ -24,7 +25,9 @@ if TYPE_CHECKING:
 class Ds4TuiApp(App[None]):
     """`ds4tui`: a terminal chat on the embedded engine, with the disk KV cache."""
 
-    CSS_PATH = "app.tcss"
+    # Absolute: a relative CSS_PATH resolves beside the module of the class that sets it,
+    # and subclasses (tests, embedders) live elsewhere.
+    CSS_PATH = Path(__file__).with_name("app.tcss")
     TITLE = "ds4tui"
     COMMANDS = App.COMMANDS | {ChatCommands}
     BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]

@@ -14,7 +14,7 @@ import codecs
 import time
 from typing import Callable, Sequence
 
-from ds4tui.chat.events import PrefillProgress, TokenText
+from ds4tui.chat.events import TokenText
 
 
 class ReplyStream:
@@ -84,13 +84,13 @@ class ReplyStream:
 
 
 class EventBatcher:
-    """Coalesces the controller's frequent events before they cross to the UI thread.
+    """Coalesces streamed reply text before it crosses to the UI thread.
 
-    Token text and prefill progress can arrive hundreds of times a second; a
-    terminal redraw costs more than that. Text is joined and only the newest
-    progress is kept, released at most once per `interval` (0.05 s: ~20
-    updates a second reads as smooth streaming). Any other event first
-    flushes what is pending, so the order the UI sees is never changed.
+    Token text can arrive hundreds of times a second and a Markdown redraw
+    costs more than that; text is joined and released at most once per
+    `interval` (0.05 s: ~20 updates a second reads as smooth streaming).
+    Every other event (progress comes once per prefill chunk, so it needs no
+    thinning) first flushes the pending text, so the UI sees the same order.
     """
 
     def __init__(self, emit: Callable[[object], None], interval: float = 0.05,
@@ -99,26 +99,19 @@ class EventBatcher:
         self._interval = interval
         self._clock = clock
         self._text: list[str] = []
-        self._progress = None
         self._last = float("-inf")
 
     def __call__(self, event: object) -> None:
         if isinstance(event, TokenText):
             self._text.append(event.text)
-        elif isinstance(event, PrefillProgress):
-            self._progress = event
+            if self._clock() - self._last >= self._interval:
+                self.flush()
         else:
             self.flush()
             self._emit(event)
-            return
-        if self._clock() - self._last >= self._interval:
-            self.flush()
 
     def flush(self) -> None:
-        if self._progress is not None:
-            progress, self._progress = self._progress, None
-            self._emit(progress)
         if self._text:
             text, self._text = "".join(self._text), []
             self._emit(TokenText(text))
-        self._last = self._clock()
+            self._last = self._clock()

@@ -594,7 +594,7 @@ class ChatScreen(Screen):
         entries += [ChatEntry(s.title, sha=s.sha) for s in self._saved if s.sha not in open_shas]
         # exit_on_error=False: a redraw racing the app's exit must not end in a traceback.
         self.run_worker(self.query_one(ConversationList).show_entries(entries, self._active),
-                        group="sidebar", exclusive=True, exit_on_error=False)
+                        group="sidebar", exclusive=False, exit_on_error=False)
 
     @work(thread=True, group="scan", exclusive=True, description="list saved sessions")
     def _scan_saved(self) -> None:

@@ -7,6 +7,7 @@ Leaves to the screen: opening, resuming and switching.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -33,13 +34,24 @@ class ChatEntry:
 
 class ChatItem(ListItem):
     def __init__(self, entry: ChatEntry, active: bool) -> None:
+        super().__init__(Label(self._label(entry, active)))
+        self.entry = entry
+        self.set_class(entry.key is None, "-saved")
+
+    @staticmethod
+    def _label(entry: ChatEntry, active: bool) -> Text:
         marker = SAVED if entry.key is None else (LIVE if entry.live else PARKED)
         label = Text(f"{marker} ")
         label.append(fmt.one_line(entry.title, TITLE_WIDTH), style="bold" if active else "")
         if entry.busy:
             label.append(" …")
-        super().__init__(Label(label), classes="-saved" if entry.key is None else "")
+        return label
+
+    def show(self, entry: ChatEntry, active: bool) -> None:
+        """Redraw this row for `entry` (same position, new title or state)."""
         self.entry = entry
+        self.set_class(entry.key is None, "-saved")
+        self.query_one(Label).update(self._label(entry, active))
 
 
 class ConversationList(ListView):
@@ -63,14 +75,40 @@ class ConversationList(ListView):
         def control(self) -> ConversationList:
             return self.conversation_list
 
+    @dataclass
+    class Redrawn(Message):
+        """The rows now show `entries`; handle with `on_conversation_list_redrawn`."""
+
+        conversation_list: ConversationList
+        entries: tuple[ChatEntry, ...]
+
+        @property
+        def control(self) -> ConversationList:
+            return self.conversation_list
+
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        # Redraws are queued, never cancelled: cancelling a ListView while it removes
+        # its items cancels the items' message pumps mid-prune.
+        self._redraw = asyncio.Lock()
+
     async def show_entries(self, entries: list[ChatEntry], active_key: str | None) -> None:
-        """Replace the rows; the active chat is highlighted."""
-        await self.clear()
-        await self.extend([ChatItem(e, e.key is not None and e.key == active_key) for e in entries])
-        for i, e in enumerate(entries):
-            if e.key is not None and e.key == active_key:
-                self.index = i
-                break
+        """Replace the rows (in place when their number is unchanged); highlight the active chat."""
+        async with self._redraw:
+            if not self.is_attached:
+                return
+            items = list(self.query(ChatItem))
+            if len(items) == len(entries):
+                for item, entry in zip(items, entries):
+                    item.show(entry, entry.key is not None and entry.key == active_key)
+            else:
+                await self.clear()
+                await self.extend([ChatItem(e, e.key is not None and e.key == active_key) for e in entries])
+            for i, e in enumerate(entries):
+                if e.key is not None and e.key == active_key:
+                    self.index = i
+                    break
+        self.post_message(self.Redrawn(self, tuple(entries)))
 
     @on(ListView.Selected)
     def _chosen(self, event: ListView.Selected) -> None:

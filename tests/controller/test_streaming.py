@@ -43,19 +43,19 @@ class FakeClock:
         return self.now
 
 
-def test_batcher_joins_tokens_keeps_newest_progress_and_order():
+def test_batcher_joins_tokens_and_keeps_order():
     out, clock = [], FakeClock()
     batch = EventBatcher(out.append, interval=0.05, clock=clock)
-    batch(TokenText("a"))  # first event goes straight out
+    batch(TokenText("a"))  # the first text goes straight out
     batch(TokenText("b"))
     batch(TokenText("c"))
-    batch(PrefillProgress(1, 4, 1.0, None))
-    batch(PrefillProgress(2, 4, 1.0, None))
     assert out == [TokenText("a")]
     clock.now = 0.06
     batch(TokenText("d"))
-    assert out[1:] == [PrefillProgress(2, 4, 1.0, None), TokenText("bcd")]
+    assert out[1:] == [TokenText("bcd")]
     batch(TokenText("e"))
+    progress = PrefillProgress(2, 4, 1.0, None)
+    batch(progress)  # anything else flushes first and passes at once
     done = Done(5, 1.0, 4, 1.0, 1.0, 9, "eos")
-    batch(done)  # anything else flushes first: the text arrives before Done
-    assert out[3:] == [TokenText("e"), done]
+    batch(done)
+    assert out[2:] == [TokenText("e"), progress, done]

@@ -1,0 +1,152 @@
+"""The chat screen driven by Pilot: streaming, prefill progress, cancel, switching, resuming."""
+
+from __future__ import annotations
+
+from ds4tui.chat import events as ev
+from ds4tui.screens.chat import ChatScreen
+from ds4tui.widgets.chat_log import AssistantMessage, UserMessage
+from ds4tui.widgets.conversation_list import ChatItem, ConversationList
+from ds4tui.widgets.prefill_bar import PrefillBar
+from ds4tui.widgets.status_bar import StatusBar
+from tests.controller.conftest import make_controller
+from tests.ui.chat_app import SIZE, ChatHost, GatedController, chat_config, send, tiny_llama  # noqa: F401
+
+
+def _pane(app):
+    return app.chat.query_one("#chats").visible_content
+
+
+async def test_send_streams_the_reply(tiny_llama):
+    """Enter sends; token text arrives as events and ends up in the assistant message."""
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SIZE) as pilot:
+        ended = await send(pilot, "Hello [b]there[/b]")
+        assert ended.done is not None and app.events(ev.TokenText)
+        pane = _pane(app)
+        reply = pane.query_one(AssistantMessage)
+        conv = app.chat.controller.get(ended.key)
+        assert reply.text == "".join(e.text for e in app.events(ev.TokenText)) == conv.messages[-1]["content"]
+        user = pane.query_one(UserMessage)
+        assert user.text == "Hello [b]there[/b]"  # shown verbatim, not as markup
+        assert user.visual.plain == "Hello [b]there[/b]"  # type: ignore[union-attr]
+        status = app.chat.query_one(StatusBar)
+        assert status.ctx_used == len(conv.session.tokens) and status.speed
+        assert app.chat.query_one("#prompt").text == ""
+
+
+async def test_long_prefill_shows_progress_and_escape_cancels(tiny_llama, tmp_path):
+    """During a multi-chunk prefill the bar shows tokens done/total; Escape stops it, withdraws the
+    message, puts the text back in the prompt, and the next send still answers."""
+    controller = GatedController(tiny_llama, chat_config(tiny_llama, no_disk_cache=True))
+    app = ChatHost(tiny_llama, controller=controller)
+    text = "word " * 420  # ~1300 tokens: three chunks
+    async with app.run_test(size=SIZE) as pilot:
+        await app.wait_for(ChatScreen.ModelReady)
+        app.chat.query_one("#prompt").insert(text)
+        await pilot.press("enter")
+        progress = await app.wait_for(ChatScreen.EngineEvent, lambda m: isinstance(m.event, ev.PrefillProgress))
+        bar = _pane(app).query_one(PrefillBar)
+        assert bar.active and bar.display
+        info = str(bar.query_one("#prefill-info").render())
+        assert f"{progress.event.done:,}/{progress.event.total:,} tokens" in info
+        await pilot.press("escape")
+        controller.gate.set()
+        ended = await app.wait_for(ChatScreen.TurnEnded)
+        assert ended.done is None and app.events(ev.Cancelled)
+        assert not bar.active
+        assert not _pane(app).query(UserMessage) and not _pane(app).query(AssistantMessage)
+        assert app.chat.query_one("#prompt").text == text
+        app.chat.query_one("#prompt").clear()
+        ended = await send(pilot, "Short question?")
+        assert ended.done is not None
+
+
+async def test_switching_conversations(tiny_llama):
+    """ctrl+n opens a second chat; ctrl+pageup goes back to the first, with its messages."""
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SIZE) as pilot:
+        first = await send(pilot, "First chat")
+        await pilot.press("ctrl+n")
+        second = await send(pilot, "Second chat")
+        assert first.key != second.key
+        assert _pane(app).query_one(UserMessage).text == "Second chat"
+        await pilot.press("ctrl+pageup")
+        assert _pane(app).key == first.key
+        assert _pane(app).query_one(UserMessage).text == "First chat"
+        items = app.chat.query(ChatItem)
+        assert [i.entry.key for i in items] == [first.key, second.key]
+        assert [i.entry.title for i in items] == ["First chat", "Second chat"]
+
+
+async def test_resume_a_titled_session_without_prefill(tiny_llama, tmp_path):
+    """--resume: the transcript appears and the KV is restored from disk; nothing is prefilled."""
+    writer = make_controller(tiny_llama)
+    conv = writer.new_conversation()
+    writer.send(conv.key, "Remember [red]this[/red]", lambda e: None)
+    app = ChatHost(tiny_llama, resume=conv.saved_sha[:8])
+    async with app.run_test(size=SIZE) as pilot:
+        resumed = await app.wait_for(ChatScreen.Resumed)
+        assert resumed.error is None
+        await pilot.pause()
+        pane = _pane(app)
+        assert [m.text for m in pane.query(UserMessage)] == ["Remember [red]this[/red]"]
+        assert pane.query_one(AssistantMessage).text == conv.messages[-1]["content"]
+        assert app.events(ev.Hit) and not app.events(ev.PrefillStarted)
+        assert app.chat.query_one(StatusBar).ctx_used == len(conv.session.tokens)
+        ended = await send(pilot, "And now?")
+        started = app.events(ev.PrefillStarted)[0]
+        assert ended.done is not None and started.source == "live" and started.cached == len(conv.session.tokens)
+        row = app.chat.query(ChatItem).first().query_one("Label")
+        assert "Remember [red]this[/red]" in str(row.render())  # the title is text, not markup
+
+
+async def test_saved_sessions_are_listed_and_open_from_the_sidebar(tiny_llama):
+    """A titled session on disk shows as ↺ in the sidebar; selecting it opens it."""
+    writer = make_controller(tiny_llama)
+    conv = writer.new_conversation()
+    writer.send(conv.key, "An older chat", lambda e: None)
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.wait_for(ConversationList.Redrawn, lambda m: any(e.sha for e in m.entries))
+        sidebar = app.chat.query_one("#sidebar")
+        saved = [i for i in sidebar.query(ChatItem) if i.entry.sha == conv.saved_sha]
+        assert saved and saved[0].entry.title == "An older chat"
+        sidebar.index = list(sidebar.query(ChatItem)).index(saved[0])
+        sidebar.focus()
+        await pilot.press("enter")
+        resumed = await app.wait_for(ChatScreen.Resumed)
+        assert resumed.error is None
+        assert app.chat.controller.get(resumed.key).saved_sha == conv.saved_sha
+
+
+async def test_settings_apply_to_the_controller(tiny_llama):
+    """f3 opens the settings; a bad value is refused in place, a good one applied."""
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.wait_for(ChatScreen.ModelReady)
+        await pilot.press("f3")
+        temperature = app.screen.query_one("#set-temperature")
+        temperature.value = "9"
+        temperature.focus()
+        await pilot.press("enter")
+        assert "temperature must be within" in str(app.screen.query_one("#settings-error").render())
+        temperature.value = "0.5"
+        app.screen.query_one("#set-max_tokens").value = "16"
+        await pilot.click("#settings-apply")
+        await pilot.pause()
+        assert isinstance(app.screen, ChatScreen)
+        assert (app.chat.controller.config.temperature, app.chat.controller.config.max_tokens) == (0.5, 16)
+
+
+async def test_palette_offers_the_chat_commands(tiny_llama):
+    """ctrl+p lists New chat / Rename / Cache browser / Settings / Quit; New chat opens a chat."""
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.wait_for(ChatScreen.ModelReady)
+        before = len(app.chat.controller.list())
+        await pilot.press("ctrl+p")
+        await pilot.press(*"New chat")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert len(app.chat.controller.list()) == before + 1
