@@ -161,25 +161,82 @@ typedef struct {
     float *part;           /* [Hkv, nblk, G, D + 2]: max, sum, unnormalized output */
 } att_job;
 
+#if DS4K_AVX2
+/* [sum(a0), ..., sum(a7)]: eight dot products finished with one hadd tree instead of
+ * eight horizontal sums. */
+static inline __m256 reduce8(const __m256 *a) {
+    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20),
+                         _mm256_permute2f128_ps(h0123, h4567, 0x31));
+}
+#endif
+
+/* s[t] = q . k_t for nt rows of k (row stride d). */
+static void scores(float *s, const float *q, const float *k, int nt, int d) {
+    int t = 0;
+#if DS4K_AVX2
+    if (d % 8 == 0) {
+        for (; t + 8 <= nt; t += 8) {
+            __m256 a[8];
+            for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+            for (int i = 0; i < d; i += 8) {
+                __m256 qv = _mm256_loadu_ps(q + i);
+                for (int j = 0; j < 8; j++)
+                    a[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (int64_t)(t + j) * d + i), a[j]);
+            }
+            _mm256_storeu_ps(s + t, reduce8(a));
+        }
+    }
+#endif
+    for (; t < nt; t++) s[t] = dot(q, k + (int64_t)t * d, d);
+}
+
+/* out[d] = sum_t p[t] v_t; accumulators stay in registers across the rows. */
+static void weighted_sum(float *out, const float *p, const float *v, int nt, int d) {
+    int i0 = 0;
+#if DS4K_AVX2
+    for (; i0 + 64 <= d; i0 += 64) {
+        __m256 a[8];
+        for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+        for (int t = 0; t < nt; t++) {
+            __m256 pb = _mm256_broadcast_ss(p + t);
+            const float *vt = v + (int64_t)t * d + i0;
+            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(vt + 8 * j), a[j]);
+        }
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + i0 + 8 * j, a[j]);
+    }
+    for (; i0 + 8 <= d; i0 += 8) {
+        __m256 a = _mm256_setzero_ps();
+        for (int t = 0; t < nt; t++)
+            a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t), _mm256_loadu_ps(v + (int64_t)t * d + i0), a);
+        _mm256_storeu_ps(out + i0, a);
+    }
+#endif
+    if (i0 < d) {
+        memset(out + i0, 0, sizeof(float) * (size_t)(d - i0));
+        for (int t = 0; t < nt; t++)
+            for (int i = i0; i < d; i++) out[i] += p[t] * v[(int64_t)t * d + i];
+    }
+}
+
 static void att_chunk(void *vctx, int64_t c) {
     const att_job *j = (const att_job *)vctx;
     const int64_t h = c / j->nblk, blk = c % j->nblk;
     const int64_t t0 = blk * ATT_BLOCK, t1 = t0 + ATT_BLOCK < j->n ? t0 + ATT_BLOCK : j->n;
     const int nt = (int)(t1 - t0), d = j->d;
     const float *k = j->k + (h * j->ctx + t0) * d, *v = j->v + (h * j->ctx + t0) * d;
-    float p[MAX_GROUP][ATT_BLOCK];
+    float p[ATT_BLOCK];
     for (int g = 0; g < j->g; g++) {
         const float *q = j->q + (h * j->g + g) * d;
         float *out = j->part + ((h * j->nblk + blk) * j->g + g) * (d + 2);
+        scores(p, q, k, nt, d);
         float m = -INFINITY;
-        for (int t = 0; t < nt; t++) {
-            p[g][t] = dot(q, k + (int64_t)t * d, d);
-            if (p[g][t] > m) m = p[g][t];
-        }
+        for (int t = 0; t < nt; t++) m = p[t] > m ? p[t] : m;
         out[0] = m;
-        out[1] = exp_shift_sum(p[g], nt, m);
-        memset(out + 2, 0, sizeof(float) * (size_t)d);
-        for (int t = 0; t < nt; t++) axpy(out + 2, p[g][t], v + (int64_t)t * d, d);
+        out[1] = exp_shift_sum(p, nt, m);
+        weighted_sum(out + 2, p, v, nt, d);
     }
 }
 

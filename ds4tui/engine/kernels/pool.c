@@ -27,18 +27,26 @@
 
 static struct {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv;      /* idle workers wait here for a job */
+    pthread_cond_t cv_done; /* the caller waits here for the last claimed chunks */
     _Atomic uint64_t claim; /* gen << 32 | next unclaimed chunk */
     atomic_long done;       /* chunks finished in the current job */
     atomic_int sleeping;    /* workers inside (or entering) cond_wait */
+    atomic_int caller_waits; /* the caller is inside (or entering) cond_wait on cv_done */
     ds4k_chunk_fn fn;
     void *ctx;
     int64_t nchunks;
+    int nth;                /* threads of the current job: workers 1..nth-1 take part */
     int nworkers;
-} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+          .cv_done = PTHREAD_COND_INITIALIZER};
 
 static pthread_mutex_t pool_start_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_long spin_ns = 300000; /* how long an idle worker spins before sleeping */
+/* How long the caller spins on chunks another thread still runs before sleeping. Sleeping
+ * frees its core, so a preempted worker can be moved there (the machine is shared: other
+ * processes, and the app's own UI thread, compete for 2 cores). */
+#define CALLER_SPIN_NS 30000
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -61,12 +69,16 @@ static void work_on(uint32_t gen) {
         /* The claim succeeded, so this job cannot finish (nor fn/ctx change) before this
          * chunk is counted done. */
         pool.fn(pool.ctx, (int64_t)(uint32_t)c);
-        atomic_fetch_add(&pool.done, 1);
+        if (atomic_fetch_add(&pool.done, 1) + 1 == pool.nchunks && atomic_load(&pool.caller_waits)) {
+            pthread_mutex_lock(&pool.mu);
+            pthread_cond_signal(&pool.cv_done);
+            pthread_mutex_unlock(&pool.mu);
+        }
     }
 }
 
 static void *worker_main(void *arg) {
-    (void)arg;
+    const int index = (int)(intptr_t)arg; /* 1..: the caller is thread 0 */
     uint32_t seen = (uint32_t)(atomic_load(&pool.claim) >> 32);
     for (;;) {
         int64_t t0 = now_ns();
@@ -84,7 +96,7 @@ static void *worker_main(void *arg) {
             }
         }
         seen = gen;
-        work_on(gen);
+        if (index < pool.nth) work_on(gen);
     }
     return NULL;
 }
@@ -98,7 +110,7 @@ static int pool_ensure(int nworkers) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        int rc = pthread_create(&th, &attr, worker_main, NULL);
+        int rc = pthread_create(&th, &attr, worker_main, (void *)(intptr_t)(pool.nworkers + 1));
         pthread_attr_destroy(&attr);
         if (rc != 0) break;
         pool.nworkers++;
@@ -117,6 +129,7 @@ void ds4k_run_chunks(ds4k_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
     pool.fn = fn;
     pool.ctx = ctx;
     pool.nchunks = nchunks;
+    pool.nth = nth;
     atomic_store(&pool.done, 0);
     uint32_t gen = (uint32_t)(atomic_load(&pool.claim) >> 32) + 1;
     atomic_store(&pool.claim, (uint64_t)gen << 32); /* publishes fn/ctx/nchunks (seq_cst) */
@@ -126,9 +139,17 @@ void ds4k_run_chunks(ds4k_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
         pthread_mutex_unlock(&pool.mu);
     }
     work_on(gen);
+    int64_t t0 = 0;
     for (int spins = 0; atomic_load(&pool.done) < nchunks; spins++) {
         cpu_relax();
-        if (spins % 1024 == 1023) sched_yield(); /* the claimer was preempted: let it run */
+        if (spins % 64 != 63) continue;
+        if (t0 == 0) t0 = now_ns();
+        if (now_ns() - t0 < CALLER_SPIN_NS) continue;
+        pthread_mutex_lock(&pool.mu);
+        atomic_store(&pool.caller_waits, 1);
+        while (atomic_load(&pool.done) < nchunks) pthread_cond_wait(&pool.cv_done, &pool.mu);
+        atomic_store(&pool.caller_waits, 0);
+        pthread_mutex_unlock(&pool.mu);
     }
 }
 

@@ -1,0 +1,125 @@
+"""Side-by-side speed of ds4tui's llama engine and llama.cpp on the same GGUF.
+
+Usage (from the repo root, after `make install` and `ds4tui models pull smollm2-135m-instruct`):
+
+    .venv/bin/python bench/llama_cpp_compare.py --llama-bench /tmp/lcpp/build/bin/llama-bench
+
+It runs, in alternation, `--rounds` times (medians reported; the machine may be shared):
+  llama.cpp: llama-bench -m GGUF -p 512 -n 64 -t T -r 1 -o json        (pp512, tg64 at depth 0)
+             llama-bench -m GGUF -p 0 -n 64 -d 4096 -t T -r 1 -o json  (tg64 at depth 4096)
+  ds4tui:    ds4tui bench engine --model M --prompt-tokens 512 --decode-tokens 64 --repeats 1
+             ds4tui bench engine --model M --prompt-tokens 4096 --decode-tokens 64 --repeats 1
+and prints one table: prefill 512, decode at short context and after 4096 tokens, and the
+ratio ours / llama.cpp. This script builds nothing. llama.cpp has no Debian package; build
+`llama-bench` from the source bundled in llama-cpp-python's sdist, outside the repo:
+
+    pip download llama-cpp-python==0.3.36 --no-deps --no-binary :all: -d /tmp/lcpp
+    cd /tmp/lcpp && tar xzf llama_cpp_python-0.3.36.tar.gz
+    cd llama_cpp_python-0.3.36/vendor/llama.cpp
+    cmake -B /tmp/lcpp/build -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release -DLLAMA_OPENSSL=OFF \\
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+    nice -n 10 cmake --build /tmp/lcpp/build --target llama-bench -j2     # ~7 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def llama_bench(exe: str, gguf: Path, threads: int, prompt: int, gen: int, depth: int) -> dict[str, float]:
+    """tok/s of one llama-bench run (-r 1): {"pp": .., "tg": ..} for the tests it ran."""
+    cmd = [exe, "-m", str(gguf), "-p", str(prompt), "-n", str(gen), "-t", str(threads), "-r", "1", "-o", "json"]
+    if depth:
+        cmd += ["-d", str(depth)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    result = {}
+    for rec in json.loads(out):
+        key = "pp" if rec["n_gen"] == 0 else "tg"
+        result[key] = float(rec["avg_ts"])
+    return result
+
+
+def ours(model: str, threads: int, prompt: int, gen: int) -> dict:
+    cmd = [sys.executable, "-m", "ds4tui", "bench", "engine", "--model", model, "--json", "--repeats", "1",
+           "--prompt-tokens", str(prompt), "--decode-tokens", str(gen), "--threads", str(threads)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def kernel_backend() -> str:
+    code = "from ds4tui.engine.kernels import qgemv; print(qgemv.backend())"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO).stdout.strip()
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH", "/tmp/lcpp/build/bin/llama-bench"))
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="ds4tui model name (its GGUF is used for both)")
+    ap.add_argument("--gguf", type=Path, help="GGUF for llama.cpp (default: the model's registered file)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--depth", type=int, default=4096, help="context for the long decode test (0: skip)")
+    ap.add_argument("--json", action="store_true", help="also print the raw samples as JSON")
+    args = ap.parse_args()
+    exe = shutil.which(args.llama_bench) or args.llama_bench
+    if not os.access(exe, os.X_OK):
+        print(f"llama-bench not found at {args.llama_bench}: build it as this script's docstring says", file=sys.stderr)
+        return 1
+    gguf = args.gguf
+    if gguf is None:
+        sys.path.insert(0, str(REPO))
+        from ds4tui.engine.registry import resolve_registered
+
+        gguf = resolve_registered(args.model)
+    samples: dict[str, list[float]] = {k: [] for k in
+                                       ("lc_pp512", "lc_tg", "lc_tg_d", "our_pp512", "our_tg", "our_tg_d")}
+    for r in range(args.rounds):
+        a = llama_bench(exe, gguf, args.threads, 512, 64, 0)
+        samples["lc_pp512"].append(a["pp"])
+        samples["lc_tg"].append(a["tg"])
+        b = ours(args.model, args.threads, 512, 64)
+        samples["our_pp512"].append(b["prefill_tok_s"])
+        samples["our_tg"].append(b["decode_tok_s"])
+        if args.depth:
+            samples["lc_tg_d"].append(llama_bench(exe, gguf, args.threads, 0, 64, args.depth)["tg"])
+            samples["our_tg_d"].append(ours(args.model, args.threads, args.depth, 64)["decode_tok_s"])
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in samples.items() if v),
+              file=sys.stderr)
+    med = {k: statistics.median(v) for k, v in samples.items() if v}
+    rows = [("prefill 512 tokens", "our_pp512", "lc_pp512"), ("decode 64, short context", "our_tg", "lc_tg")]
+    if args.depth:
+        rows.append((f"decode 64 after {args.depth} tokens", "our_tg_d", "lc_tg_d"))
+    print(f"{datetime.date.today().isoformat()}, {cpu_name()}, {os.cpu_count()} CPUs, {args.threads} threads, "
+          f"kernels: {kernel_backend()}, medians of {args.rounds} alternating rounds, tok/s")
+    print("| test | ds4tui | llama.cpp | ratio |")
+    print("|---|---:|---:|---:|")
+    for label, o, l in rows:
+        print(f"| {label} | {med[o]:.1f} | {med[l]:.1f} | {med[o] / med[l]:.2f}x |")
+    if args.json:
+        print(json.dumps({"samples": samples, "medians": med}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
