@@ -269,6 +269,7 @@ class ChatScreen(Screen):
             if status.activity.startswith("prefill"):
                 status.activity = "generating…"
         elif isinstance(event, ev.PrefillStarted):
+            self._refresh_sidebar()  # a first message has just become the chat's title
             if event.source != "cold" and event.cached:
                 status.cache = f"reused {fmt.tokens(event.cached)} tokens ({event.source})"
             if event.total == 0:
@@ -555,6 +556,12 @@ class ChatScreen(Screen):
     @on(SessionsSaved)
     def _sessions_saved(self) -> None:
         self.app.exit()
+
+    def on_unmount(self) -> None:
+        # However the app ends, a turn still running in a worker thread stops at its
+        # next chunk or token instead of holding the process open.
+        if self.controller is not None:
+            self.controller.cancel()
 
     # -- helpers ----------------------------------------------------------------------------------
 

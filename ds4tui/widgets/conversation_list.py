@@ -17,7 +17,7 @@ from textual.widgets import Label, ListItem, ListView
 
 from ds4tui.widgets import fmt
 
-LIVE, PARKED, SAVED = "●", "○", "↺"
+LIVE, PARKED, SAVED, BUSY = "●", "○", "↺", "▶"
 TITLE_WIDTH = 26
 
 
@@ -40,11 +40,12 @@ class ChatItem(ListItem):
 
     @staticmethod
     def _label(entry: ChatEntry, active: bool) -> Text:
-        marker = SAVED if entry.key is None else (LIVE if entry.live else PARKED)
+        if entry.key is None:
+            marker = SAVED
+        else:
+            marker = BUSY if entry.busy else (LIVE if entry.live else PARKED)
         label = Text(f"{marker} ")
         label.append(fmt.one_line(entry.title, TITLE_WIDTH), style="bold" if active else "")
-        if entry.busy:
-            label.append(" …")
         return label
 
     def show(self, entry: ChatEntry, active: bool) -> None:
@@ -55,7 +56,7 @@ class ChatItem(ListItem):
 
 
 class ConversationList(ListView):
-    """Open chats first (● live in memory, ○ saved to disk), then saved sessions (↺)."""
+    """Open chats first (● live in memory, ○ saved to disk, ▶ generating), then saved sessions (↺)."""
 
     DEFAULT_CSS = """
     ConversationList {

@@ -21,17 +21,18 @@ class PrefillBar(Horizontal):
     DEFAULT_CSS = """
     PrefillBar {
         height: 1;
+        padding: 0 1;
         display: none;
         &.-active { display: block; }
         & > #prefill-label { width: auto; padding: 0 1 0 0; }
-        & > ProgressBar { width: auto; }
+        & > ProgressBar { width: auto; & > Bar { width: 16; } }
         & > #prefill-info { width: 1fr; padding: 0 0 0 1; }
     }
     """
 
     def compose(self) -> ComposeResult:
         yield Label("Prefill", id="prefill-label")
-        yield ProgressBar(total=1, show_eta=False, show_percentage=True, id="prefill-progress")
+        yield ProgressBar(total=1, show_eta=False, show_percentage=False, id="prefill-progress")
         yield Label("", id="prefill-info")
 
     def show_progress(self, done: int, total: int, tok_s: float, eta_s: float | None) -> None:

@@ -105,6 +105,8 @@ class GatedController(ChatController):
         def gated(event):
             on_event(event)
             if isinstance(event, ev.PrefillProgress) and event.done < event.total:
-                self.gate.wait(TIMEOUT_S)
+                # Released by the test, or by a cancel (Escape, or the app closing).
+                while not self.gate.wait(0.02) and not self._stop.is_set():
+                    pass
 
         return super().send(key, text, gated)

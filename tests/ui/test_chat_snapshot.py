@@ -1,0 +1,73 @@
+"""Snapshots of the chat screen: greedy tiny-llama, timings pinned, no toasts, still cursor.
+
+Regenerate after an intended change with `pytest tests/ui/test_chat_snapshot.py --snapshot-update`
+and look at the SVGs in __snapshots__/ before committing them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from textual.app import App, ComposeResult
+
+from ds4tui.chat import events as ev
+from ds4tui.screens.chat import ChatScreen
+from ds4tui.widgets import fmt
+from ds4tui.widgets.chat_log import ChatLog
+from tests.ui.chat_app import SIZE, ChatHost, GatedController, chat_config, send, tiny_llama  # noqa: F401
+
+
+@pytest.fixture(autouse=True)
+def _pinned_timings(monkeypatch):
+    """Speeds and durations vary run to run; everything else on screen is deterministic."""
+    monkeypatch.setattr(fmt, "rate", lambda tok_s: "12.3 tok/s")
+    monkeypatch.setattr(fmt, "ms", lambda value: "45 ms")
+    monkeypatch.setattr(fmt, "eta", lambda seconds: "ETA 7s")
+
+
+def test_chat_after_one_reply(snap_compare, tiny_llama):
+    """Sidebar with the titled chat, the exchange, the reply's stats line and the status bar."""
+    app = ChatHost(tiny_llama)
+
+    async def run_before(pilot) -> None:
+        await send(pilot, "Hello! Is [b]this[/b] shown as typed?")
+        app.clear_notifications()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_prefill_progress_bar(snap_compare, tiny_llama):
+    """A long prompt, parked after its first chunk: the bar with tokens done/total, speed, ETA."""
+    controller = GatedController(tiny_llama, chat_config(tiny_llama, no_disk_cache=True))
+    app = ChatHost(tiny_llama, controller=controller)
+
+    async def run_before(pilot) -> None:
+        await app.wait_for(ChatScreen.ModelReady)
+        app.chat.query_one("#prompt").insert("Summarize: " + "word " * 420)
+        await pilot.press("enter")
+        await app.wait_for(ChatScreen.EngineEvent, lambda m: isinstance(m.event, ev.PrefillProgress))
+        app.clear_notifications()
+
+    try:
+        assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    finally:
+        controller.gate.set()
+
+
+class MarkdownHost(App):
+    """Just a chat log, to pin how replies render: Markdown, highlighted code, control codes."""
+
+    def compose(self) -> ComposeResult:
+        yield ChatLog()
+
+    def on_mount(self) -> None:
+        self.query_one(ChatLog).show_messages([
+            {"role": "user", "content": "Show me [red]markup[/red] and a bell\x07"},
+            {"role": "assistant", "content": (
+                "## A heading\n\nSome **bold** text and a list:\n\n- one\n- two\n\n"
+                "```python\ndef greet(name):\n    return f\"hi {name}\"\n```\n\nEscape \x1b[31m stays visible."
+            )},
+        ])
+
+
+def test_reply_markdown_rendering(snap_compare):
+    assert snap_compare(MarkdownHost(), terminal_size=(70, 26))
