@@ -249,3 +249,21 @@ def test_the_controller_writes_and_restores_files_of_its_policy(policy, tmp_path
     first.send(conv.key, "Tell me more.", a)
     second.send(resumed.key, "Tell me more.", b)
     assert b.reply == a.reply
+
+
+def test_bench_swa_runs_and_reports_each_policy(capsys):
+    """`ds4tui bench swa --json` on a small variant: one row per policy and length, exact restores,
+    the zero file smallest, the recomputed counts of the layouts."""
+    import json
+
+    from ds4tui.cli import main
+
+    code = main(["bench", "swa", "--json", "--lengths", "150", "--layers", "3", "--window", "16",
+                 "--period", "128", "--chunk", "128", "--suffix", "4", "--repeats", "1"])
+    r = json.loads(capsys.readouterr().out)
+    rows = {row["policy"]: row for row in r["rows"]}
+    assert code == 0 and set(rows) == {"cold", "full", "periodic:128", "zero"}
+    assert rows["zero"]["file_bytes"] < rows["periodic:128"]["file_bytes"] == rows["full"]["file_bytes"] + 16
+    assert [rows[p]["recomputed"] for p in ("full", "periodic:128", "zero")] == [0, 22, 86]  # zero: 3*15+1 = 46, start 104 -> grid 64
+    assert all(rows[p]["max_logit_diff"] == 0.0 for p in ("full", "periodic:128"))
+    assert rows["zero"]["max_logit_diff"] <= ZERO_TOL
