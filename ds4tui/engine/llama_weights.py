@@ -2,7 +2,7 @@
 
 Owns: reading a HF-style llama checkpoint (config.json, *.safetensors, tokenizer.json,
 tokenizer_config.json) into the internal fused layout of llama.py; the SHA-256 of
-weight files, memoized by (path, size, mtime) in `data_dir()/converted/sha256-memo.json`
+weight files, memoized by (path, size, mtime) in `data_dir()/converted/sha256-memo/`
 so a start does not re-hash hundreds of MB (a file edited in place within the same
 mtime tick with the same size would be missed: acceptable for model files); and the
 model fingerprint: SHA-256 over family, config and weights identity.
@@ -33,44 +33,36 @@ from ds4tui.engine.llama import LlamaConfig, LlamaModel
 from ds4tui.engine.model import ModelInfo, WeightsError
 
 FAMILY = "llama"
-_MEMO_LOCK = threading.Lock()
 
 
-def memo_path() -> Path:
-    return paths.data_dir() / "converted" / "sha256-memo.json"
+def memo_path(path: Path) -> Path:
+    """One small JSON per hashed file (named by the hash of its path): concurrent processes
+    never lose each other's entries, as they could rewriting one shared memo file."""
+    name = hashlib.sha256(str(path).encode()).hexdigest()[:32]
+    return paths.data_dir() / "converted" / "sha256-memo" / f"{name}.json"
 
 
 def file_sha256(path: Path) -> str:
     """SHA-256 hex of a file, memoized by (resolved path, size, mtime_ns)."""
     path = path.resolve()
     st = path.stat()
-    key = str(path)
-    stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    with _MEMO_LOCK:
-        memo = _read_memo()
-        entry = memo.get(key)
-        if isinstance(entry, dict) and entry.get("size") == stamp["size"] and entry.get("mtime_ns") == stamp["mtime_ns"]:
-            sha = entry.get("sha256")
-            if isinstance(sha, str) and len(sha) == 64:
-                return sha
+    stamp = {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    memo = memo_path(path)
+    try:
+        entry = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        entry = None
+    if isinstance(entry, dict) and all(entry.get(k) == v for k, v in stamp.items()):
+        sha = entry.get("sha256")
+        if isinstance(sha, str) and len(sha) == 64:
+            return sha
     h = hashlib.sha256()
     with open(path, "rb") as fp:
         for block in iter(lambda: fp.read(1 << 22), b""):
             h.update(block)
     sha = h.hexdigest()
-    with _MEMO_LOCK:
-        memo = _read_memo()
-        memo[key] = {**stamp, "sha256": sha}
-        atomic_write_bytes(memo_path(), json.dumps(memo, indent=1, sort_keys=True).encode())
+    atomic_write_bytes(memo, json.dumps({**stamp, "sha256": sha}).encode())
     return sha
-
-
-def _read_memo() -> dict:
-    try:
-        data = json.loads(memo_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

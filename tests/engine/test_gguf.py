@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 
 import gguf
 import numpy as np
@@ -180,3 +182,15 @@ def test_damaged_converted_copy_is_rebuilt(env):
     again = load_llama_gguf(ggufs[Q.Q4_0], "tiny-gguf")
     assert again.info == first.info
     assert torch.equal(again.layers[0].wqkv.weight, wqkv)
+
+
+def test_file_hash_memo_follows_size_and_mtime(tmp_path, monkeypatch):
+    monkeypatch.setenv("DS4TUI_DATA_DIR", str(tmp_path / "data"))
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"a" * 100)
+    first = file_sha256(f)
+    assert first == hashlib.sha256(b"a" * 100).hexdigest()
+    assert file_sha256(f) == first  # memoized
+    f.write_bytes(b"b" * 100)
+    os.utime(f, ns=(1, 1))  # same size, different mtime: must be hashed again
+    assert file_sha256(f) == hashlib.sha256(b"b" * 100).hexdigest()
