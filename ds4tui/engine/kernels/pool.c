@@ -86,7 +86,11 @@ static void *worker_main(void *arg) {
         uint32_t gen;
         while ((gen = (uint32_t)(atomic_load(&pool.claim) >> 32)) == seen) {
             cpu_relax();
-            if (++spins % 256 == 0 && now_ns() - t0 > atomic_load(&spin_ns)) {
+            if (++spins % 256 != 0) continue;
+            /* Give the core away when something else wants it: on a busy machine the
+             * thread we wait for (the caller, preempted) may be queued right here. */
+            sched_yield();
+            if (now_ns() - t0 > atomic_load(&spin_ns)) {
                 pthread_mutex_lock(&pool.mu);
                 atomic_fetch_add(&pool.sleeping, 1);
                 while ((uint32_t)(atomic_load(&pool.claim) >> 32) == seen)
