@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer, WeightsError
 
 # A session's context when the caller names none: SmolLM2's 8192 would pin 377 MB of fp32 KV;
-# 4096 (189 MB) is plenty for a chat on a CPU and prefills in ~15 s when full.
+# 4096 (189 MB) is plenty for a chat on a CPU, where filling it takes tens of seconds.
 DEFAULT_CTX = 4096
 # Prefill chunk: 512 tokens keep the [G*S, T] masks and activations small while matmuls stay
 # large enough to run near peak; chunk ends are aligned to absolute multiples (session.py).
