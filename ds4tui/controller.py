@@ -62,6 +62,7 @@ class ChatController:
         self._keys = itertools.count(1)
         self._lock = threading.Lock()  # guards `conversations` against UI-thread reads during a turn
         self._stop = threading.Event()
+        self._ctx_size: int | None = None
 
     # -- conversations ------------------------------------------------------------------------
 
@@ -83,11 +84,15 @@ class ChatController:
             return list(self.conversations.values())
 
     def ctx_size(self) -> int:
-        """Context size of this controller's sessions (known exactly once one exists)."""
-        for conv in self.list():
-            if conv.session is not None:
-                return conv.session.ctx_size
-        return self.config.ctx or self.model.info.n_ctx
+        """Context size of this controller's sessions (the engine's default unless config.ctx is set)."""
+        if self._ctx_size is None:
+            live = next((c.session for c in self.list() if c.session is not None), None)
+            if live is None:
+                # The engine picks its default (memory-friendly, below n_ctx); ask it once
+                # with a throwaway session rather than guess. Call off the UI thread.
+                live = self.model.new_session(self.config.ctx)
+            self._ctx_size = live.ctx_size
+        return self._ctx_size
 
     def live_count(self) -> int:
         return sum(1 for c in self.list() if c.live)

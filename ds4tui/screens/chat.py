@@ -186,6 +186,8 @@ class ChatScreen(Screen):
         try:
             model = load_model(spec)
             self._make_controller(model)
+            assert self.controller is not None
+            self.controller.ctx_size()  # may build a probe session: here, not on the UI thread
         except EngineError as exc:
             self.post_message(self.ModelFailed(str(exc)))
         except Exception as exc:  # a loader bug is shown, never a traceback

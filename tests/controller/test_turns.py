@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import os
 
+import pytest
+
 from ds4tui.cache.kvc import PREFIX_BYTES, decode_header
 from ds4tui.chat import events as ev
 from ds4tui.dsv4_header import DSV4_HEADER_BYTES
@@ -15,16 +17,20 @@ def kv_files(directory) -> list[str]:
     return sorted(n for n in os.listdir(directory) if n.endswith(".kv")) if os.path.isdir(directory) else []
 
 
-def test_second_controller_gets_disk_hit_and_prefills_only_suffix(tiny_llama, tmp_path):
+@pytest.mark.parametrize("spec", ["tiny-llama", "tiny-dsv4"])
+def test_second_controller_gets_disk_hit_and_prefills_only_suffix(spec, tmp_path):
     """A fresh controller over the same cache dir restores the cold checkpoint and prefills the rest."""
-    first, first_events = make_controller(tiny_llama, tmp_path), Recorder()
+    from ds4tui.engine.loader import load_model
+
+    model = load_model(spec)
+    first, first_events = make_controller(model, tmp_path, max_tokens=3), Recorder()
     conv = first.new_conversation()
     first.send(conv.key, LONG_PROMPT, first_events)
     saved = {s.reason: s for s in first_events.of(ev.Saved)}
     assert {"continued", "cold", "agent-session"} <= set(saved)
     cold = saved["cold"]  # the longest prefix of the prompt alone (trimmed, aligned)
 
-    second, events = make_controller(tiny_llama, tmp_path), Recorder()
+    second, events = make_controller(model, tmp_path, max_tokens=3), Recorder()
     done = second.send(second.new_conversation().key, LONG_PROMPT, events)
     hit = events.of(ev.Hit)[0]
     started = events.of(ev.PrefillStarted)[0]
