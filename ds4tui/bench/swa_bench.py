@@ -7,8 +7,9 @@ periodic:K, zero; one cache directory each, through the chat's own
 `Checkpoints`), and each file is restored into a fresh session by the store's
 prompt lookup (read, validate, replay), then a short new turn (`--suffix`
 tokens) is prefilled: that is the time to first token of a hit. Cold TTFT is
-the cold prefill of T plus the same suffix. Restores are medians over
---repeats; the cold prefill runs once per length (it is the slow part).
+the cold prefill of T plus the same suffix. Every number is a median over
+--repeats, the policies taking turns within each round so that load from
+other processes spreads evenly over them.
 Every restored session's logits after the suffix are compared with the cold
 one's (max |difference|: 0 means bit-exact).
 
@@ -114,11 +115,14 @@ def measure_swa(
             prefix, more = all_tokens[:t], all_tokens[t : t + suffix]
             text = b"".join(tb(x) for x in prefix)
             prompt = text + b"".join(tb(x) for x in more)
-            cold = model.new_session(ctx, chunk)
-            set_policy(cold, f"periodic:{period}")
-            t0 = time.perf_counter()
-            cold.prefill(prefix)
-            cold_prefill_ms = _ms(t0)
+            cold_runs = []
+            for _ in range(repeats):  # the first one is saved below
+                s = model.new_session(ctx, chunk)
+                set_policy(s, f"periodic:{period}")
+                t0 = time.perf_counter()
+                s.prefill(prefix)
+                cold_runs.append((_ms(t0), s))
+            cold = cold_runs[0][1]
             files = {}
             for policy in policies:
                 set_policy(cold, policy)
@@ -127,15 +131,19 @@ def measure_swa(
                 if sha is None:
                     raise RuntimeError(f"saving the {policy} checkpoint of {t} tokens failed")
                 files[policy] = (store, store.store.path_for(sha))
-            t0 = time.perf_counter()
-            cold.prefill(more)
-            cold_ttft = cold_prefill_ms + _ms(t0)
-            want = cold.logits
+            ttfts = []
+            for prefill_ms, s in cold_runs:
+                t0 = time.perf_counter()
+                s.prefill(more)
+                ttfts.append(prefill_ms + _ms(t0))
+            cold_ttft, want = statistics.median(ttfts), cold.logits
+            del cold_runs, s
             result.rows.append(SwaBenchRow(t, "cold", 0, 0, 0.0, t, round(cold_ttft, 1), 1.0, 0.0))
-            for policy in ("full", f"periodic:{period}", "zero"):
-                store, path = files[policy]
-                runs = []
-                for _ in range(repeats):
+            order = ("full", f"periodic:{period}", "zero")
+            runs: dict[str, list] = {policy: [] for policy in order}
+            for _ in range(repeats):
+                for policy in order:
+                    store, _path = files[policy]
                     s = model.new_session(ctx, chunk)
                     t0 = time.perf_counter()
                     covered = store.restore_longest(prompt, s, ignore)
@@ -144,14 +152,17 @@ def measure_swa(
                         raise RuntimeError(f"the {policy} checkpoint of {t} tokens was not restored")
                     t1 = time.perf_counter()
                     s.prefill(more)
-                    runs.append((restore_ms, restore_ms + _ms(t1), s.swa.last_restore.replayed,
-                                 float((s.logits - want).abs().max())))
-                restore_ms = statistics.median(r[0] for r in runs)
-                ttft = statistics.median(r[1] for r in runs)
-                size = path.stat().st_size
+                    runs[policy].append((restore_ms, restore_ms + _ms(t1), s.swa.last_restore.replayed,
+                                         float((s.logits - want).abs().max())))
+            for policy in order:
+                store, path = files[policy]
+                got = runs[policy]
+                restore_ms = statistics.median(r[0] for r in got)
+                ttft = statistics.median(r[1] for r in got)
                 result.rows.append(SwaBenchRow(
-                    t, policy, size, store.store.scan()[0].header.payload_bytes, round(restore_ms, 1),
-                    runs[0][2], round(ttft, 1), round(ttft / cold_ttft, 4), max(r[3] for r in runs),
+                    t, policy, path.stat().st_size, store.store.scan()[0].header.payload_bytes,
+                    round(restore_ms, 1), got[0][2], round(ttft, 1), round(ttft / cold_ttft, 4),
+                    max(r[3] for r in got),
                 ))
     return result
 
@@ -160,7 +171,7 @@ def format_table(r: SwaBenchResult) -> str:
     lines = [
         f"model {r.model}: {r.layers} layers, window {r.window}, ratios {r.ratios}",
         f"chunk {r.chunk}, periodic K = {r.period}, suffix {r.suffix} tokens, {r.threads} thread(s), "
-        f"restores: median of {r.repeats}",
+        f"medians of {r.repeats} runs",
         f"{'prefix':>7}  {'policy':<14} {'file bytes':>11} {'restore ms':>10} {'recomputed':>10} "
         f"{'TTFT ms':>9} {'vs cold':>8} {'max |dlogit|':>12}",
     ]
@@ -185,7 +196,8 @@ def add_bench_command(subparsers) -> None:
                    help=f"prefix lengths in tokens (default {DEFAULT_LENGTHS})")
     p.add_argument("--period", type=int, default=2048, metavar="K", help="K of periodic:K (default 2048)")
     p.add_argument("--suffix", type=int, default=32, metavar="N", help="tokens of the new turn (default 32)")
-    p.add_argument("--repeats", type=int, default=3, metavar="N", help="restores per policy (default 3)")
+    p.add_argument("--repeats", type=int, default=3, metavar="N",
+                   help="runs of each cold prefill and restore (default 3)")
     p.add_argument("--window", type=int, default=128, metavar="W", help="tiny-dsv4 variant window (default 128)")
     p.add_argument("--layers", type=int, default=12, metavar="L", help="tiny-dsv4 variant layers (default 12)")
     p.add_argument("--chunk", type=int, metavar="N", help="prefill chunk (default: the engine's, 2048)")
