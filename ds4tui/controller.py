@@ -191,7 +191,7 @@ class ChatController:
         set_swa_policy(session, self.config.swa_policy)  # a change made while this chat was busy
         base, base_text = len(session.tokens), conv.session_text
         on_event(PrefillStarted(total=len(suffix), cached=base, source=source))
-        if not self._prefill(conv, suffix, source, on_event, t0):
+        if not self._prefill(conv, suffix, source, on_event):
             on_event(Cancelled(prefilled=len(session.tokens) - base))
             return None
         # The session now holds the prompt: its old tokens plus the suffix.
@@ -236,8 +236,7 @@ class ChatController:
         conv.stored_upto = 0
         return tok.encode(prompt), "cold"
 
-    def _prefill(self, conv: Conversation, suffix: Sequence[int], source: str,
-                 on_event: EventFn, t0: float) -> bool:
+    def _prefill(self, conv: Conversation, suffix: Sequence[int], source: str, on_event: EventFn) -> bool:
         """Prefill `suffix`, pausing at checkpoint points; False when cancelled (state stays consistent)."""
         session = conv.session
         assert session is not None

@@ -27,9 +27,9 @@ from ds4tui.chat import events as ev
 from ds4tui.chat.streaming import EventBatcher
 from ds4tui.config import Config
 from ds4tui.widgets import fmt
-from ds4tui.widgets.chat_log import AssistantMessage, ChatLog
+from ds4tui.screens.chat_notices import notice_for, stats_line
+from ds4tui.widgets.chat_pane import ChatPane
 from ds4tui.widgets.conversation_list import ChatEntry, ConversationList
-from ds4tui.widgets.prefill_bar import PrefillBar
 from ds4tui.widgets.prompt_input import PromptInput
 from ds4tui.widgets.status_bar import StatusBar
 
@@ -40,31 +40,6 @@ if TYPE_CHECKING:
 NOTIFY_TIMEOUT = 4.0  # seconds a cache toast stays up: long enough to read one line
 PREFILL_SAMPLE_TOKENS = 256  # a shorter prefill's speed is mostly fixed overhead, not a rate
 SHUTDOWN_WAIT_S = 30.0  # longest wait for a running turn at exit: one prefill chunk is far less
-
-
-class ChatPane(Vertical):
-    """One conversation's view: its log and its own prefill bar (so switching away keeps both)."""
-
-    DEFAULT_CSS = """
-    ChatPane { height: 1fr; }
-    """
-
-    def __init__(self, key: str) -> None:
-        super().__init__(id=f"pane-{key}")
-        self.key = key
-        self.reply: AssistantMessage | None = None  # the reply being streamed
-
-    def compose(self) -> ComposeResult:
-        yield ChatLog()
-        yield PrefillBar()
-
-    @property
-    def log(self) -> ChatLog:
-        return self.query_one(ChatLog)
-
-    @property
-    def prefill(self) -> PrefillBar:
-        return self.query_one(PrefillBar)
 
 
 class ChatScreen(Screen):
@@ -288,7 +263,7 @@ class ChatScreen(Screen):
             if pane is not None:
                 pane.prefill.hide()
                 if pane.reply is not None:
-                    pane.reply.set_stats(_stats_line(event))
+                    pane.reply.set_stats(stats_line(event))
             if event.prompt_tokens >= PREFILL_SAMPLE_TOKENS:
                 self._prefill_tok_s = event.prefill_tok_s
             self._last_speed = fmt.rate(event.tok_s)
@@ -302,43 +277,23 @@ class ChatScreen(Screen):
             self._update_context()
 
     def _cache_event(self, key: str, event: object) -> None:
-        """Cache and error events: one line in the status bar, a toast for the notable ones."""
-        status = self.query_one(StatusBar)
-        if isinstance(event, ev.Hit):
-            status.cache = f"kv hit {fmt.tokens(event.tokens)} tok in {fmt.ms(event.ms)}"
-            self._toast(f"Restored {fmt.tokens(event.tokens)} tokens from disk ({fmt.size(event.bytes)},"
-                        f" {fmt.ms(event.ms)})", "KV cache hit")
-        elif isinstance(event, ev.Miss):
-            status.cache = f"kv miss: {event.reason}"
-        elif isinstance(event, ev.Saved):
-            if event.reason == "agent-session":
-                status.cache = f"session saved ({fmt.tokens(event.tokens)} tok)"
-            else:
-                status.cache = f"kv saved {event.reason} {fmt.tokens(event.tokens)} tok"
-                self._toast(f"Checkpoint ({event.reason}): {fmt.tokens(event.tokens)} tokens,"
-                            f" {fmt.size(event.bytes)} in {fmt.ms(event.ms)}", "KV cache saved")
-        elif isinstance(event, ev.SaveFailed):
-            status.cache = "kv save failed"
-            self._toast(f"Checkpoint not saved: {event.reason}", "KV cache", severity="error")
-        elif isinstance(event, ev.Evicted):
-            if event.files:
-                self._scan_saved()
-                status.cache = f"kv evicted {len(event.files)} file(s)"
-                self._toast(f"Evicted {len(event.files)} file(s), {fmt.size(event.bytes)}, to stay under"
-                            f" the {fmt.size(event.budget_bytes)} budget", "KV cache", severity="warning")
-        elif isinstance(event, ev.Rejected):
-            status.cache = f"kv rejected {event.file[:12]}"
-            self._toast(f"Ignored cache file {event.file[:12]}: {event.reason}", "KV cache", severity="warning")
+        """Cache and error events: a status-bar line, a toast for the notable ones, follow-ups."""
+        notice = notice_for(event)
+        if notice.status is not None:
+            self.query_one(StatusBar).cache = notice.status
+        if notice.toast is not None:
+            self._toast(notice.toast, notice.title, notice.severity)
+        if isinstance(event, ev.Evicted) and event.files:
+            self._scan_saved()  # a saved session may be among them
         elif isinstance(event, ev.SessionFreed):
             conv = self._conversation(event.conversation)
             title = conv.display_title if conv is not None else event.conversation
-            self._toast(f"{fmt.one_line(title, 40)!s} left memory (saved to disk: {event.reason})", "Sessions")
+            self._toast(f"{fmt.one_line(title, 40)} left memory (saved to disk: {event.reason})", "Sessions")
             self._refresh_sidebar()
         elif isinstance(event, ev.ChatError):
             pane = self._pane_or_none(key)
             if pane is not None:
                 pane.log.add_notice(f"Error ({event.where}): {event.message}", error=True)
-            self._toast(event.message, f"Error: {event.where}", severity="error")
 
     @on(TurnEnded)
     def _turn_ended(self, message: TurnEnded) -> None:
@@ -618,14 +573,3 @@ class ChatScreen(Screen):
     def _saved_scanned(self, saved: list) -> None:
         self._saved = saved
         self._refresh_sidebar()
-
-
-def _stats_line(done: ev.Done) -> str:
-    parts = [f"{fmt.tokens(done.tokens)} tokens", fmt.rate(done.tok_s)]
-    if done.prompt_tokens:
-        parts.append(f"prefill {fmt.tokens(done.prompt_tokens)} tok")
-    parts.append(f"first token {fmt.ms(done.ttft_ms)}")
-    if done.stop not in ("eos", "stop-string"):
-        parts.append(f"stopped: {done.stop}")
-    return " · ".join(parts)
-

@@ -1,0 +1,65 @@
+"""What the chat shows for a cache or error event: a status-bar line and maybe a toast.
+
+Owns the wording and the severity, as plain data (`Notice`), so the screen
+only routes them and the mapping is testable without a terminal. Numbers go
+through `widgets.fmt`; file-derived text (reasons, titles) stays plain text:
+the screen shows it with markup off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ds4tui.chat import events as ev
+from ds4tui.widgets import fmt
+
+
+@dataclass(frozen=True)
+class Notice:
+    status: str | None = None  # the status bar's cache slot; None leaves it as it was
+    toast: str | None = None
+    title: str = ""
+    severity: str = "information"  # information | warning | error
+
+
+def notice_for(event: object) -> Notice:
+    """The notice for one cache/error event (an empty Notice for events that show nothing)."""
+    if isinstance(event, ev.Hit):
+        return Notice(f"kv hit {fmt.tokens(event.tokens)} tok in {fmt.ms(event.ms)}",
+                      f"Restored {fmt.tokens(event.tokens)} tokens from disk ({fmt.size(event.bytes)},"
+                      f" {fmt.ms(event.ms)})", "KV cache hit")
+    if isinstance(event, ev.Miss):
+        return Notice(f"kv miss: {event.reason}")
+    if isinstance(event, ev.Saved):
+        if event.reason == "agent-session":
+            # Every turn re-saves the chat; a toast each time would be noise.
+            return Notice(f"session saved ({fmt.tokens(event.tokens)} tok)")
+        verb = "kept" if event.reused else "saved"
+        return Notice(f"kv {verb} {event.reason} {fmt.tokens(event.tokens)} tok",
+                      f"Checkpoint ({event.reason}): {fmt.tokens(event.tokens)} tokens, {fmt.size(event.bytes)}"
+                      + (" (already on disk)" if event.reused else f" in {fmt.ms(event.ms)}"), "KV cache saved")
+    if isinstance(event, ev.SaveFailed):
+        return Notice("kv save failed", f"Checkpoint not saved: {event.reason}", "KV cache", "error")
+    if isinstance(event, ev.Evicted):
+        if not event.files:
+            return Notice()
+        return Notice(f"kv evicted {len(event.files)} file(s)",
+                      f"Evicted {len(event.files)} file(s), {fmt.size(event.bytes)}, to stay under the"
+                      f" {fmt.size(event.budget_bytes)} budget", "KV cache", "warning")
+    if isinstance(event, ev.Rejected):
+        return Notice(f"kv rejected {event.file[:12]}", f"Ignored cache file {event.file[:12]}: {event.reason}",
+                      "KV cache", "warning")
+    if isinstance(event, ev.ChatError):
+        return Notice(None, event.message, f"Error: {event.where}", "error")
+    return Notice()
+
+
+def stats_line(done: ev.Done) -> str:
+    """The dim line under a finished reply."""
+    parts = [f"{fmt.tokens(done.tokens)} tokens", fmt.rate(done.tok_s)]
+    if done.prompt_tokens:
+        parts.append(f"prefill {fmt.tokens(done.prompt_tokens)} tok")
+    parts.append(f"first token {fmt.ms(done.ttft_ms)}")
+    if done.stop not in ("eos", "stop-string"):
+        parts.append(f"stopped: {done.stop}")
+    return " · ".join(parts)
