@@ -167,3 +167,23 @@ def test_prompt_longer_than_the_context_is_an_error_not_a_crash(tiny_llama, tmp_
     assert "context full" in recorder.of(ev.ChatError)[0].message
     assert conv.messages == []
     assert ctl.send(conv.key, "Short one.", Recorder()) is not None
+
+
+def test_cancel_while_streaming_keeps_the_partial_reply(tiny_llama, tmp_path):
+    """Escape during the reply: Done(stop=cancelled), the text so far is the assistant message,
+    and the next turn continues from the live session."""
+    ctl = make_controller(tiny_llama, tmp_path, max_tokens=50)
+    conv = ctl.new_conversation()
+    events = Recorder()
+
+    def cancel_on_first_text(event):
+        events.append(event)
+        if isinstance(event, ev.TokenText):
+            ctl.cancel()
+
+    done = ctl.send(conv.key, "Tell me a story.", cancel_on_first_text)
+    assert done is not None and done.stop == "cancelled" and 1 <= done.tokens < 50
+    assert conv.messages[-1] == {"role": "assistant", "content": events.reply}
+    follow = Recorder()
+    assert ctl.send(conv.key, "Go on.", follow) is not None
+    assert follow.of(ev.PrefillStarted)[0].source == "live"
