@@ -447,10 +447,10 @@ class ChatScreen(Screen):
         sink = EventBatcher(lambda event: self.post_message(self.EngineEvent(key, event)))
         try:
             self.controller.rename(key, title, sink)
-        except (ValueError, OSError) as exc:
-            sink(ev.ChatError("rename", str(exc)))
+        except Exception as exc:  # a bad title or a file problem: shown, never a traceback
+            sink(ev.ChatError("rename", str(exc) or type(exc).__name__))
         sink.flush()
-        self.app.call_from_thread(self._refresh_sidebar)
+        self._call_from_thread(self._refresh_sidebar)
 
     def action_settings(self) -> None:
         if self.controller is None:
@@ -506,6 +506,8 @@ class ChatScreen(Screen):
         sink = EventBatcher(lambda event: self.post_message(self.EngineEvent("", event)))
         try:
             self.controller.shutdown(sink)
+        except Exception as exc:  # exiting anyway; say what was not saved
+            sink(ev.ChatError("shutdown", str(exc) or type(exc).__name__))
         finally:
             sink.flush()
             self.post_message(self.SessionsSaved())
@@ -544,6 +546,13 @@ class ChatScreen(Screen):
         if self.controller is not None:
             status.ctx_total = self.controller.ctx_size()
 
+    def _call_from_thread(self, callback, *args) -> None:
+        """Run `callback` on the UI thread, unless the app is already gone (a worker outliving exit)."""
+        try:
+            self.app.call_from_thread(callback, *args)
+        except RuntimeError:
+            pass
+
     def _begin_job(self) -> None:
         self._engine_job = True
         self._idle.clear()
@@ -566,9 +575,9 @@ class ChatScreen(Screen):
         assert self.controller is not None
         try:
             saved = self.controller.saved_sessions()
-        except OSError:
+        except Exception:  # an unreadable directory lists nothing; the chat goes on
             saved = []
-        self.app.call_from_thread(self._saved_scanned, saved)
+        self._call_from_thread(self._saved_scanned, saved)
 
     def _saved_scanned(self, saved: list) -> None:
         self._saved = saved
