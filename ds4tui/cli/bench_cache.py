@@ -110,6 +110,8 @@ def _bench(model_spec: str, tokens: int, cache_dir: str, tmp: Path) -> dict:
         "speedup": cold["ttft_ms"] / hit["ttft_ms"] if hit["ttft_ms"] > 0 else None,
         "kv_bytes": hit["kv_bytes"],
         "restore_ms": hit["restore_ms"],
+        # The rest of the hit TTFT: lookup, prefilling the suffix, sampling the first token.
+        "hit_rest_ms": hit["ttft_ms"] - hit["restore_ms"],
         "raw_read_ms": hit["raw_read_ms"],
         "restore_over_read": hit["restore_ms"] / hit["raw_read_ms"] if hit["raw_read_ms"] > 0 else None,
         "same_first_token": cold["first_text"] == hit["first_text"],
@@ -200,7 +202,8 @@ def _table(r: dict) -> str:
         ("cold TTFT", f"{r['cold_ttft_ms']:,.0f} ms"),
         ("hit TTFT", f"{r['hit_ttft_ms']:,.1f} ms  ({speedup:,.0f}x faster; goal >= {GOAL_SPEEDUP:.0f}x: {ok(speedup >= GOAL_SPEEDUP)})"),
         (".kv file", f"{r['kv_bytes'] / (1 << 20):,.1f} MiB"),
-        ("restore", f"{r['restore_ms']:,.1f} ms"),
+        ("  restore", f"{r['restore_ms']:,.1f} ms"),
+        ("  suffix + rest", f"{r['hit_rest_ms']:,.1f} ms"),
         ("raw read", f"{r['raw_read_ms']:,.1f} ms  (restore/read {ratio:.2f}x; goal <= {GOAL_RESTORE_OVER_READ:.0f}x: {ok(ratio <= GOAL_RESTORE_OVER_READ)})"),
         ("same first token", "yes" if r["same_first_token"] else "NO"),
     ]
