@@ -10,7 +10,8 @@ It runs, in alternation, `--rounds` times (medians reported; the machine may be 
   ds4tui:    ds4tui bench engine --model M --prompt-tokens 512 --decode-tokens 64 --repeats 1
              ds4tui bench engine --model M --prompt-tokens 4096 --decode-tokens 64 --repeats 1
 and prints one table: prefill 512, decode at short context and after 4096 tokens, and the
-ratio ours / llama.cpp. This script builds nothing. llama.cpp has no Debian package; build
+ratio ours / llama.cpp. On a shared machine add `--wait-quiet 120`: each measurement then
+waits (up to 120 s) until other processes use under 0.3 cores. This script builds nothing. llama.cpp has no Debian package; build
 `llama-bench` from the source bundled in llama-cpp-python's sdist, outside the repo:
 
     pip download llama-cpp-python==0.3.36 --no-deps --no-binary :all: -d /tmp/lcpp
@@ -32,9 +33,31 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def busy_cores(seconds: float = 2.0) -> float:
+    """Cores busy machine-wide over `seconds` (from /proc/stat), to wait for a quiet window."""
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+    t0, i0 = sample()
+    time.sleep(seconds)
+    t1, i1 = sample()
+    return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(1, t1 - t0))
+
+
+def wait_quiet(limit_s: float, max_busy: float = 0.3) -> float:
+    """Wait (up to limit_s) until under max_busy cores are in use; returns the last reading."""
+    end = time.monotonic() + limit_s
+    while True:
+        busy = busy_cores()
+        if busy <= max_busy or time.monotonic() >= end:
+            return busy
 
 
 def llama_bench(exe: str, gguf: Path, threads: int, prompt: int, gen: int, depth: int) -> dict[str, float]:
@@ -81,6 +104,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--depth", type=int, default=4096, help="context for the long decode test (0: skip)")
     ap.add_argument("--json", action="store_true", help="also print the raw samples as JSON")
+    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
+                    help="before each measurement wait up to S seconds for a quiet machine (shared hosts)")
     args = ap.parse_args()
     exe = shutil.which(args.llama_bench) or args.llama_bench
     if not os.access(exe, os.X_OK):
@@ -94,15 +119,25 @@ def main() -> int:
         gguf = resolve_registered(args.model)
     samples: dict[str, list[float]] = {k: [] for k in
                                        ("lc_pp512", "lc_tg", "lc_tg_d", "our_pp512", "our_tg", "our_tg_d")}
+    busy_seen: list[float] = []
+
+    def settle() -> None:
+        if args.wait_quiet:
+            busy_seen.append(wait_quiet(args.wait_quiet))
+
     for r in range(args.rounds):
+        settle()
         a = llama_bench(exe, gguf, args.threads, 512, 64, 0)
         samples["lc_pp512"].append(a["pp"])
         samples["lc_tg"].append(a["tg"])
+        settle()
         b = ours(args.model, args.threads, 512, 64)
         samples["our_pp512"].append(b["prefill_tok_s"])
         samples["our_tg"].append(b["decode_tok_s"])
         if args.depth:
+            settle()
             samples["lc_tg_d"].append(llama_bench(exe, gguf, args.threads, 0, 64, args.depth)["tg"])
+            settle()
             samples["our_tg_d"].append(ours(args.model, args.threads, args.depth, 64)["decode_tok_s"])
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in samples.items() if v),
               file=sys.stderr)
@@ -112,6 +147,8 @@ def main() -> int:
         rows.append((f"decode 64 after {args.depth} tokens", "our_tg_d", "lc_tg_d"))
     print(f"{datetime.date.today().isoformat()}, {cpu_name()}, {os.cpu_count()} CPUs, {args.threads} threads, "
           f"kernels: {kernel_backend()}, medians of {args.rounds} alternating rounds, tok/s")
+    if busy_seen:
+        print(f"other load before each measurement: {min(busy_seen):.2f}-{max(busy_seen):.2f} busy cores")
     print("| test | ds4tui | llama.cpp | ratio |")
     print("|---|---:|---:|---:|")
     for label, o, l in rows:

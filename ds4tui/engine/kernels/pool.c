@@ -47,6 +47,9 @@ static atomic_long spin_ns = 300000; /* how long an idle worker spins before sle
  * frees its core, so a preempted worker can be moved there (the machine is shared: other
  * processes, and the app's own UI thread, compete for 2 cores). */
 #define CALLER_SPIN_NS 30000
+#ifndef YIELD_AFTER_NS
+#define YIELD_AFTER_NS 50000
+#endif
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -87,10 +90,12 @@ static void *worker_main(void *arg) {
         while ((gen = (uint32_t)(atomic_load(&pool.claim) >> 32)) == seen) {
             cpu_relax();
             if (++spins % 256 != 0) continue;
-            /* Give the core away when something else wants it: on a busy machine the
-             * thread we wait for (the caller, preempted) may be queued right here. */
-            sched_yield();
-            if (now_ns() - t0 > atomic_load(&spin_ns)) {
+            int64_t idle = now_ns() - t0;
+            /* Within a step the next job comes within microseconds. A longer gap means
+             * the caller is between tokens or preempted (the machine is shared): then
+             * give the core away, the caller may be queued right here. */
+            if (idle > YIELD_AFTER_NS) sched_yield();
+            if (idle > atomic_load(&spin_ns)) {
                 pthread_mutex_lock(&pool.mu);
                 atomic_fetch_add(&pool.sleeping, 1);
                 while ((uint32_t)(atomic_load(&pool.claim) >> 32) == seen)
