@@ -25,13 +25,15 @@ class BudgetGauge(Widget):
     BudgetGauge { height: 1; width: auto; padding: 0 1; }
     """
 
-    used_bytes: reactive[int] = reactive(0)
+    # layout=True: the widget is `width: auto`, so a longer text must re-measure it
+    # (without it the tail, e.g. the pin count, was clipped depending on timing).
+    used_bytes: reactive[int] = reactive(0, layout=True)
     """Bytes of all `.kv` files in the directory."""
-    budget_bytes: reactive[int] = reactive(0)
+    budget_bytes: reactive[int] = reactive(0, layout=True)
     """The directory's byte budget (eviction starts above it)."""
-    file_count: reactive[int] = reactive(0)
+    file_count: reactive[int] = reactive(0, layout=True)
     """Number of `.kv` files, valid or not."""
-    pinned_count: reactive[int] = reactive(0)
+    pinned_count: reactive[int] = reactive(0, layout=True)
     """Number of pinned files (never evicted)."""
 
     def render(self) -> Text:
