@@ -149,6 +149,12 @@ class FastDecoder:
 def make_fast_decoder(model: "LlamaModel", raw: Mapping[str, tuple[str, torch.Tensor]] | None) -> FastDecoder | None:
     """A FastDecoder for `model`, or None when the kernels run on the torch backend."""
     lib = qgemv.library()
-    if lib is None:
+    if lib is None or not supported(model.cfg):
         return None
     return FastDecoder(model, raw or {}, lib)
+
+
+def supported(cfg) -> bool:
+    """Shapes llama_step.c handles (its MAX_GROUP, MAX_HEAD_DIM and qgemv.c's MAX_COLS)."""
+    return (cfg.head_dim % 2 == 0 and cfg.head_dim <= 256 and cfg.num_heads // cfg.num_kv_heads <= 16
+            and max(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim) <= 65536)

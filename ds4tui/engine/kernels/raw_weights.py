@@ -41,7 +41,10 @@ def gguf_raw_blocks(cfg, by_name: Mapping, unpermute: Unpermute) -> tuple[dict[s
             return None
         data = np.asarray(t.data)
         cols = int(t.shape[0])  # GGUF lists dimensions innermost first
-        rb = row_bytes(kind, cols)
+        try:
+            rb = row_bytes(kind, cols)
+        except ValueError:  # not whole blocks: leave it to the fp32 copy
+            return None
         raw = data.view(np.uint8).reshape(-1, rb)  # F16 arrives as float16 [rows, cols]
         return kind, raw
 
