@@ -15,9 +15,12 @@ Backends, best first (`backend()` names the active one):
 - "torch": no compiler or the build failed: dequantize once, then fp32 `mv`.
 All three compute the same numbers up to float summation order.
 
-The library is compiled with the system C compiler (`$CC`, else `cc`) into
-`data_dir()/kernels/<hash of source, flags, compiler>/`, written to a temporary name and
-renamed, so concurrent first uses never load a half-written file. `DS4TUI_KERNELS=torch`
+The library is compiled with the system C compiler (`$CC`, else `cc`) on first use (~2 s)
+into `data_dir()/kernels/<hash of sources, flags, compiler>-<variant>/`, written to a
+temporary name and renamed, so concurrent first uses never load a half-written file; builds
+of older sources are pruned after a day. First use rather than `pip install`: the CPU check
+happens on the machine that runs it, editable installs need no build step, and a machine
+without a compiler still runs (torch backend). `DS4TUI_KERNELS=torch`
 (or `scalar`, `avx2`) forces a backend, for tests and benchmarks.
 """
 
@@ -30,6 +33,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -159,7 +163,23 @@ def _build(variant: str, cc: str) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    _prune_old_builds(out_dir)
     return lib
+
+
+STALE_BUILD_S = 86400  # builds of other sources untouched this long are removed
+
+
+def _prune_old_builds(keep: Path) -> None:
+    """Remove builds of older sources (one per edit or upgrade) once they are a day old.
+    A process that still has one loaded is unaffected: unlinking a mapped file is safe."""
+    now = time.time()
+    for d in keep.parent.iterdir():
+        try:
+            if d != keep and d.is_dir() and now - d.stat().st_mtime > STALE_BUILD_S:
+                shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def _load(lib_path: Path, variant: str) -> ctypes.CDLL:
