@@ -28,8 +28,6 @@ from ds4tui.engine.model import EngineError, Model
 from ds4tui.engine.payload import FINGERPRINT_BYTES
 from ds4tui.engine.session import Session
 
-_COPY_CHUNK = 1 << 20
-
 
 @dataclass(frozen=True)
 class SavedSession:
@@ -114,40 +112,15 @@ class Checkpoints:
         return self.store.delete(sha)
 
     def retitle(self, sha: str, title: str, created_at: int, on_event: Callable) -> str | None:
-        """Copy a titled file under its new title (new name), then delete the old one."""
-        path = self.store.path_for(sha)
+        """Move a titled file to its new name (the store copies it, tool map included, then
+        deletes the old one); returns the new SHA, or None when it could not be moved."""
         try:
-            with open(path, "rb") as fp:
-                kf = read_kvc(fp)
-                h = kf.header
-
-                def copy_payload(out: BinaryIO) -> None:
-                    fp.seek(kf.payload_offset)
-                    left = h.payload_bytes
-                    while left:
-                        block = fp.read(min(_COPY_CHUNK, left))
-                        if not block:
-                            raise OSError("file shrank while copying its payload")
-                        out.write(block)
-                        left -= len(block)
-
-                engine = Acceptor(model_id=h.model_id, payload_abi=h.payload_abi, ctx_size=h.ctx_size,
-                                  quant_bits=h.quant_bits)
-                result = self.store.save(kf.text, tokens=h.tokens, reason=h.reason, engine=engine,
-                                         payload_bytes=h.payload_bytes, write_payload=copy_payload,
-                                         title=title, created_at=created_at, pinned=h.pinned)
+            return self.store.rename_title(sha, title)
         except FileNotFoundError:
             return None
-        except (OSError, KvcFormatError) as exc:
+        except (OSError, ValueError) as exc:
             on_event(Rejected(sha, f"cannot rename: {exc}"))
             return None
-        for ev in result.events:
-            on_event(ev)
-        if not result.ok:
-            return None
-        if result.event.sha != sha:
-            self.store.delete(sha)
-        return result.event.sha
 
     # -- titled sessions ---------------------------------------------------------------------------
 
