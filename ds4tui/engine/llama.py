@@ -18,6 +18,7 @@ q/k rows are in Hugging Face order (RoPE rotates the two halves of each head).
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping
@@ -197,14 +198,49 @@ class LlamaModel(Model):
         from ds4tui.engine.kernels.llama_step import make_fast_decoder
 
         self.fast = make_fast_decoder(self, raw)
+        # One KV buffer written through by warm_up, handed to the next new_session of its size.
+        self._spare: torch.Tensor | None = None
+        self._spare_lock = threading.Lock()
+
+    def _ctx(self, ctx_size: int | None) -> int:
+        ctx = min(self.cfg.max_position_embeddings, DEFAULT_CTX) if ctx_size is None else int(ctx_size)
+        if not 0 < ctx <= self.cfg.max_position_embeddings:
+            raise ValueError(f"ctx_size {ctx} outside 1..{self.cfg.max_position_embeddings}")
+        return ctx
 
     def new_session(self, ctx_size: int | None = None):
         from ds4tui.engine.llama_session import LlamaSession
 
-        ctx = min(self.cfg.max_position_embeddings, DEFAULT_CTX) if ctx_size is None else int(ctx_size)
-        if not 0 < ctx <= self.cfg.max_position_embeddings:
-            raise ValueError(f"ctx_size {ctx} outside 1..{self.cfg.max_position_embeddings}")
-        return LlamaSession(self, ctx, CHUNK_SIZE)
+        ctx = self._ctx(ctx_size)
+        with self._spare_lock:
+            kv, self._spare = self._spare, None
+        if kv is not None and kv.shape[3] != ctx:
+            kv = None  # warmed for another context size: dropped, not kept alongside
+        return LlamaSession(self, ctx, CHUNK_SIZE, kv=kv)
+
+    def warm_up(self, ctx_size: int | None = None) -> None:
+        """Pay this process's first-use costs now (the app calls this in its model-loading
+        worker) instead of inside the first message's time to first token.
+
+        Measured in a fresh process on the 2-vCPU machine: the first 23-token forward at 4K
+        context took ~50 ms longer than the next (page faults on the memory-mapped weights,
+        oneDNN/MKL first calls), and a new session's 212 MB KV buffer costs 60-110 ms of page
+        faults on its first writes (a restore, or a prefill). So: one short chunked forward and
+        one decode step (every fp32 weight page, every raw block page, the C step's workspace
+        and thread pool) in a session of `ctx_size`, whose buffer is then written through and
+        kept for the next new_session of that size.
+        """
+        ctx = self._ctx(ctx_size)
+        session = self.new_session(ctx)
+        n = min(8, ctx - 1, self.cfg.vocab_size)
+        if n >= 2:
+            tokens = list(range(n))
+            with torch.inference_mode():
+                self.forward(session.kv, tokens, 0, True)  # the torch prefill path
+                self.forward(session.kv, tokens[:1], n, True)  # the decode step (C when available)
+        session.kv.numpy().fill(0.0)  # one thread: torch's fill would split over OpenMP threads
+        with self._spare_lock:
+            self._spare = session.kv
 
     def forward(self, kv: torch.Tensor, tokens: list[int], pos: int, want_logits: bool) -> torch.Tensor | None:
         """Run `tokens` at absolute positions pos..pos+S-1, writing their K/V rows into `kv`.

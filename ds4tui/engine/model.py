@@ -85,3 +85,8 @@ class Model(ABC):
     @abstractmethod
     def new_session(self, ctx_size: int | None = None) -> "Session":
         """A fresh, empty session; ctx_size defaults to min(model n_ctx, a memory-friendly default)."""
+
+    def warm_up(self, ctx_size: int | None = None) -> None:
+        """Optional: pay first-use costs (page faults, library first calls) before the first
+        message, e.g. in the app's model-loading worker; sessions of `ctx_size` may start
+        faster afterwards. Never changes a result. The default does nothing."""

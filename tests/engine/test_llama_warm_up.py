@@ -1,0 +1,60 @@
+"""LlamaModel.warm_up: the pre-touched spare KV buffer is adopted by the next session of its
+size and changes no result; payload restore into it is bit-exact."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from ds4tui.engine.llama import LlamaConfig, LlamaModel
+from ds4tui.engine.llama_weights import hf_to_internal, make_info
+from ds4tui.engine.loader import load_model
+from ds4tui.engine.tiny_llama import CONFIG, random_llama_weights
+
+
+@pytest.fixture()
+def model():
+    """A private tiny-llama (warm_up leaves a spare on the model: not on the shared one)."""
+    shared = load_model("tiny-llama")
+    cfg = LlamaConfig.from_hf(CONFIG)
+    tensors = hf_to_internal(cfg, random_llama_weights(CONFIG, seed=0), "test")
+    return LlamaModel(cfg, tensors, make_info("warm-up", cfg, "test:warm-up", 32), shared.tokenizer, shared.chat, "test")
+
+
+def _run(session, tokens):
+    assert session.prefill(tokens)
+    logits = [session.logits.clone()]
+    for t in (5, 9, 2):
+        logits.append(session.decode(t).clone())
+    return logits
+
+
+def test_warm_up_spare_changes_nothing(model):
+    tokens = list(range(3, 40))
+    reference = _run(model.new_session(64), tokens)
+    model.warm_up(64)
+    spare = model._spare
+    assert spare is not None and spare.shape[3] == 64
+    warmed = model.new_session(64)
+    assert warmed.kv.data_ptr() == spare.data_ptr() and model._spare is None
+    got = _run(warmed, tokens)
+    assert all(torch.equal(a, b) for a, b in zip(reference, got))
+    # Restore into a spare: the same tokens, logits and KV rows as the session saved.
+    buf = io.BytesIO()
+    warmed.save_payload(buf)
+    model.warm_up(64)
+    restored = model.new_session(64)
+    assert restored.kv.data_ptr() != warmed.kv.data_ptr()
+    restored.load_payload(io.BytesIO(buf.getvalue()), len(buf.getvalue()))
+    n = len(warmed.tokens)
+    assert restored.tokens == warmed.tokens
+    assert torch.equal(restored.kv[..., :n, :], warmed.kv[..., :n, :])
+    assert torch.equal(restored.decode(7), warmed.decode(7))
+
+
+def test_spare_of_another_size_is_dropped(model):
+    model.warm_up(32)
+    s = model.new_session(64)
+    assert s.kv.shape[3] == 64 and model._spare is None
