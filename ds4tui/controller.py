@@ -94,6 +94,11 @@ class ChatController:
             self._ctx_size = live.ctx_size
         return self._ctx_size
 
+    def warm_up(self) -> None:
+        """Pay the engine's first-use costs for sessions of ctx_size() now, off the UI thread
+        (the app's model-loading worker): see Model.warm_up. Changes no result."""
+        self.model.warm_up(self.ctx_size())
+
     def live_count(self) -> int:
         return sum(1 for c in self.list() if c.live)
 

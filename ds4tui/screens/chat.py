@@ -162,7 +162,9 @@ class ChatScreen(Screen):
             model = load_model(spec)
             self._make_controller(model)
             assert self.controller is not None
-            self.controller.ctx_size()  # may build a probe session: here, not on the UI thread
+            # Probes the context size (may build a session) and pays the engine's first-use
+            # costs (page faults, first library calls) here, not in the first message's TTFT.
+            self.controller.warm_up()
         except EngineError as exc:
             self.post_message(self.ModelFailed(str(exc)))
         except Exception as exc:  # a loader bug is shown, never a traceback
