@@ -47,7 +47,7 @@ TYPE_IDS = {"f32": 0, "f16": 1, "q4_1": 3, "q8_0": 8}
 ABI = 2  # must equal ds4k_abi() in qgemv.c
 
 _DIR = Path(__file__).parent
-_SOURCES = [_DIR / "qgemv.c", _DIR / "pool.c", _DIR / "llama_step.c"]
+_SOURCES = [_DIR / "qgemv.c", _DIR / "pool.c", _DIR / "llama_step.c", _DIR / "qgemm.c"]
 _HEADERS = [_DIR / "ds4k.h"]
 _VARIANT_FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c"],

@@ -1,0 +1,68 @@
+"""qgemm.c: small-batch products over Q4_1/Q8_0 blocks, and the short prefill that uses them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ds4tui.engine.kernels import qgemm, qgemv
+from ds4tui.engine.loader import load_model
+from tests.engine.test_kernels import random_blocks, wide_model
+
+pytestmark = pytest.mark.skipif(qgemv.library() is None, reason="needs the compiled kernels (torch backend here)")
+
+
+@pytest.mark.parametrize("qtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("rows,cols,n", [(37, 96, 1), (37, 96, 5), (130, 576, 23), (4, 32, 7)])
+def test_gemm_equals_the_dequantized_matmul(qtype, rows, cols, n):
+    blocks = random_blocks(qtype, rows, cols, seed=rows + n)
+    w = qgemv.dequantize(blocks, qtype, cols)
+    x = torch.randn(n, cols, generator=torch.Generator().manual_seed(n))
+    got = qgemm.make_blocks((qtype, blocks), w).matmul(x)
+    want = x.double() @ w.double().T
+    scale = (x.abs().double() @ w.abs().double().T).max()  # magnitude of the summed terms
+    assert got.shape == (n, rows)
+    assert ((got.double() - want).abs().max() / scale).item() < 1e-6
+
+
+def test_gemm_does_not_depend_on_the_thread_count():
+    blocks = random_blocks("q4_1", 1000, 576, seed=4)
+    m = qgemm.make_blocks(("q4_1", blocks), torch.empty(1000, 576))
+    x = torch.randn(23, 576)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = m.matmul(x)
+        torch.set_num_threads(2)
+        two = m.matmul(x)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_gemm_rejects_bad_arguments():
+    blocks = random_blocks("q8_0", 8, 64, seed=1)
+    with pytest.raises(ValueError):
+        qgemm.make_blocks(("q8_0", blocks), torch.empty(8, 96))  # blocks do not fit the shape
+    m = qgemm.make_blocks(("q8_0", blocks), torch.empty(8, 64))
+    with pytest.raises(ValueError):
+        m.matmul(torch.randn(3, 32))
+    assert qgemm.make_blocks(("f16", blocks), torch.empty(8, 64)) is None  # fp32/f16 stay torch
+
+
+@pytest.mark.parametrize("qtype", ["q4_1", "q8_0"])
+def test_short_prefill_through_the_blocks_matches_fp32(qtype):
+    tiny = load_model("tiny-llama")
+    model = wide_model(tiny.tokenizer, tiny.chat, qtype)
+    assert all(getattr(layer, n).blocks is not None for layer in model.layers for n in ("wqkv", "wo", "w13", "w2"))
+    tokens = torch.randint(0, model.cfg.vocab_size, (60,), generator=torch.Generator().manual_seed(3)).tolist()
+    ref = model.new_session(128)
+    ref.prefill(tokens[:40])  # 40 rows: the block path
+    kv = ref.kv.clone()
+    with torch.inference_mode():
+        got = model.forward(kv, tokens[40:], 40, True)  # 20 rows through the blocks
+        fast, model.fast = model.fast, None  # all-torch fp32, same weight values
+        want = model.forward(ref.kv, tokens[40:], 40, True)
+        model.fast = fast
+    assert ((got - want).abs().max() / want.abs().max()).item() < 2e-5
+    assert torch.allclose(kv[..., 40:60, :], ref.kv[..., 40:60, :], atol=1e-4, rtol=1e-4)
