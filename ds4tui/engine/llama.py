@@ -31,6 +31,9 @@ from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer, Weigh
 # A session's context when the caller names none: SmolLM2's 8192 would pin 377 MB of fp32 KV;
 # 4096 (189 MB) is plenty for a chat on a CPU, where filling it takes tens of seconds.
 DEFAULT_CTX = 4096
+# Products of at most this many activation rows go through the weights' file blocks when
+# present (qgemm.c); measured crossover in docs/chat.md ("bench cache").
+_SMALL_ROWS = 64
 # Prefill chunk: 512 tokens keep the [G*S, T] masks and activations small while matmuls stay
 # large enough to run near peak; chunk ends are aligned to absolute multiples (session.py).
 CHUNK_SIZE = 512
@@ -104,16 +107,21 @@ class LlamaConfig:
 class Linear:
     """y = x W^T with W float32 [out, in]: the only place a layer multiplies by a weight.
 
-    Kept this small on purpose: a faster kernel (quantized GEMV) replaces this
-    class, or `make_linear`, without touching the forward pass.
+    `blocks`, when set (LlamaModel attaches the GGUF's Q4_1/Q8_0 blocks), takes the
+    products the forward marks `small` (at most _SMALL_ROWS rows while the C kernels run):
+    a short prefill (the new message after a disk-cache restore) then reads 5x fewer
+    weight bytes than the fp32 copy, the same values up to summation order.
     """
 
-    __slots__ = ("weight",)
+    __slots__ = ("weight", "blocks")
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight
+        self.blocks = None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, small: bool = False) -> torch.Tensor:
+        if small and self.blocks is not None:
+            return self.blocks.matmul(x)
         return F.linear(x, self.weight)
 
 
@@ -196,8 +204,16 @@ class LlamaModel(Model):
         # Batch-1 forwards (decode) run as one C call over the raw blocks (kernels/); None on
         # the torch kernel backend, and tests may set it to None to force the torch path.
         from ds4tui.engine.kernels.llama_step import make_fast_decoder
+        from ds4tui.engine.kernels.qgemm import make_blocks
 
         self.fast = make_fast_decoder(self, raw)
+        if self.fast is not None and raw:  # block products only where the C step runs too
+            for i, layer in enumerate(self.layers):
+                for name in ("wqkv", "wo", "w13", "w2"):
+                    lin = getattr(layer, name)
+                    lin.blocks = make_blocks(raw.get(f"layers.{i}.{name}"), lin.weight)
+            self.lm_head.blocks = make_blocks(raw.get("embed" if cfg.tie_word_embeddings else "lm_head"),
+                                              self.lm_head.weight)
         # One KV buffer written through by warm_up, handed to the next new_session of its size.
         self._spare: torch.Tensor | None = None
         self._spare_lock = threading.Lock()
@@ -256,6 +272,8 @@ class LlamaModel(Model):
         hq, hkv, d, g = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.group
         nqk = (hq + hkv) * d
         eps = cfg.rms_norm_eps
+        # Few rows: multiply by the file's blocks (qgemm.c); `fast = None` keeps all-torch fp32.
+        small = self.fast is not None and s <= _SMALL_ROWS
         scale = d**-0.5
         x = F.embedding(torch.tensor(tokens, dtype=torch.long), self.embed)  # [S, H]
         cos = self.cos[pos:end].unsqueeze(1)  # [S, 1, D/2], broadcast over heads
@@ -271,7 +289,7 @@ class LlamaModel(Model):
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (cfg.hidden_size,), layer.attn_norm, eps)
-            qkv = layer.wqkv(h)  # [S, (Hq + 2 Hkv) D]
+            qkv = layer.wqkv(h, small)  # [S, (Hq + 2 Hkv) D]
             qk = _rope(qkv[:, :nqk].view(s, hq + hkv, d), cos, sin)  # [S, Hq + Hkv, D]
             k_all, v_all = kv[i, 0], kv[i, 1]  # [Hkv, ctx, D] each
             k_all[:, pos:end] = qk[:, hq:].transpose(0, 1)
@@ -297,15 +315,15 @@ class LlamaModel(Model):
                 # than the flash kernel at a 512-token chunk over 4K context).
                 o = F.scaled_dot_product_attention(qg[None], k[None], v[None], attn_mask=layer_mask)[0]  # [Hkv, G*S, D]
             o = o.view(hkv, g, s, d).permute(2, 0, 1, 3).reshape(s, hq * d)  # [S, Hq D]
-            x = x + layer.wo(o)
+            x = x + layer.wo(o, small)
             h = F.rms_norm(x, (cfg.hidden_size,), layer.ffn_norm, eps)
-            gu = layer.w13(h)  # [S, 2F]
+            gu = layer.w13(h, small)  # [S, 2F]
             f = cfg.intermediate_size
-            x = x + layer.w2(F.silu(gu[:, :f]) * gu[:, f:])
+            x = x + layer.w2(F.silu(gu[:, :f]) * gu[:, f:], small)
         if not want_logits:
             return None
         out = F.rms_norm(x[-1:], (cfg.hidden_size,), self.norm, eps)
-        return self.lm_head(out)[0].float()
+        return self.lm_head(out, self.fast is not None)[0].float()
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
