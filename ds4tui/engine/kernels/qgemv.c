@@ -3,7 +3,7 @@
  * Owns: the row kernels for Q4_1, Q8_0 (exactly the file's blocks), F16 and F32 weights,
  * and ds4k_gemv, which splits rows into fixed chunks for the pool (pool.c). Leaves to
  * callers (qgemv.py, llama_step.c): argument checks and which weights take this path
- * (decode at batch 1; prefill stays a torch fp32 GEMM).
+ * (decode at batch 1; short prefills use qgemm.c, long ones a torch fp32 GEMM).
  *
  * Why: decode at batch 1 is memory-bandwidth bound. fp32 weights stream 4 bytes per
  * weight, Q4_1 0.625 and Q8_0 1.0625, so reading the file's blocks directly is 4-6x less

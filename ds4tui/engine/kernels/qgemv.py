@@ -1,11 +1,11 @@
 """Quantized batch-1 GEMV over GGUF blocks: build, load and call the C kernels, with a torch fallback.
 
 Owns: the Q4_1 / Q8_0 block formats on the torch side (`dequantize`, the reference
-semantics), compiling the C sources (qgemv.c, pool.c, llama_step.c) on first use,
+semantics), compiling the C sources (qgemv.c, pool.c, llama_step.c, qgemm.c) on first use,
 choosing a backend, the lock that serializes kernel calls, and `QuantMatrix`, a weight
 kept as the file's raw blocks whose `matvec` computes y = W x for one fp32 vector.
-Leaves to callers: which weights take this path (decode at batch 1; prefill stays an fp32
-torch GEMM) and keeping the fp32 copy they need for prefill. llama_step.py drives the
+Leaves to callers: which weights take this path (decode at batch 1; prefill chunks of up to
+256 rows use qgemm.py, longer ones an fp32 torch GEMM) and keeping the fp32 copy they need for prefill. llama_step.py drives the
 fused decode step through `library()`.
 
 Backends, best first (`backend()` names the active one):
