@@ -182,17 +182,23 @@ def _measure_side(side: str, spec: dict) -> dict:
     }
     hit = next((e for e in events if isinstance(e, ev.Hit)), None)
     if hit is not None:
-        fresh_read, warm_read = _raw_read_ms(hit.path)
+        import numpy as np
+
+        # Both fresh buffers exist, untouched, before either is timed: neither can reuse
+        # pages the other just freed (that made the second one measured look cheaper).
+        raw_buf = np.empty(os.path.getsize(hit.path), dtype=np.uint8)  # malloc'd, never written
+        session = model.new_session(spec["ctx"])  # the warmed spare is taken: a new buffer
+        restore_fresh = _restore_fresh_ms(ctl, model, session, conv, hit.sha)
+        fresh_read, warm_read = _raw_read_ms(hit.path, raw_buf)
         result.update(kv_bytes=hit.bytes, restore_ms=hit.ms, raw_read_ms=warm_read,
-                      raw_read_fresh_ms=fresh_read, restore_fresh_ms=_restore_fresh_ms(ctl, model, spec, conv, hit.sha))
+                      raw_read_fresh_ms=fresh_read, restore_fresh_ms=restore_fresh)
     return result
 
 
-def _restore_fresh_ms(ctl, model, spec: dict, conv, sha: str) -> float:
+def _restore_fresh_ms(ctl, model, session, conv, sha: str) -> float:
     """The same restore again, into a new session whose buffer nothing has touched yet."""
     from ds4tui.chat import events as ev
 
-    session = model.new_session(spec["ctx"])  # the warmed spare is taken: a fresh buffer
     prompt = model.chat.render(conv.messages[:-1], add_generation_prompt=True).encode("utf-8")
     assert ctl.checkpoints is not None
     events: list = []
@@ -203,13 +209,10 @@ def _restore_fresh_ms(ctl, model, spec: dict, conv, sha: str) -> float:
     return hit.ms
 
 
-def _raw_read_ms(path: str) -> tuple[float, float]:
-    """Time to open the file and read all of it: into fresh, untouched memory (first read),
-    and the median of further reads into that same, now touched, buffer."""
-    import numpy as np
-
+def _raw_read_ms(path: str, buf) -> tuple[float, float]:
+    """Time to open the file and read all of it into `buf`: first while buf is untouched
+    (fresh memory), then the median of further reads into it, now touched."""
     size = os.path.getsize(path)
-    buf = np.empty(size, dtype=np.uint8)  # malloc'd, never written: pages fault on the read
     times = []
     for _ in range(1 + RAW_READ_REPEATS):
         t0 = time.perf_counter()
