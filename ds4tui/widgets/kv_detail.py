@@ -20,6 +20,8 @@ from textual.widgets import Static
 
 from ds4tui.cache.entry import KvEntry
 from ds4tui.cache.kvc import OFFSET_EXT_FLAGS, OFFSET_HITS, OFFSET_LAST_USED, PREFIX_BYTES, payload_abi_name
+from ds4tui.dsv4_header import DS4TUI_PAYLOAD_ABI
+from ds4tui.swa_policy import describe_payload
 from ds4tui.widgets.kv_format import ResumeCost, duration, file_text, human_bytes, local_time, one_line, relative_time
 
 # (offset, size, name) of every field in the first 52 bytes (KVC_SPEC §2).
@@ -183,6 +185,10 @@ def payload_section(info: KvDetailInfo) -> Text:
     rows: list[tuple[str, Text | str]] = [
         (name, f"0x{value:08x} (DSV4)" if name == "magic" else str(value)) for name, value in p.items()
     ]
+    header = info.entry.header
+    if header is not None and header.payload_abi == DS4TUI_PAYLOAD_ABI:
+        # Only ds4tui's payloads tag payload_version with the SWA storage policy.
+        rows.append(("swa_policy", describe_payload(p)))
     return _kv(rows)
 
 
