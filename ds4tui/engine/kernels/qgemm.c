@@ -28,31 +28,6 @@
 #define GEMM_MAX_COLS 8192 /* the dequantized tile lives on the stack: 4 x 8192 floats */
 #define CHUNK_ROWS 32      /* rows per pool chunk: a multiple of TILE_ROWS */
 
-static inline float h2f(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if DS4K_AVX2
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else {
-            int e = -1;
-            do { e++; man <<= 1; } while (!(man & 0x400));
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-#endif
-}
 
 /* One row of blocks -> cols floats (gguf's dequantization: d * q + m, d * q; the vector
  * path fuses d * q + m into one FMA, a rounding-order difference only). */
@@ -61,7 +36,7 @@ static void dequant_row(int type, const uint8_t *p, int64_t nb, float *out) {
     if (type == DS4K_Q4_1) {
         const __m128i m4 = _mm_set1_epi8(0x0f);
         for (int64_t b = 0; b < nb; b++, out += QK, p += Q4_1_BYTES) {
-            __m256 d = _mm256_set1_ps(h2f(p)), m = _mm256_set1_ps(h2f(p + 2));
+            __m256 d = _mm256_set1_ps(ds4k_h2f(p)), m = _mm256_set1_ps(ds4k_h2f(p + 2));
             __m128i v = _mm_loadu_si128((const __m128i *)(p + 4));
             __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
             _mm256_storeu_ps(out, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), m));
@@ -71,7 +46,7 @@ static void dequant_row(int type, const uint8_t *p, int64_t nb, float *out) {
         }
     } else {
         for (int64_t b = 0; b < nb; b++, out += QK, p += Q8_0_BYTES) {
-            __m256 d = _mm256_set1_ps(h2f(p));
+            __m256 d = _mm256_set1_ps(ds4k_h2f(p));
             __m128i v0 = _mm_loadu_si128((const __m128i *)(p + 2)), v1 = _mm_loadu_si128((const __m128i *)(p + 18));
             _mm256_storeu_ps(out, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0))));
             _mm256_storeu_ps(out + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v0, v0)))));
@@ -83,7 +58,7 @@ static void dequant_row(int type, const uint8_t *p, int64_t nb, float *out) {
 #endif
     for (int64_t b = 0; b < nb; b++, out += QK) {
         if (type == DS4K_Q4_1) {
-            float d = h2f(p), m = h2f(p + 2);
+            float d = ds4k_h2f(p), m = ds4k_h2f(p + 2);
             const uint8_t *qs = p + 4;
             for (int j = 0; j < 16; j++) {
                 out[j] = d * (float)(qs[j] & 15) + m;
@@ -91,7 +66,7 @@ static void dequant_row(int type, const uint8_t *p, int64_t nb, float *out) {
             }
             p += Q4_1_BYTES;
         } else {
-            float d = h2f(p);
+            float d = ds4k_h2f(p);
             const int8_t *qs = (const int8_t *)(p + 2);
             for (int j = 0; j < QK; j++) out[j] = d * (float)qs[j];
             p += Q8_0_BYTES;

@@ -38,31 +38,6 @@
 #endif
 #define MAX_COLS 65536 /* x block sums live on the stack: 2048 blocks max */
 
-/* ---------------------------------------------------------------- f16 -> f32 (scalar) */
-
-static inline float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: renormalize */
-            int e = -1;
-            do { e++; man <<= 1; } while (!(man & 0x400));
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
 /* ---------------------------------------------------------------- row kernels */
 
@@ -126,7 +101,7 @@ static void q4_1_rows(const uint8_t *w, int64_t nb, const float *x, const float 
         float macc = 0.0f;
         for (int64_t b = 0; b < nb; b++, p += Q4_1_BYTES) {
             const float *xb = x + b * QK;
-            float d = f16_to_f32(rd16(p)), m = f16_to_f32(rd16(p + 2));
+            float d = ds4k_f16_to_f32(ds4k_rd16(p)), m = ds4k_f16_to_f32(ds4k_rd16(p + 2));
             macc += m * xs[b];
             __m128i v = _mm_loadu_si128((const __m128i *)(p + 4));
             __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
@@ -158,7 +133,7 @@ static void q8_0_rows(const uint8_t *w, int64_t nb, const float *x, float *y, in
             _mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T0);
             _mm_prefetch((const char *)q + PF_DIST, _MM_HINT_T0);
             const float *xb = x + b * QK;
-            __m128 dd = _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, 0, 0, (short)rd16(q), (short)rd16(p)));
+            __m128 dd = _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, 0, 0, (short)ds4k_rd16(q), (short)ds4k_rd16(p)));
             a0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), q8_block_dot(p + 2, xb), a0);
             a1 = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), q8_block_dot(q + 2, xb), a1);
         }
@@ -169,7 +144,7 @@ static void q8_0_rows(const uint8_t *w, int64_t nb, const float *x, float *y, in
         const uint8_t *p = w + r * rb;
         __m256 a0 = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++, p += Q8_0_BYTES)
-            a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(rd16(p))), q8_block_dot(p + 2, x + b * QK), a0);
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(ds4k_f16_to_f32(ds4k_rd16(p))), q8_block_dot(p + 2, x + b * QK), a0);
         y[r] = hsum8(a0);
     }
 }
@@ -188,7 +163,7 @@ static void q4_1_rows(const uint8_t *w, int64_t nb, const float *x, const float 
             float s = 0.0f;
             for (int j = 0; j < 16; j++)
                 s += (float)(qs[j] & 15) * xb[j] + (float)(qs[j] >> 4) * xb[j + 16];
-            acc += f16_to_f32(rd16(p)) * s + f16_to_f32(rd16(p + 2)) * xs[b];
+            acc += ds4k_f16_to_f32(ds4k_rd16(p)) * s + ds4k_f16_to_f32(ds4k_rd16(p + 2)) * xs[b];
         }
         y[r] = acc;
     }
@@ -204,7 +179,7 @@ static void q8_0_rows(const uint8_t *w, int64_t nb, const float *x, float *y, in
             const float *xb = x + b * QK;
             float s = 0.0f;
             for (int j = 0; j < QK; j++) s += (float)qs[j] * xb[j];
-            acc += f16_to_f32(rd16(p)) * s;
+            acc += ds4k_f16_to_f32(ds4k_rd16(p)) * s;
         }
         y[r] = acc;
     }
@@ -261,7 +236,7 @@ static void q8_0_rows(const uint8_t *w, int64_t nb, const float *x, float *y, in
 #endif
 #define AS_F32(v) (v)
 DENSE_ROWS(f32_rows, float, LOAD_F32, AS_F32)
-DENSE_ROWS(f16_rows, uint16_t, LOAD_F16, f16_to_f32)
+DENSE_ROWS(f16_rows, uint16_t, LOAD_F16, ds4k_f16_to_f32)
 
 /* ---------------------------------------------------------------- ds4k_gemv */
 
