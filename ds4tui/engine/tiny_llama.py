@@ -15,13 +15,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-
-import torch
-from safetensors.torch import save_file
+from typing import TYPE_CHECKING
 
 from ds4tui import paths
 from ds4tui.engine.hf_tokenizer import ENDOFTEXT, IM_END, IM_START
 from ds4tui.engine.tiny_tokenizer import train_tiny_tokenizer
+
+if TYPE_CHECKING:  # torch loads only when a build runs: `ds4tui models list` stays fast
+    import torch
 
 RECIPE_VERSION = 1
 SEED = 20261129
@@ -82,6 +83,8 @@ def ensure_tiny_llama() -> Path:
 def random_llama_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
     """HF-named float32 weights. Scales are chosen so activations stay O(1) and the logits are
     peaked enough that greedy output varies with the prompt instead of collapsing to one token."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
     h, f = config["hidden_size"], config["intermediate_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
@@ -116,6 +119,8 @@ def build_tiny_llama(out: Path) -> None:
     tok = train_tiny_tokenizer(SPECIALS, vocab_size=VOCAB)
     if tok.get_vocab_size() != VOCAB or [tok.token_to_id(s) for s in SPECIALS] != [0, 1, 2]:
         raise RuntimeError("tiny tokenizer did not come out at the expected size / special ids")
+    from safetensors.torch import save_file
+
     save_file(random_llama_weights(CONFIG, SEED), str(out / "model.safetensors"), metadata={"format": "pt"})
     tok.save(str(out / "tokenizer.json"))
     (out / "config.json").write_text(json.dumps(CONFIG, indent=2))
