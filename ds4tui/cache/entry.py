@@ -201,13 +201,10 @@ def inspect_file(path: str | os.PathLike, *, acceptor: Acceptor | None = ANY_DS4
     try:
         with open(path, "rb") as fp:
             entry.file_bytes = os.fstat(fp.fileno()).st_size
+            failed = _read_header(entry, fp)
+            if failed is not None:
+                return failed
             if not deep:
-                head = fp.read(PREFIX_BYTES)
-                entry.magic = safe_text(head[:3])
-                try:
-                    entry.header = decode_header(head)
-                except KvcFormatError as exc:
-                    return _header_failed(entry, head, exc)
                 return _judge(entry, acceptor)
             return _inspect_deep(entry, fp, acceptor, preview_bytes)
     except FileNotFoundError:
@@ -228,13 +225,18 @@ def _header_failed(entry: KvEntry, head: bytes, exc: KvcFormatError) -> KvEntry:
     return _fail(entry, str(exc), corrupt=True)
 
 
-def _inspect_deep(entry: KvEntry, fp, acceptor: Acceptor | None, preview_bytes: int) -> KvEntry:
+def _read_header(entry: KvEntry, fp) -> KvEntry | None:
+    """Fill entry.magic and entry.header from the first 52 bytes; the failed entry if they do not decode."""
     head = fp.read(PREFIX_BYTES)
     entry.magic = safe_text(head[:3])
     try:
         entry.header = decode_header(head)
     except KvcFormatError as exc:
         return _header_failed(entry, head, exc)
+    return None
+
+
+def _inspect_deep(entry: KvEntry, fp, acceptor: Acceptor | None, preview_bytes: int) -> KvEntry:
     try:
         kf = read_kvc(fp)
     except KvcFormatError as exc:
