@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ds4tui.engine.session import Session
 
+MAX_TITLE_CHARS = 200  # a title is a trailer in every save: keep it a line, not a document
 TITLE_CHARS = 48  # sidebar width minus its border and marker: a title fits one line
 
 

@@ -55,6 +55,7 @@ from ds4tui import paths
 from ds4tui.cache.entry import ANY_DS4TUI, Acceptor, KvEntry
 from ds4tui.cache.store import KvStore
 from ds4tui.cache.watch import CacheChanges, CacheWatcher
+from ds4tui.chat.conversation import MAX_TITLE_CHARS
 from ds4tui.screens import cache_scan
 from ds4tui.widgets.budget_gauge import BudgetGauge
 from ds4tui.widgets.confirm_dialog import ConfirmDialog
@@ -440,7 +441,7 @@ class CacheBrowserScreen(Screen[None]):
                 return
             self._rename(e, title)
 
-        self.app.push_screen(PromptDialog(Text("New title for this session:"), e.title), done)
+        self.app.push_screen(PromptDialog(Text("New title for this session:"), e.title, max_length=MAX_TITLE_CHARS), done)
 
     @work(thread=True, group="io", description="rename a titled session")
     def _rename(self, e: KvEntry, title: str) -> None:

@@ -24,6 +24,7 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, LoadingIndicator
 
 from ds4tui.chat import events as ev
+from ds4tui.chat.conversation import MAX_TITLE_CHARS
 from ds4tui.chat.streaming import EventBatcher
 from ds4tui.config import Config
 from ds4tui.widgets import fmt
@@ -432,7 +433,7 @@ class ChatScreen(Screen):
     def action_rename(self) -> None:
         if self.controller is None or self._active is None:
             return
-        from ds4tui.screens.rename import RenameScreen
+        from ds4tui.widgets.prompt_dialog import PromptDialog
 
         key = self._active
         conv = self.controller.get(key)
@@ -441,7 +442,7 @@ class ChatScreen(Screen):
             if title:
                 self._rename(key, title)
 
-        self.app.push_screen(RenameScreen(conv.display_title), done)
+        self.app.push_screen(PromptDialog("Rename chat:", conv.display_title, max_length=MAX_TITLE_CHARS), done)
 
     @work(thread=True, group="files", description="rename a chat")
     def _rename(self, key: str, title: str) -> None:

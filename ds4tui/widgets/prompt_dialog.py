@@ -37,22 +37,26 @@ class PromptDialog(ModalScreen[str | None]):
     """
 
     def __init__(self, label: str | Text, value: str = "", *, placeholder: str = "",
+                 max_length: int = 0,
                  name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         """
         Args:
             label: the question, shown verbatim (a str is not read as markup).
             value: the initial text, selected so that typing replaces it.
             placeholder: shown while the input is empty.
+            max_length: the most characters the input takes (0: no limit).
         """
         super().__init__(name=name, id=id, classes=classes)
         self._label = label if isinstance(label, Text) else Text(label)
         self._value = value
         self._placeholder = placeholder
+        self._max_length = max_length
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(self._label, classes="label", markup=False)
-            yield Input(self._value, placeholder=self._placeholder, select_on_focus=True)
+            yield Input(self._value, placeholder=self._placeholder, select_on_focus=True,
+                        max_length=self._max_length)
 
     @on(Input.Submitted)
     def _on_submitted(self, event: Input.Submitted) -> None:
