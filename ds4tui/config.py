@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ds4tui import paths
-from ds4tui.swa_policy import check_policy_text
+from ds4tui.format.swa_policy import check_policy_text
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -54,7 +54,7 @@ class Config:
     live_sessions: int = 4
     seed: int | None = None  # sampling seed; None: fresh randomness per turn
     # What DSV4-family checkpoints store of the sliding window: "full", "periodic:K" or
-    # "zero" (ds4tui/swa_policy.py, docs/swa_policies.md). Other families ignore it.
+    # "zero" (ds4tui/format/swa_policy.py, docs/swa_policies.md). Other families ignore it.
     swa_policy: str = "full"
 
     def cache_path(self) -> Path:

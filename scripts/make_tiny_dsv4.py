@@ -1,4 +1,4 @@
-"""Write the tiny DeepSeek V4 checkpoint (seeded random weights; see ds4tui/engine/tiny_dsv4.py).
+"""Write the tiny DeepSeek V4 checkpoint (seeded random weights; see ds4tui/engine/dsv4/tiny.py).
 
     python scripts/make_tiny_dsv4.py                 # build models/tiny-dsv4 once, print its path
     python scripts/make_tiny_dsv4.py --out DIR [--names hf] [--fp8] [--seed N]
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ds4tui.engine.tiny_dsv4 import SEED, ensure_tiny_dsv4, random_tensors, tiny_config, write_checkpoint
+from ds4tui.engine.dsv4.tiny import SEED, ensure_tiny_dsv4, random_tensors, tiny_config, write_checkpoint
 
 
 def main() -> int:

@@ -44,7 +44,7 @@ class EngineBenchResult:
 
 def bench_tokens(model, n: int) -> list[int]:
     """n prompt tokens: the tiny corpus through the model's own tokenizer, repeated."""
-    from ds4tui.engine.tiny_tokenizer import corpus_text
+    from ds4tui.engine.text.tiny_tokenizer import corpus_text
 
     ids = model.tokenizer.encode(corpus_text())
     if not ids:

@@ -67,9 +67,9 @@ def bench_model(spec: str, window: int, layers: int, ctx: int):
 
     if spec != "tiny-dsv4":
         return load_model(spec)
-    from ds4tui.engine import tiny_dsv4
-    from ds4tui.engine.dsv4 import load_tokenizer, model_from_tensors
-    from ds4tui.engine.dsv4_config import Dsv4Config, flash_compress_ratios
+    from ds4tui.engine.dsv4 import tiny as tiny_dsv4
+    from ds4tui.engine.dsv4.model import load_tokenizer, model_from_tensors
+    from ds4tui.engine.dsv4.config import Dsv4Config, flash_compress_ratios
 
     cfg = Dsv4Config.from_hf(dict(
         tiny_dsv4.CONFIG, sliding_window=window, num_hidden_layers=layers,
@@ -92,7 +92,7 @@ def measure_swa(
     from ds4tui.bench.engine_bench import bench_tokens
     from ds4tui.cache.policy import CachePolicy
     from ds4tui.chat.checkpoints import Checkpoints
-    from ds4tui.engine.dsv4_swa import set_policy
+    from ds4tui.engine.dsv4.swa import set_policy
 
     ctx = max(lengths) + suffix
     model = bench_model(spec, window, layers, ctx)

@@ -15,7 +15,7 @@ checks that none of those ended up in sys.modules.
 
 from ds4tui.cache.entry import ANY_DS4TUI, Acceptor, KvEntry, inspect_file, safe_text
 from ds4tui.cache.events import Evicted, EvictedFile, Hit, Miss, Rejected, Saved, SaveFailed
-from ds4tui.cache.kvc import KvcFile, KvcFormatError, KvcHeader
+from ds4tui.format.kvc import KvcFile, KvcFormatError, KvcHeader
 from ds4tui.cache.policy import DEFAULT_POLICY, CachePolicy, ScoreParts
 from ds4tui.cache.store import KvStore, LoadResult, SaveResult
 

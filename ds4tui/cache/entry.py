@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ds4tui.cache.kvc import (
+from ds4tui.format.kvc import (
     MAGIC,
     PREFIX_BYTES,
     VERSION,
@@ -32,7 +32,7 @@ from ds4tui.cache.kvc import (
     sha_from_name,
 )
 from ds4tui.cache.policy import ScoreParts
-from ds4tui.dsv4_header import DS4TUI_PAYLOAD_ABI, MODEL_ID_DSV4_CUSTOM, MODEL_ID_LLAMA
+from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, MODEL_ID_DSV4_CUSTOM, MODEL_ID_LLAMA
 
 # Model ids ds4tui has an engine for; files with other ids are listed, never loaded.
 DS4TUI_MODEL_IDS = frozenset({MODEL_ID_LLAMA, MODEL_ID_DSV4_CUSTOM})

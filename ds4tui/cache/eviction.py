@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ds4tui.cache.entry import KvEntry
-from ds4tui.cache.kvc import REASON_CONTINUED
+from ds4tui.format.kvc import REASON_CONTINUED
 from ds4tui.cache.policy import CachePolicy, ScoreParts
 
 _ZERO = ScoreParts(0.0, 1.0, 1.0, 0.0)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ds4tui.cache.kvc import (
+from ds4tui.format.kvc import (
     OFFSET_EXT_FLAGS,
     OFFSET_HITS,
     OFFSET_LAST_USED,

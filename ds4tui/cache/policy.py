@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ds4tui.cache.kvc import REASON_COLD, REASON_EVICT, REASON_SHUTDOWN
+from ds4tui.format.kvc import REASON_COLD, REASON_EVICT, REASON_SHUTDOWN
 
 MIB = 1024 * 1024
 ANCHOR_REASONS = frozenset({REASON_COLD, REASON_EVICT, REASON_SHUTDOWN})

@@ -32,7 +32,7 @@ from ds4tui.cache import eviction, files
 from ds4tui.cache.files import WritePayload
 from ds4tui.cache.entry import ANY_DS4TUI, NOT_LOADABLE, Acceptor, KvEntry, inspect_file, is_foreign_version
 from ds4tui.cache.events import Evicted, EvictedFile, Hit, Miss, Rejected, Saved, SaveFailed
-from ds4tui.cache.kvc import (
+from ds4tui.format.kvc import (
     EXT_PINNED,
     EXT_SESSION_TITLE,
     EXT_TOOL_MAP,

@@ -43,7 +43,7 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
-from ds4tui.cache.kvc import sha_from_name
+from ds4tui.format.kvc import sha_from_name
 
 # A burst (a save: create tmp, write, rename; eviction deleting several files)
 # settles within a few tens of milliseconds; 150 ms of quiet folds it into one

@@ -20,10 +20,10 @@ from typing import BinaryIO, Callable
 
 from ds4tui.cache.entry import Acceptor, inspect_file
 from ds4tui.cache.events import Miss, Rejected
-from ds4tui.cache.kvc import PREFIX_BYTES, KvcFormatError, read_kvc
+from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc
 from ds4tui.cache.policy import CachePolicy
 from ds4tui.cache.store import KvStore
-from ds4tui.dsv4_header import DSV4_HEADER_BYTES
+from ds4tui.format.payload import DSV4_HEADER_BYTES
 from ds4tui.engine.model import EngineError, Model
 from ds4tui.engine.payload import FINGERPRINT_BYTES
 from ds4tui.engine.session import Session

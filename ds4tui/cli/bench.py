@@ -14,7 +14,7 @@ import importlib
 # In the order `ds4tui bench --help` lists them.
 BENCH_MODULES = [
     "ds4tui.bench.engine_bench",  # bench engine: prefill/decode speed, payload size, save/load speed
-    "ds4tui.cli.bench_cache",  # bench cache: cold vs disk-hit TTFT of one conversation (chat controller)
+    "ds4tui.bench.cache_bench",  # bench cache: cold vs disk-hit TTFT of one conversation (chat controller)
     "ds4tui.bench.swa_bench",  # bench swa
 ]
 

@@ -95,7 +95,7 @@ def run_chat(args: argparse.Namespace) -> int:
             raise CliError("--resume needs the disk cache (drop --no-disk-cache)")
         check_resume(resume, config.cache_path())
 
-    from ds4tui.app import Ds4TuiApp
+    from ds4tui.screens.app import Ds4TuiApp
 
     Ds4TuiApp(config, resume=resume).run()
     return 0

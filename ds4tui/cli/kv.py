@@ -168,7 +168,7 @@ def _locate(args) -> tuple[Path, object | None]:
         raise CliError(f"{args.file}: is a directory")
     if given.exists():
         from ds4tui.cache import KvStore
-        from ds4tui.cache.kvc import sha_from_name
+        from ds4tui.format.kvc import sha_from_name
 
         if sha_from_name(given.name):  # score it among its neighbours
             return given, _entries_by_path(KvStore(given.parent)).get(str(given))
@@ -201,7 +201,7 @@ def cmd_inspect(args) -> int:
 
 def _print_detail(e) -> None:
     from ds4tui.cache.entry import safe_text
-    from ds4tui.cache.kvc import model_name, payload_abi_name
+    from ds4tui.format.kvc import model_name, payload_abi_name
 
     h = e.header
     rows = [
@@ -249,7 +249,7 @@ def _print_detail(e) -> None:
         for k, v in e.payload.items():
             shown = f"0x{v:08x}" if k == "magic" else str(v)
             print(f"  {k:<20} {shown}")
-        from ds4tui.swa_policy import describe_payload
+        from ds4tui.format.swa_policy import describe_payload
 
         print(f"  {'swa_policy':<20} {describe_payload(e.payload)}")
     elif e.deep and h.payload_bytes:
@@ -262,7 +262,7 @@ def _print_detail(e) -> None:
 def _json_of(entry) -> dict:
     """entry.to_json(), the payload object extended by `swa_policy`: the SWA storage policy
     its DSV4 header announces ("full", "periodic:K", "zero" or "unknown")."""
-    from ds4tui.swa_policy import policy_of_version
+    from ds4tui.format.swa_policy import policy_of_version
 
     obj = entry.to_json()
     payload = obj["payload"]

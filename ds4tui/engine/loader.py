@@ -36,11 +36,11 @@ def load_model(spec: str) -> Model:
 
 def _load_uncached(spec: str) -> Model:
     if spec == "tiny-dsv4":
-        from ds4tui.engine.tiny_dsv4 import ensure_tiny_dsv4
+        from ds4tui.engine.dsv4.tiny import ensure_tiny_dsv4
 
         return _load_dir(ensure_tiny_dsv4(), name=spec)
     if spec == "tiny-llama":
-        from ds4tui.engine.tiny_llama import ensure_tiny_llama
+        from ds4tui.engine.llama.tiny import ensure_tiny_llama
 
         return _load_dir(ensure_tiny_llama(), name=spec)
     path = Path(spec).expanduser()
@@ -54,7 +54,7 @@ def _load_uncached(spec: str) -> Model:
             )
         path = registered
     if path.is_file() and path.suffix == ".gguf":
-        from ds4tui.engine.llama import load_llama_gguf
+        from ds4tui.engine.llama.model import load_llama_gguf
 
         return load_llama_gguf(path, name=spec if not Path(spec).exists() else path.stem)
     if path.is_dir():
@@ -72,11 +72,11 @@ def _load_dir(path: Path, name: str) -> Model:
         raise WeightsError(f"{config_file}: unreadable config ({exc})") from None
     model_type = str(config.get("model_type", "")).lower()
     if model_type in DSV4_MODEL_TYPES:
-        from ds4tui.engine.dsv4 import load_dsv4
+        from ds4tui.engine.dsv4.model import load_dsv4
 
         return load_dsv4(path, name=name)
     if model_type in LLAMA_MODEL_TYPES:
-        from ds4tui.engine.llama import load_llama_hf
+        from ds4tui.engine.llama.model import load_llama_hf
 
         return load_llama_hf(path, name=name)
     raise WeightsError(f"{config_file}: model_type {model_type!r} is not supported (llama family or deepseek_v4)")

@@ -4,7 +4,7 @@ Layout (all little-endian; every family writes the same sections in this order):
 
 | section | type | size |
 |---|---|---|
-| header | 13 x u32 (`ds4tui.dsv4_header.DSV4_FIELDS`) | 52 bytes |
+| header | 13 x u32 (`ds4tui.format.payload.DSV4_FIELDS`) | 52 bytes |
 | fingerprint | bytes | 32 (SHA-256 of family + config + weights identity) |
 | tokens | u32 | token_count |
 | logits | f32 | vocab_size (next-token logits) |
@@ -28,7 +28,7 @@ from typing import BinaryIO, Sequence
 import numpy as np
 import torch
 
-from ds4tui.dsv4_header import DSV4_HEADER_BYTES, DSV4_MAGIC, Dsv4Header, pack_dsv4_header, unpack_dsv4_header
+from ds4tui.format.payload import DSV4_HEADER_BYTES, DSV4_MAGIC, Dsv4Header, pack_dsv4_header, unpack_dsv4_header
 from ds4tui.engine.session import PayloadError
 
 FINGERPRINT_BYTES = 32

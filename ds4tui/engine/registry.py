@@ -58,9 +58,9 @@ REGISTRY: dict[str, Registered] = {
             size=98362432,
         ),
         Registered(name="tiny-llama", family="llama", description="seeded random tiny llama (tests)",
-                   builder="ds4tui.engine.tiny_llama:ensure_tiny_llama"),
+                   builder="ds4tui.engine.llama.tiny:ensure_tiny_llama"),
         Registered(name="tiny-dsv4", family="dsv4", description="seeded random tiny DeepSeek V4 (tests)",
-                   builder="ds4tui.engine.tiny_dsv4:ensure_tiny_dsv4"),
+                   builder="ds4tui.engine.dsv4.tiny:ensure_tiny_dsv4"),
     )
 }
 
@@ -75,7 +75,7 @@ def installed_path(entry: Registered) -> Path | None:
         return paths.models_dir() / entry.filename
     if entry.builder is not None:
         if entry.name == "tiny-llama":
-            from ds4tui.engine.tiny_llama import tiny_llama_dir
+            from ds4tui.engine.llama.tiny import tiny_llama_dir
 
             return tiny_llama_dir()
         return paths.models_dir() / entry.name

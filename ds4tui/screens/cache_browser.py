@@ -56,15 +56,15 @@ from ds4tui.cache.entry import ANY_DS4TUI, Acceptor, KvEntry
 from ds4tui.cache.store import KvStore
 from ds4tui.cache.watch import CacheChanges, CacheWatcher
 from ds4tui.chat.conversation import MAX_TITLE_CHARS
-from ds4tui.screens import cache_scan
-from ds4tui.widgets.budget_gauge import BudgetGauge
-from ds4tui.widgets.confirm_dialog import ConfirmDialog
-from ds4tui.widgets.eviction_preview import EvictionPlan, EvictionPreview
-from ds4tui.widgets.kv_detail import KvDetail, KvDetailInfo
-from ds4tui.widgets.kv_format import DEFAULT_DISK_MB_S, DEFAULT_PREFILL_TOK_S, ResumeCost, human_bytes, one_line
-from ds4tui.widgets.kv_table import KvTable
-from ds4tui.widgets.prompt_dialog import PromptDialog
-from ds4tui.widgets.transcript_view import TranscriptView
+from ds4tui.cache import scan as cache_scan
+from ds4tui.screens.widgets.budget_gauge import BudgetGauge
+from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
+from ds4tui.screens.widgets.eviction_preview import EvictionPlan, EvictionPreview
+from ds4tui.screens.widgets.kv_detail import KvDetail, KvDetailInfo
+from ds4tui.screens.widgets.kv_format import DEFAULT_DISK_MB_S, DEFAULT_PREFILL_TOK_S, ResumeCost, human_bytes, one_line
+from ds4tui.screens.widgets.kv_table import KvTable
+from ds4tui.screens.widgets.prompt_dialog import PromptDialog
+from ds4tui.screens.widgets.transcript_view import TranscriptView
 
 if TYPE_CHECKING:  # only its attributes are read; the browser never needs the engine loaded
     from ds4tui.engine.model import ModelInfo

@@ -27,15 +27,15 @@ from ds4tui.chat import events as ev
 from ds4tui.chat.conversation import MAX_TITLE_CHARS
 from ds4tui.chat.streaming import EventBatcher
 from ds4tui.config import Config
-from ds4tui.widgets import fmt
+from ds4tui.screens.widgets import fmt
 from ds4tui.screens.chat_notices import notice_for, stats_line
-from ds4tui.widgets.chat_pane import ChatPane
-from ds4tui.widgets.conversation_list import ChatEntry, ConversationList
-from ds4tui.widgets.prompt_input import PromptInput
-from ds4tui.widgets.status_bar import StatusBar
+from ds4tui.screens.widgets.chat_pane import ChatPane
+from ds4tui.screens.widgets.conversation_list import ChatEntry, ConversationList
+from ds4tui.screens.widgets.prompt_input import PromptInput
+from ds4tui.screens.widgets.status_bar import StatusBar
 
 if TYPE_CHECKING:
-    from ds4tui.controller import ChatController
+    from ds4tui.chat.controller import ChatController
     from ds4tui.engine.model import Model
 
 NOTIFY_TIMEOUT = 4.0  # seconds a cache toast stays up: long enough to read one line
@@ -174,7 +174,7 @@ class ChatScreen(Screen):
             self.post_message(self.ModelReady())
 
     def _make_controller(self, model: Model) -> None:
-        from ds4tui.controller import ChatController
+        from ds4tui.chat.controller import ChatController
 
         self.controller = ChatController(model, self.config)
 
@@ -196,7 +196,7 @@ class ChatScreen(Screen):
         self.query_one("#loading").display = False
         self.query_one(StatusBar).model_name = "no model"
         pane_log = self.query_one("#main")
-        from ds4tui.widgets.chat_log import NoticeLine
+        from ds4tui.screens.widgets.chat_log import NoticeLine
 
         pane_log.mount(NoticeLine(f"Could not load the model: {message.error}", error=True), before=0)
         self.notify(message.error, title="Model not loaded", severity="error", markup=False, timeout=10)
@@ -433,7 +433,7 @@ class ChatScreen(Screen):
     def action_rename(self) -> None:
         if self.controller is None or self._active is None:
             return
-        from ds4tui.widgets.prompt_dialog import PromptDialog
+        from ds4tui.screens.widgets.prompt_dialog import PromptDialog
 
         key = self._active
         conv = self.controller.get(key)

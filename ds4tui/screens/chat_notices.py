@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ds4tui.chat import events as ev
-from ds4tui.widgets import fmt
+from ds4tui.screens.widgets import fmt
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static, TextArea
 
 from ds4tui.config import Config, ConfigError, check_value, load_config, save_config
-from ds4tui.swa_policy import parse_policy
+from ds4tui.format.swa_policy import parse_policy
 
 NUMBER_FIELDS = (
     ("temperature", "Temperature (0 = greedy)"),

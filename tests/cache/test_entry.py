@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ds4tui.cache.entry import JSON_KEYS, Acceptor, inspect_file, safe_text
-from ds4tui.cache.kvc import KvcHeader
+from ds4tui.format.kvc import KvcHeader
 from tests.cache.kvc_builders import dsv4_payload, write_kv
 
 

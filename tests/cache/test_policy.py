@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ds4tui.cache.kvc import REASON_COLD, REASON_CONTINUED, REASON_EVICT, REASON_SHUTDOWN
+from ds4tui.format.kvc import REASON_COLD, REASON_CONTINUED, REASON_EVICT, REASON_SHUTDOWN
 from ds4tui.cache.policy import DEFAULT_POLICY, CachePolicy
 
 P = DEFAULT_POLICY

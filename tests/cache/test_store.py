@@ -11,7 +11,7 @@ import pytest
 
 from ds4tui.cache import Acceptor, CachePolicy, Hit, KvStore, Miss, Rejected, Saved, SaveFailed, inspect_file
 from ds4tui.cache.events import Evicted
-from ds4tui.cache.kvc import EXT_PINNED, parse_kvc
+from ds4tui.format.kvc import EXT_PINNED, parse_kvc
 from tests.cache.kvc_builders import dsv4_payload, header_bytes, titled_name, write_kv
 
 ENGINE = Acceptor(model_id=0x80, ctx_size=4096, quant_bits=8)
@@ -297,7 +297,7 @@ def test_re_saving_a_pinned_session_keeps_the_pin(store):
 
 
 def test_tool_map_trailer_comes_back_on_load(store):
-    from ds4tui.cache.kvc import ToolMapEntry
+    from ds4tui.format.kvc import ToolMapEntry
     tm = (ToolMapEntry(b"call_1", b"<dsml/>"),)
     save(store, "with tools", tool_map=tm)
     res = store.load("with tools!", ENGINE, loader())

@@ -13,7 +13,7 @@ ENGINE = Acceptor(model_id=0x80, ctx_size=4096, quant_bits=8)
 WORKER = textwrap.dedent("""
     import os, random, sys, time
     from ds4tui.cache import Acceptor, KvStore, Rejected
-    from ds4tui.dsv4_header import Dsv4Header, pack_dsv4_header, DSV4_MAGIC
+    from ds4tui.format.payload import Dsv4Header, pack_dsv4_header, DSV4_MAGIC
 
     directory, seed, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     deadline = time.time() + 20

@@ -9,8 +9,8 @@ import pytest
 
 from ds4tui.cli import main
 from ds4tui.cache.entry import JSON_KEYS
-from ds4tui.cache.kvc import EXT_PINNED, EXT_SESSION_TITLE, EXT_TOOL_MAP
-from ds4tui.dsv4_header import DSV4_FIELDS
+from ds4tui.format.kvc import EXT_PINNED, EXT_SESSION_TITLE, EXT_TOOL_MAP
+from ds4tui.format.payload import DSV4_FIELDS
 from tests.cache.kvc_builders import dsv4_payload, title_trailer, tool_map_trailer, write_kv
 
 EXPECTED_KEYS = [

@@ -12,7 +12,7 @@ import pytest
 from ds4tui.cache.policy import CachePolicy
 from ds4tui.chat import events as ev
 from ds4tui.config import Config
-from ds4tui.controller import ChatController
+from ds4tui.chat.controller import ChatController
 
 SMALL_POLICY = CachePolicy(min_tokens=32, boundary_trim_tokens=4, boundary_align_tokens=64,
                            continued_interval_tokens=128)

@@ -8,7 +8,7 @@ import sys
 
 def test_controller_imports_no_ui_packages():
     code = (
-        "import sys, ds4tui.controller, ds4tui.chat.streaming, ds4tui.config;"
+        "import sys, ds4tui.chat.controller, ds4tui.chat.streaming, ds4tui.config;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'rich'));"
         "print(','.join(bad))"
     )

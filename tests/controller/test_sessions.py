@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from ds4tui.cache.kvc import PREFIX_BYTES, decode_header
+from ds4tui.format.kvc import PREFIX_BYTES, decode_header
 from ds4tui.chat import events as ev
 from tests.controller.conftest import LONG_PROMPT, SMALL_POLICY, Recorder, make_controller
 

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from ds4tui.cache.kvc import PREFIX_BYTES, decode_header
+from ds4tui.format.kvc import PREFIX_BYTES, decode_header
 from ds4tui.chat import events as ev
-from ds4tui.dsv4_header import DSV4_HEADER_BYTES
+from ds4tui.format.payload import DSV4_HEADER_BYTES
 from tests.controller.conftest import LONG_PROMPT, Recorder, make_controller
 
 

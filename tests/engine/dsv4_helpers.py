@@ -14,8 +14,8 @@ import io
 import pytest
 import torch
 
-from ds4tui.engine.dsv4 import Dsv4Model, load_dsv4
-from ds4tui.engine.tiny_dsv4 import ensure_tiny_dsv4
+from ds4tui.engine.dsv4.model import Dsv4Model, load_dsv4
+from ds4tui.engine.dsv4.tiny import ensure_tiny_dsv4
 
 
 @functools.lru_cache(maxsize=None)

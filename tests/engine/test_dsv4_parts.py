@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from ds4tui.engine import quant
-from ds4tui.engine.dsv4_attention import attend
-from ds4tui.engine.dsv4_cache import EMPTY_SCORE, CompressorState
-from ds4tui.engine.dsv4_chat import ASSISTANT, BOS, EOS, SPECIAL_TOKENS, THINK_END, USER, Dsv4ChatTemplate
-from ds4tui.engine.dsv4_compressor import CompressorWeights, compress
-from ds4tui.engine.dsv4_hc import HcWeights, hc_post, hc_pre, sinkhorn
-from ds4tui.engine.dsv4_moe import MoeWeights, moe_forward, route, swiglu
-from ds4tui.engine.dsv4_rope import Rope, apply_rope, yarn_ramp
+from ds4tui.engine.dsv4.attention import attend
+from ds4tui.engine.dsv4.cache import EMPTY_SCORE, CompressorState
+from ds4tui.engine.text.dsv4_chat import ASSISTANT, BOS, EOS, SPECIAL_TOKENS, THINK_END, USER, Dsv4ChatTemplate
+from ds4tui.engine.dsv4.compressor import CompressorWeights, compress
+from ds4tui.engine.dsv4.hc import HcWeights, hc_post, hc_pre, sinkhorn
+from ds4tui.engine.dsv4.moe import MoeWeights, moe_forward, route, swiglu
+from ds4tui.engine.dsv4.rope import Rope, apply_rope, yarn_ramp
 from tests.engine.dsv4_helpers import single_thread, tiny  # noqa: F401 (fixture)
 
 G = torch.Generator().manual_seed(0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ds4tui.engine.dsv4_model import Dsv4Trace
+from ds4tui.engine.dsv4.net import Dsv4Trace
 from tests.engine.dsv4_helpers import single_thread, tiny, tokens  # noqa: F401 (fixture)
 
 N = 160  # > window 16, > one ratio-128 window, 40 ratio-4 rows > top-k 8

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ds4tui.dsv4_header import DSV4_HEADER_BYTES
-from ds4tui.engine.dsv4 import model_from_tensors
+from ds4tui.format.payload import DSV4_HEADER_BYTES
+from ds4tui.engine.dsv4.model import model_from_tensors
 from ds4tui.engine.session import PayloadError
-from ds4tui.engine.tiny_dsv4 import random_tensors
+from ds4tui.engine.dsv4.tiny import random_tensors
 from tests.engine.dsv4_helpers import expected_size, load, save, single_thread, tiny, tokens  # noqa: F401 (fixture)
 
 CHUNK = 128

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from ds4tui.dsv4_header import MODEL_ID_DS4_FLASH, MODEL_ID_DSV4_CUSTOM
-from ds4tui.engine.dsv4 import load_dsv4, model_from_tensors
-from ds4tui.engine.dsv4_config import Dsv4Config
+from ds4tui.format.payload import MODEL_ID_DS4_FLASH, MODEL_ID_DSV4_CUSTOM
+from ds4tui.engine.dsv4.model import load_dsv4, model_from_tensors
+from ds4tui.engine.dsv4.config import Dsv4Config
 from ds4tui.engine.loader import load_model
 from ds4tui.engine.model import WeightsError
-from ds4tui.engine.tiny_dsv4 import CONFIG, random_tensors, tiny_config, write_checkpoint
+from ds4tui.engine.dsv4.tiny import CONFIG, random_tensors, tiny_config, write_checkpoint
 from tests.engine.dsv4_helpers import single_thread, tiny, tokens  # noqa: F401 (fixture)
 
 _TYPES = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}

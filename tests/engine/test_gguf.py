@@ -12,10 +12,10 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from ds4tui.engine import gguf_loader
-from ds4tui.engine.llama import load_llama_gguf, load_llama_hf
-from ds4tui.engine.llama_weights import file_sha256
-from ds4tui.engine.tiny_llama import CHAT_TEMPLATE, ensure_tiny_llama
+from ds4tui.engine.llama import gguf as gguf_loader
+from ds4tui.engine.llama.model import load_llama_gguf, load_llama_hf
+from ds4tui.engine.llama.weights import file_sha256
+from ds4tui.engine.llama.tiny import CHAT_TEMPLATE, ensure_tiny_llama
 
 # Worst-case error of one weight, as a fraction of the tensor's largest |w|: half a step for
 # Q8_0 (step amax/127) and Q4_1 (step (max-min)/15 <= 2 amax/15); a full step amax/8 for Q4_0, whose

@@ -16,10 +16,10 @@ from gguf import GGMLQuantizationType as Q
 
 from ds4tui.engine.kernels import qgemv
 from ds4tui.engine.kernels.llama_step import FastDecoder
-from ds4tui.engine.llama import LlamaConfig, LlamaModel
-from ds4tui.engine.llama_weights import hf_to_internal, make_info
+from ds4tui.engine.llama.model import LlamaConfig, LlamaModel
+from ds4tui.engine.llama.weights import hf_to_internal, make_info
 from ds4tui.engine.loader import load_model
-from ds4tui.engine.tiny_llama import CONFIG, random_llama_weights
+from ds4tui.engine.llama.tiny import CONFIG, random_llama_weights
 
 TYPES = ["q4_1", "q8_0", "f16", "f32"]
 # SmolLM2's attention shape (head_dim 64, 3 query heads per KV head) at toy width, so the
@@ -218,8 +218,8 @@ def test_no_compiler_falls_back_to_torch(monkeypatch, tmp_path):
 def test_gguf_blocks_reach_the_step(tiny, tmp_path, monkeypatch):
     from tests.engine.test_gguf import write_tiny_gguf
 
-    from ds4tui.engine.llama import load_llama_gguf
-    from ds4tui.engine.tiny_llama import ensure_tiny_llama
+    from ds4tui.engine.llama.model import load_llama_gguf
+    from ds4tui.engine.llama.tiny import ensure_tiny_llama
 
     hf_dir = ensure_tiny_llama()
     monkeypatch.setenv("DS4TUI_DATA_DIR", str(tmp_path / "data"))

@@ -8,12 +8,12 @@ import jinja2  # a test-only dependency: the engine renders ChatML itself
 import pytest
 import torch
 
-from ds4tui.dsv4_header import DS4TUI_PAYLOAD_ABI, MODEL_ID_LLAMA, unpack_dsv4_header
-from ds4tui.engine.llama import LlamaConfig, LlamaModel
-from ds4tui.engine.llama_weights import hf_to_internal, make_info
+from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, MODEL_ID_LLAMA, unpack_dsv4_header
+from ds4tui.engine.llama.model import LlamaConfig, LlamaModel
+from ds4tui.engine.llama.weights import hf_to_internal, make_info
 from ds4tui.engine.loader import load_model
 from ds4tui.engine.session import PayloadError
-from ds4tui.engine.tiny_llama import CHAT_TEMPLATE, CONFIG, random_llama_weights
+from ds4tui.engine.llama.tiny import CHAT_TEMPLATE, CONFIG, random_llama_weights
 
 CHUNK = 16  # small chunks so a 50-token prompt crosses several aligned boundaries
 

@@ -8,10 +8,10 @@ import io
 import pytest
 import torch
 
-from ds4tui.engine.llama import LlamaConfig, LlamaModel
-from ds4tui.engine.llama_weights import hf_to_internal, make_info
+from ds4tui.engine.llama.model import LlamaConfig, LlamaModel
+from ds4tui.engine.llama.weights import hf_to_internal, make_info
 from ds4tui.engine.loader import load_model
-from ds4tui.engine.tiny_llama import CONFIG, random_llama_weights
+from ds4tui.engine.llama.tiny import CONFIG, random_llama_weights
 
 
 @pytest.fixture()

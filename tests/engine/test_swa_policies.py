@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from ds4tui.config import ConfigError, from_mapping
-from ds4tui.engine import dsv4_swa
-from ds4tui.engine.dsv4_attention import QUERY_BLOCK
-from ds4tui.engine.dsv4_model import Dsv4Trace
-from ds4tui.engine.dsv4_swa import set_policy
+from ds4tui.engine.dsv4 import swa as dsv4_swa
+from ds4tui.engine.dsv4.attention import QUERY_BLOCK
+from ds4tui.engine.dsv4.net import Dsv4Trace
+from ds4tui.engine.dsv4.swa import set_policy
 from ds4tui.engine.session import PayloadError
-from ds4tui.swa_policy import (
+from ds4tui.format.swa_policy import (
     FULL_POLICY,
     QUERY_BLOCK as POLICY_QUERY_BLOCK,
     SwaPolicy,
@@ -231,7 +231,7 @@ def test_policy_text_tags_and_inspect_line():
 def test_the_controller_writes_and_restores_files_of_its_policy(policy, tmp_path):
     """The config's swa_policy reaches the titled file; a fresh controller resumes it (with a
     replay) and gives the same next reply as the session that never left memory."""
-    from ds4tui.cache.kvc import read_kvc
+    from ds4tui.format.kvc import read_kvc
     from ds4tui.engine.loader import load_model
     from tests.controller.conftest import Recorder, make_controller
 

@@ -14,12 +14,12 @@ import pytest
 from textual import on
 from textual.message import Message
 
-from ds4tui.app import Ds4TuiApp
+from ds4tui.screens.app import Ds4TuiApp
 from ds4tui.chat import events as ev
 from ds4tui.config import Config
-from ds4tui.controller import ChatController
+from ds4tui.chat.controller import ChatController
 from ds4tui.screens.chat import ChatScreen
-from ds4tui.widgets.conversation_list import ConversationList
+from ds4tui.screens.widgets.conversation_list import ConversationList
 
 TIMEOUT_S = 30.0
 SIZE = (100, 30)

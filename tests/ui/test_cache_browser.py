@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from ds4tui.cache.kvc import EXT_PINNED, OFFSET_EXT_FLAGS
-from ds4tui.widgets.confirm_dialog import ConfirmDialog
-from ds4tui.widgets.eviction_preview import EvictionPreview
-from ds4tui.widgets.kv_format import file_text
-from ds4tui.widgets.prompt_dialog import PromptDialog
-from ds4tui.widgets.transcript_view import TranscriptView
+from ds4tui.format.kvc import EXT_PINNED, OFFSET_EXT_FLAGS
+from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
+from ds4tui.screens.widgets.eviction_preview import EvictionPreview
+from ds4tui.screens.widgets.kv_format import file_text
+from ds4tui.screens.widgets.prompt_dialog import PromptDialog
+from ds4tui.screens.widgets.transcript_view import TranscriptView
 from tests.ui import kv_fixtures as fx
 from tests.ui.browser_app import TEST_MODEL, BrowserHost, select, until
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from ds4tui.chat import events as ev
 from ds4tui.screens.chat import ChatScreen
-from ds4tui.widgets.chat_log import AssistantMessage, UserMessage
-from ds4tui.widgets.conversation_list import ChatItem, ConversationList
-from ds4tui.widgets.prefill_bar import PrefillBar
-from ds4tui.widgets.status_bar import StatusBar
+from ds4tui.screens.widgets.chat_log import AssistantMessage, UserMessage
+from ds4tui.screens.widgets.conversation_list import ChatItem, ConversationList
+from ds4tui.screens.widgets.prefill_bar import PrefillBar
+from ds4tui.screens.widgets.status_bar import StatusBar
 from tests.controller.conftest import make_controller
 from tests.ui.chat_app import SIZE, ChatHost, GatedController, chat_config, send, tiny_llama  # noqa: F401
 

@@ -11,8 +11,8 @@ from textual.app import App, ComposeResult
 
 from ds4tui.chat import events as ev
 from ds4tui.screens.chat import ChatScreen
-from ds4tui.widgets import fmt
-from ds4tui.widgets.chat_log import ChatLog
+from ds4tui.screens.widgets import fmt
+from ds4tui.screens.widgets.chat_log import ChatLog
 from tests.ui.chat_app import SIZE, ChatHost, GatedController, chat_config, send, tiny_llama  # noqa: F401
 
 

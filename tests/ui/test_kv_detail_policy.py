@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ds4tui.cache.entry import inspect_file
-from ds4tui.widgets.kv_detail import KvDetailInfo, payload_section
+from ds4tui.screens.widgets.kv_detail import KvDetailInfo, payload_section
 from tests.ui import kv_fixtures as fx
 
 

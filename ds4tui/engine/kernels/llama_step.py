@@ -21,7 +21,7 @@ import torch
 from ds4tui.engine.kernels import qgemv
 
 if TYPE_CHECKING:
-    from ds4tui.engine.llama import LlamaModel
+    from ds4tui.engine.llama.model import LlamaModel
 
 # Weight types the step reads as raw blocks; anything else decodes from the fp32 copy.
 RAW_TYPES = ("q4_1", "q8_0", "f16")

@@ -1,0 +1,134 @@
+"""What the cache browser reads from a directory in one pass, off the UI thread.
+
+Owns: one `BrowserScan` (the store's scored entries, plus each file's raw 52
+header bytes for the hex view, the model fingerprint of ds4tui payloads, and
+the verdict "another model" when that fingerprint is not the running
+model's), and the `TextIndex` the filter searches (each file's text, re-read
+only when the file changed). Pure Python, no Textual: the screen calls
+`scan()` from a worker thread and shows the result.
+Leaves to the cache core every decode and score (`KvStore.entries`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+from ds4tui.cache.entry import NOT_LOADABLE, PREVIEW_BYTES, Acceptor, KvEntry
+from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc
+from ds4tui.cache.store import KvStore
+from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, DSV4_HEADER_BYTES
+
+FINGERPRINT_BYTES = 32  # ds4tui payloads: right after the 52-byte DSV4 header (engine/payload.py)
+# Texts searched by the filter stay in memory; past this a file is searched by
+# its first bytes only (a 30000-token prompt is ~120 KB of text).
+FILTER_TEXT_CAP = 1 << 20
+
+
+@dataclass
+class BrowserScan:
+    """One pass over the directory. `now` is the clock reading the scores used."""
+
+    gen: int
+    now: float
+    entries: list[KvEntry]
+    raw_headers: dict[str, bytes] = field(default_factory=dict)  # path -> first (up to) 52 bytes
+    fingerprints: dict[str, bytes] = field(default_factory=dict)  # path -> 32-byte model fingerprint
+
+
+class TextIndex:
+    """Casefolded text of every file, for the filter; a file is re-read only when its stat changes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # path -> ((inode, size, mtime_ns), casefolded text, preview)
+        self._texts: dict[str, tuple[tuple[int, int, int], str, str]] = {}
+
+    def refresh(self, e: KvEntry) -> None:
+        """Make sure `e`'s text is current; give a corrupt file (no preview from inspection) one."""
+        try:
+            st = os.stat(e.path)
+        except OSError:
+            return
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            cached = self._texts.get(e.path)
+        if cached is None or cached[0] != key:
+            text = ""
+            if e.header is not None:
+                try:
+                    with open(e.path, "rb") as fp:
+                        fp.seek(PREFIX_BYTES)
+                        text = fp.read(min(e.header.text_bytes, FILTER_TEXT_CAP)).decode("utf-8", "replace")
+                except OSError:
+                    pass
+            cached = (key, text.casefold(), text[:PREVIEW_BYTES])
+            with self._lock:
+                self._texts[e.path] = cached
+        if not e.text_preview:
+            e.text_preview = cached[2]
+
+    def forget_except(self, paths: set[str]) -> None:
+        with self._lock:
+            for path in [p for p in self._texts if p not in paths]:
+                del self._texts[path]
+
+    def matches(self, e: KvEntry, needle: str) -> bool:
+        """Case-insensitive substring of the title or the text; an empty needle matches all."""
+        if not needle:
+            return True
+        needle = needle.casefold()
+        if e.title is not None and needle in e.title.casefold():
+            return True
+        with self._lock:
+            cached = self._texts.get(e.path)
+        return needle in (cached[1] if cached else (e.text_preview or "").casefold())
+
+
+def scan(store: KvStore, acceptor: Acceptor, *, gen: int, now: float, texts: TextIndex,
+         model_fingerprint: bytes | None = None) -> BrowserScan:
+    """Every file, scored, with its raw header bytes and fingerprint; `texts` is brought up to date."""
+    result = BrowserScan(gen, now, store.entries(acceptor=acceptor))
+    for e in result.entries:
+        _read_raw(e, result, model_fingerprint)
+        texts.refresh(e)
+    texts.forget_except({e.path for e in result.entries})
+    return result
+
+
+def _read_raw(e: KvEntry, result: BrowserScan, model_fingerprint: bytes | None) -> None:
+    try:
+        with open(e.path, "rb") as fp:
+            result.raw_headers[e.path] = fp.read(PREFIX_BYTES)
+            h = e.header
+            if h is None or h.payload_abi != DS4TUI_PAYLOAD_ABI or not e.payload:
+                return
+            if h.payload_bytes < DSV4_HEADER_BYTES + FINGERPRINT_BYTES:
+                return
+            fp.seek(PREFIX_BYTES + h.text_bytes + DSV4_HEADER_BYTES)
+            fingerprint = fp.read(FINGERPRINT_BYTES)
+    except OSError:
+        return
+    if len(fingerprint) != FINGERPRINT_BYTES:
+        return
+    result.fingerprints[e.path] = fingerprint
+    if model_fingerprint is not None and e.valid and fingerprint != model_fingerprint:
+        # The header matched (same family id); the weights or config did not.
+        # The engine would refuse it at load (payload.check_fingerprint); say so up front.
+        e.not_loadable = f"written by another {e.model} model or config (fingerprint {fingerprint[:6].hex()}…)"
+        e.error = NOT_LOADABLE + e.not_loadable
+
+
+def read_transcript(e: KvEntry, cap: int) -> bytes:
+    """The stored text of a file, at most `cap` bytes; a corrupt file gives what text it holds.
+
+    Raises ValueError when the header does not decode, OSError when the file cannot be read."""
+    if e.header is None:
+        raise ValueError("the header does not decode")
+    with open(e.path, "rb") as fp:
+        try:
+            return read_kvc(fp).text[:cap]
+        except KvcFormatError:
+            fp.seek(PREFIX_BYTES)
+            return fp.read(min(e.header.text_bytes, cap))

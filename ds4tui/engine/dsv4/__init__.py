@@ -1,0 +1,1 @@
+"""The DeepSeek V4 family: config, network parts, model, session, payload, SWA policies, weights."""

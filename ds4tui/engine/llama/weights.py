@@ -1,0 +1,184 @@
+"""Files -> LlamaModel: Hugging Face directories, the weights identity and the fingerprint.
+
+Owns: reading a HF-style llama checkpoint (config.json, *.safetensors, tokenizer.json,
+tokenizer_config.json) into the internal fused layout of llama.py; the SHA-256 of
+weight files, memoized by (path, size, mtime) in `data_dir()/converted/sha256-memo/`
+so a start does not re-hash hundreds of MB (a file edited in place within the same
+mtime tick with the same size would be missed: acceptable for model files); and the
+model fingerprint: SHA-256 over family, config and weights identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from safetensors import safe_open
+
+from ds4tui import paths
+from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, MODEL_ID_LLAMA
+from ds4tui.engine.text.hf_tokenizer import (
+    IM_END,
+    ChatMLTemplate,
+    HFTokenizer,
+    default_system_from_template,
+    is_chatml_template,
+)
+from ds4tui.engine.llama.model import LlamaConfig, LlamaModel
+from ds4tui.engine.model import ModelInfo, WeightsError
+
+FAMILY = "llama"
+
+
+def memo_path(path: Path) -> Path:
+    """One small JSON per hashed file (named by the hash of its path): concurrent processes
+    never lose each other's entries, as they could rewriting one shared memo file."""
+    name = hashlib.sha256(str(path).encode()).hexdigest()[:32]
+    return paths.data_dir() / "converted" / "sha256-memo" / f"{name}.json"
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 hex of a file, memoized by (resolved path, size, mtime_ns)."""
+    path = path.resolve()
+    st = path.stat()
+    stamp = {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    memo = memo_path(path)
+    try:
+        entry = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        entry = None
+    if isinstance(entry, dict) and all(entry.get(k) == v for k, v in stamp.items()):
+        sha = entry.get("sha256")
+        if isinstance(sha, str) and len(sha) == 64:
+            return sha
+    h = hashlib.sha256()
+    with open(path, "rb") as fp:
+        for block in iter(lambda: fp.read(1 << 22), b""):
+            h.update(block)
+    sha = h.hexdigest()
+    atomic_write_bytes(memo, json.dumps({**stamp, "sha256": sha}).encode())
+    return sha
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a unique temp file beside `path`, then rename: readers never see a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "wb") as fp:
+        fp.write(data)
+    os.replace(tmp, path)
+
+
+def fingerprint(cfg: LlamaConfig, weights_identity: str) -> bytes:
+    h = hashlib.sha256()
+    h.update(f"ds4tui/{FAMILY}\0".encode())
+    h.update(cfg.canonical_json())
+    h.update(b"\0")
+    h.update(weights_identity.encode())
+    return h.digest()
+
+
+def make_info(name: str, cfg: LlamaConfig, weights_identity: str, quant_bits: int) -> ModelInfo:
+    return ModelInfo(
+        name=name,
+        family=FAMILY,
+        model_id=MODEL_ID_LLAMA,
+        quant_bits=quant_bits,
+        fingerprint=fingerprint(cfg, weights_identity),
+        n_ctx=cfg.max_position_embeddings,
+        payload_abi=DS4TUI_PAYLOAD_ABI,
+    )
+
+
+def eos_ids_for(tok: HFTokenizer, extra: Iterable[int | None]) -> set[int]:
+    """Stop ids: the declared EOS ids plus <|im_end|> (ChatML ends every turn with it)."""
+    ids = {int(i) for i in extra if i is not None and 0 <= int(i) < tok.vocab_size}
+    im_end = tok.token_to_id(IM_END)
+    if im_end is not None:
+        ids.add(im_end)
+    if not ids:
+        raise WeightsError("the tokenizer declares no EOS token and has no <|im_end|>")
+    return ids
+
+
+def chat_for(template: str | None, source: str) -> ChatMLTemplate:
+    if not is_chatml_template(template):
+        raise WeightsError(f"{source}: only ChatML chat templates are supported")
+    return ChatMLTemplate(default_system_from_template(template))
+
+
+# Hugging Face tensor names -> internal parts (fused on load; see llama.py for the layout).
+_HF_LAYER = {
+    "input_layernorm.weight": "attn_norm",
+    "post_attention_layernorm.weight": "ffn_norm",
+    "self_attn.o_proj.weight": "wo",
+    "mlp.down_proj.weight": "w2",
+}
+
+
+def load_hf_dir(path: Path, name: str) -> LlamaModel:
+    try:
+        raw_cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise WeightsError(f"{path}/config.json: {exc}") from None
+    cfg = LlamaConfig.from_hf(raw_cfg)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise WeightsError(f"{path}: no *.safetensors files")
+    hf: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for key in st.keys():
+                    hf[key] = st.get_tensor(key)
+        except Exception as exc:  # safetensors raises its own error types for corrupt files
+            raise WeightsError(f"{f}: unreadable safetensors ({exc})") from None
+    tensors = hf_to_internal(cfg, hf, str(path))
+    identity = "safetensors:" + ",".join(file_sha256(f) for f in files)
+    tok_file = path / "tokenizer.json"
+    if not tok_file.is_file():
+        raise WeightsError(f"{path}: no tokenizer.json")
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tok_file))
+    tcfg: dict = {}
+    if (path / "tokenizer_config.json").is_file():
+        try:
+            tcfg = json.loads((path / "tokenizer_config.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise WeightsError(f"{path}/tokenizer_config.json: {exc}") from None
+    hf_tok = HFTokenizer(tok, [])
+    declared = raw_cfg.get("eos_token_id")
+    declared = declared if isinstance(declared, list) else [declared]
+    eos_tok = tcfg.get("eos_token")
+    if isinstance(eos_tok, str):
+        declared.append(tok.token_to_id(eos_tok))
+    hf_tok = HFTokenizer(tok, eos_ids_for(hf_tok, declared))
+    chat = chat_for(tcfg.get("chat_template"), str(path))
+    bits = {torch.float32: 32, torch.float16: 16, torch.bfloat16: 16}.get(hf["model.embed_tokens.weight"].dtype, 32)
+    info = make_info(name, cfg, identity, bits)
+    return LlamaModel(cfg, tensors, info, hf_tok, chat, str(path))
+
+
+def hf_to_internal(cfg: LlamaConfig, hf: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    def get(key: str) -> torch.Tensor:
+        t = hf.get(key)
+        if t is None:
+            raise WeightsError(f"{source}: tensor {key} is missing")
+        return t.to(torch.float32)
+
+    out = {"embed": get("model.embed_tokens.weight"), "norm": get("model.norm.weight")}
+    if not cfg.tie_word_embeddings:
+        out["lm_head"] = get("lm_head.weight")
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        for hf_name, ours in _HF_LAYER.items():
+            out[f"layers.{i}.{ours}"] = get(p + hf_name)
+        out[f"layers.{i}.wqkv"] = torch.cat([get(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
+        out[f"layers.{i}.w13"] = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
+    return out

@@ -1,0 +1,1 @@
+"""Text: tokenizers and chat templates, shared by the families."""

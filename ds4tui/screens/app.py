@@ -1,0 +1,72 @@
+"""The Textual application: the chat screen as the default screen, the palette, quitting.
+
+Owns: app-wide wiring only (styles, command palette providers, ctrl+q saving
+live sessions before exit). The chat itself lives in screens/chat.py; the
+engine and the cache are reached only through the controller.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from textual.app import App
+from textual.binding import Binding
+
+from ds4tui.config import Config
+from ds4tui.screens.chat import ChatScreen
+from ds4tui.screens.commands import ChatCommands
+
+if TYPE_CHECKING:
+    from ds4tui.chat.controller import ChatController
+    from ds4tui.engine.model import Model
+
+
+class Ds4TuiApp(App[None]):
+    """`ds4tui`: a terminal chat on the embedded engine, with the disk KV cache."""
+
+    # Absolute: a relative CSS_PATH resolves beside the module of the class that sets it,
+    # and subclasses (tests, embedders) live elsewhere.
+    CSS_PATH = Path(__file__).with_name("app.tcss")
+    TITLE = "ds4tui"
+    COMMANDS = App.COMMANDS | {ChatCommands}
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
+    """
+    | Key | Description |
+    | :- | :- |
+    | ctrl+q | Save live sessions, then quit. |
+    """
+
+    def __init__(self, config: Config | None = None, *, model: Model | None = None,
+                 controller: ChatController | None = None, resume: str | None = None,
+                 cursor_blink: bool = True) -> None:
+        """
+        Args:
+            config: Settings; the model named there is loaded in a worker.
+            model: A loaded model (skips loading).
+            controller: A ready controller (tests).
+            resume: A titled session to open at start (sha prefix or title).
+            cursor_blink: False keeps the cursor still (snapshot tests).
+        """
+        super().__init__()
+        self.config = config or Config()
+        self._screen_args = dict(model=model, controller=controller, resume=resume, cursor_blink=cursor_blink)
+
+    def get_default_screen(self) -> ChatScreen:
+        return ChatScreen(self.config, **self._screen_args)
+
+    @property
+    def chat(self) -> ChatScreen:
+        """The chat screen (the bottom of the screen stack)."""
+        return self.screen_stack[0]  # type: ignore[return-value]
+
+    def on_cache_browser_screen_resume_requested(self, message) -> None:
+        """The cache browser asked to open a file: close it and open the file as a chat."""
+        message.stop()
+        if len(self.screen_stack) > 1:
+            self.pop_screen()
+        self.chat.open_file(message.sha)
+
+    async def action_quit(self) -> None:
+        """Save every live session (reason `shutdown`) before exiting."""
+        self.chat.save_and_exit()

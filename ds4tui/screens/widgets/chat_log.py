@@ -1,0 +1,125 @@
+"""One conversation on screen: user turns as plain text, assistant turns as Markdown.
+
+Owns: the message widgets, appending streamed text, the per-turn stats line
+and inline errors. All text goes through `fmt.display_text` and reaches the
+screen as `rich.text.Text` or Markdown source, never as Rich markup, so a
+transcript read from a file cannot style or break the screen.
+Leaves to the screen: which conversation is shown and when text arrives.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Markdown, Static
+
+from ds4tui.screens.widgets import fmt
+
+
+class UserMessage(Static):
+    """What the user sent, verbatim."""
+
+    DEFAULT_CSS = """
+    UserMessage {
+        margin: 1 0 0 0;
+        padding: 0 1;
+        border-left: thick $accent;
+        background: $boost;
+    }
+    """
+
+    def __init__(self, text: str) -> None:
+        super().__init__(Text(fmt.display_text(text)))
+        self.text = text
+
+
+class AssistantMessage(Vertical):
+    """The model's reply: Markdown (code blocks highlighted) that grows as tokens stream in."""
+
+    DEFAULT_CSS = """
+    AssistantMessage {
+        height: auto;
+        margin: 1 0 0 0;
+        & > Markdown { margin: 0; padding: 0 1; }
+        & > .stats { color: $text-muted; padding: 0 1; height: auto; }
+        & > .stats.-empty { display: none; }
+    }
+    """
+
+    def __init__(self, text: str = "") -> None:
+        super().__init__()
+        self._initial = text
+        self.text = text
+
+    def compose(self) -> ComposeResult:
+        yield Markdown(fmt.display_text(self._initial))
+        yield Static("", classes="stats -empty")
+
+    def append(self, text: str) -> None:
+        """Add streamed text (whole characters, as the controller sends them)."""
+        self.text += text
+        self.query_one(Markdown).append(fmt.display_text(text))
+
+    def set_stats(self, line: str) -> None:
+        stats = self.query_one(".stats", Static)
+        stats.update(Text(line))
+        stats.set_class(not line, "-empty")
+
+
+class NoticeLine(Static):
+    """An inline note in the conversation (an error, a cancelled turn)."""
+
+    DEFAULT_CSS = """
+    NoticeLine {
+        margin: 1 0 0 0;
+        padding: 0 1;
+        color: $text-muted;
+        &.-error { color: $error; }
+    }
+    """
+
+    def __init__(self, text: str, *, error: bool = False) -> None:
+        super().__init__(Text(fmt.display_text(text)), classes="-error" if error else "")
+
+
+class ChatLog(VerticalScroll):
+    """The scrolling list of one conversation's messages; stays pinned to the newest one."""
+
+    DEFAULT_CSS = """
+    ChatLog {
+        height: 1fr;
+        padding: 0 1 1 1;
+    }
+    """
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    def add_user(self, text: str) -> UserMessage:
+        message = UserMessage(text)
+        self.mount(message)
+        return message
+
+    def add_assistant(self, text: str = "") -> AssistantMessage:
+        message = AssistantMessage(text)
+        self.mount(message)
+        return message
+
+    def add_notice(self, text: str, *, error: bool = False) -> NoticeLine:
+        notice = NoticeLine(text, error=error)
+        self.mount(notice)
+        return notice
+
+    def show_messages(self, messages: list[dict]) -> None:
+        """Fill the log from a transcript (a resumed session): user and assistant turns only."""
+        for message in messages:
+            if message.get("role") == "user":
+                self.add_user(str(message.get("content", "")))
+            elif message.get("role") == "assistant":
+                self.add_assistant(str(message.get("content", "")))
+
+    @property
+    def last_assistant(self) -> AssistantMessage | None:
+        found = self.query(AssistantMessage)
+        return found.last() if found else None

@@ -1,0 +1,118 @@
+"""The sidebar: open chats (live in memory or parked on disk) and saved sessions to resume.
+
+Owns: the list items, their markers and the `ChatChosen` message. Titles come
+from files, so they are shown as `Text` after `fmt.one_line`, never as markup.
+Leaves to the screen: opening, resuming and switching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual import on
+from textual.message import Message
+from textual.widgets import Label, ListItem, ListView
+
+from ds4tui.screens.widgets import fmt
+
+LIVE, PARKED, SAVED, BUSY = "●", "○", "↺", "▶"
+TITLE_WIDTH = 26
+
+
+@dataclass(frozen=True)
+class ChatEntry:
+    """One row: an open chat (`key`) or a saved session (`sha`)."""
+
+    title: str
+    key: str | None = None
+    sha: str | None = None
+    live: bool = False
+    busy: bool = False
+
+
+class ChatItem(ListItem):
+    def __init__(self, entry: ChatEntry, active: bool) -> None:
+        super().__init__(Label(self._label(entry, active)))
+        self.entry = entry
+        self.set_class(entry.key is None, "-saved")
+
+    @staticmethod
+    def _label(entry: ChatEntry, active: bool) -> Text:
+        if entry.key is None:
+            marker = SAVED
+        else:
+            marker = BUSY if entry.busy else (LIVE if entry.live else PARKED)
+        label = Text(f"{marker} ")
+        label.append(fmt.one_line(entry.title, TITLE_WIDTH), style="bold" if active else "")
+        return label
+
+    def show(self, entry: ChatEntry, active: bool) -> None:
+        """Redraw this row for `entry` (same position, new title or state)."""
+        self.entry = entry
+        self.set_class(entry.key is None, "-saved")
+        self.query_one(Label).update(self._label(entry, active))
+
+
+class ConversationList(ListView):
+    """Open chats first (● live in memory, ○ saved to disk, ▶ generating), then saved sessions (↺)."""
+
+    DEFAULT_CSS = """
+    ConversationList {
+        width: 32;
+        & > ChatItem.-saved { color: $text-muted; }
+    }
+    """
+
+    @dataclass
+    class ChatChosen(Message):
+        """The user picked a row; handle with `on_conversation_list_chat_chosen`."""
+
+        conversation_list: ConversationList
+        entry: ChatEntry
+
+        @property
+        def control(self) -> ConversationList:
+            return self.conversation_list
+
+    @dataclass
+    class Redrawn(Message):
+        """The rows now show `entries`; handle with `on_conversation_list_redrawn`."""
+
+        conversation_list: ConversationList
+        entries: tuple[ChatEntry, ...]
+
+        @property
+        def control(self) -> ConversationList:
+            return self.conversation_list
+
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        # Redraws are queued, never cancelled: cancelling a ListView while it removes
+        # its items cancels the items' message pumps mid-prune.
+        self._redraw = asyncio.Lock()
+
+    async def show_entries(self, entries: list[ChatEntry], active_key: str | None) -> None:
+        """Replace the rows (in place when their number is unchanged); highlight the active chat."""
+        async with self._redraw:
+            if not self.is_attached:
+                return
+            items = list(self.query(ChatItem))
+            if len(items) == len(entries):
+                for item, entry in zip(items, entries):
+                    item.show(entry, entry.key is not None and entry.key == active_key)
+            else:
+                await self.clear()
+                await self.extend([ChatItem(e, e.key is not None and e.key == active_key) for e in entries])
+            for i, e in enumerate(entries):
+                if e.key is not None and e.key == active_key:
+                    self.index = i
+                    break
+        self.post_message(self.Redrawn(self, tuple(entries)))
+
+    @on(ListView.Selected)
+    def _chosen(self, event: ListView.Selected) -> None:
+        event.stop()
+        if isinstance(event.item, ChatItem):
+            self.post_message(self.ChatChosen(self, event.item.entry))

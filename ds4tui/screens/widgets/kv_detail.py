@@ -1,0 +1,282 @@
+"""The cache browser's detail pane: everything one `.kv` file holds, decoded.
+
+Owns: the annotated hex of the 52 header bytes, the decoded fields (names,
+local and relative times), the eviction score and its parts, the resume cost,
+the DSV4 payload header, the trailers and the text preview. All of it is
+built from rich `Text` objects: text from a file is never parsed as
+markup and its control codes are shown as escapes (`kv_format`).
+Leaves to callers: reading the file (`KvDetailInfo` is filled off the UI thread).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Static
+
+from ds4tui.cache.entry import KvEntry
+from ds4tui.format.kvc import OFFSET_EXT_FLAGS, OFFSET_HITS, OFFSET_LAST_USED, PREFIX_BYTES, payload_abi_name
+from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI
+from ds4tui.format.swa_policy import describe_payload
+from ds4tui.screens.widgets.kv_format import ResumeCost, duration, file_text, human_bytes, local_time, one_line, relative_time
+
+# (offset, size, name) of every field in the first 52 bytes (KVC_SPEC §2).
+HEADER_FIELDS: tuple[tuple[int, int, str], ...] = (
+    (0, 3, "magic"), (3, 1, "version"), (4, 1, "quant_bits"), (5, 1, "reason"),
+    (6, 1, "ext_flags"), (7, 1, "model_id"), (8, 4, "tokens"), (12, 4, "hits"),
+    (16, 4, "ctx_size"), (20, 1, "payload_abi"), (21, 3, "reserved"),
+    (24, 8, "created_at"), (32, 8, "last_used"), (40, 8, "payload_bytes"), (48, 4, "text_bytes"),
+)
+assert sum(size for _, size, _ in HEADER_FIELDS) == PREFIX_BYTES
+assert dict((n, o) for o, _, n in HEADER_FIELDS)["ext_flags"] == OFFSET_EXT_FLAGS
+assert dict((n, o) for o, _, n in HEADER_FIELDS)["hits"] == OFFSET_HITS
+assert dict((n, o) for o, _, n in HEADER_FIELDS)["last_used"] == OFFSET_LAST_USED
+# Alternating styles tell neighbouring fields apart in the hex dump.
+_FIELD_STYLES = ("cyan", "magenta", "green", "yellow")
+_UINT = {1: "<B", 4: "<I", 8: "<Q"}
+
+
+@dataclass(frozen=True)
+class KvDetailInfo:
+    """What the pane shows for one file; built in a worker, shown on the UI thread."""
+
+    entry: KvEntry
+    raw_header: bytes  # the file's first bytes, up to 52 (fewer for a truncated file)
+    now: float
+    cost: ResumeCost | None = None
+    fingerprint: bytes | None = None  # ds4tui payloads only: the writing model's identity
+    model_fingerprint: bytes | None = None  # the running model's, when there is one
+    resume_block: str | None = None  # why resume is refused here; None when it would load
+
+
+def _field_value(raw: bytes, offset: int, size: int, name: str) -> str:
+    chunk = raw[offset:offset + size]
+    if len(chunk) < size:
+        return "(missing)"
+    if name == "magic":
+        return repr(chunk)[1:]
+    if name == "reserved":
+        return "0" if chunk == bytes(size) else f"{chunk.hex()} (not zero)"
+    if name == "ext_flags":
+        return f"0b{chunk[0]:08b}"
+    return str(struct.unpack(_UINT[size], chunk)[0])
+
+
+def hex_table(raw: bytes) -> Text:
+    """One line per header field: offset, its bytes in hex, name, raw value.
+
+    Plain fixed-width `Text` rather than a rich `Table`: the pane is redrawn on
+    every selection change and tables cost far more to measure and render."""
+    out = Text("off  bytes (hex)                field         raw value\n", style="bold")
+    for i, (offset, size, name) in enumerate(HEADER_FIELDS):
+        style = _FIELD_STYLES[i % len(_FIELD_STYLES)]
+        chunk = raw[offset:offset + size]
+        out.append(f"{offset:>3}  ")
+        out.append(f"{chunk.hex(' ') or '—':<23}", style)
+        out.append("  ")
+        out.append(f"{name:<13}", style)
+        out.append(" " + _field_value(raw, offset, size, name) + "\n")
+    out.rstrip()
+    return out
+
+
+def hex_dump(raw: bytes) -> Text:
+    """The bytes 16 per line, each field in its own colour (same colours as the table)."""
+    style_at = []
+    for i, (_, size, _) in enumerate(HEADER_FIELDS):
+        style_at += [_FIELD_STYLES[i % len(_FIELD_STYLES)]] * size
+    out = Text()
+    for line_start in range(0, len(raw), 16):
+        out.append(f"{line_start:04x}  ", "dim")
+        for j, b in enumerate(raw[line_start:line_start + 16]):
+            out.append(f"{b:02x}", style_at[line_start + j])
+            out.append(" ")
+        out.append("\n")
+    out.rstrip()
+    return out
+
+
+def _kv(rows: list[tuple[str, Text | str]]) -> Text:
+    """`key  value` lines with the keys padded to one width."""
+    width = max((len(k) for k, _ in rows), default=0)
+    out = Text()
+    for k, v in rows:
+        out.append(f"{k:<{width}}  ", "bold")
+        out.append_text(v if isinstance(v, Text) else Text(v))
+        out.append("\n")
+    out.rstrip()
+    return out
+
+
+def _when(ts: int, now: float) -> str:
+    return f"{local_time(ts)} ({relative_time(ts, now)})" if ts else "never"
+
+
+def decoded_section(info: KvDetailInfo) -> Text:
+    e, h = info.entry, info.entry.header
+    rows: list[tuple[str, Text | str]] = [("file", Text(f"{e.sha or '?'}.kv  {human_bytes(e.file_bytes)}"))]
+    if h is None:
+        return _kv(rows)
+    flags = ", ".join(h.ext_flag_names) or "none"
+    rows += [
+        ("reason", f"{h.reason} ({h.reason_code})"),
+        ("ext flags", f"{flags} (0x{h.ext_flags:02x})"),
+        ("model", f"{e.model} (id {h.model_id:#04x})"),
+        ("payload ABI", f"{h.payload_abi} ({payload_abi_name(h.payload_abi)})"),
+        ("quant bits", str(h.quant_bits)),
+        ("tokens / ctx", f"{h.tokens} / {h.ctx_size}"),
+        ("hits", str(h.hits)),
+        ("created", _when(h.created_at, info.now)),
+        ("last used", _when(h.last_used, info.now)),
+        ("text", human_bytes(h.text_bytes)),
+        ("payload", human_bytes(h.payload_bytes)),
+    ]
+    if info.fingerprint is not None:
+        fp = info.fingerprint.hex()[:16] + "…"
+        if info.model_fingerprint is not None:
+            same = info.fingerprint == info.model_fingerprint
+            rows.append(("fingerprint", Text(fp + (" (this model)" if same else " (another model)"),
+                                             style="green" if same else "yellow")))
+        else:
+            rows.append(("fingerprint", fp))
+    return _kv(rows)
+
+
+def score_section(info: KvDetailInfo) -> Text:
+    e = info.entry
+    s = e.score
+    if s is None:
+        return _kv([("score", "—")])
+    rows: list[tuple[str, Text | str]] = [
+        ("score", f"{s.score:.4g}"),
+        ("effective hits", f"{s.effective_hits:.2f} (hits halve every 6 h unused)"),
+        ("anchor weight", f"{s.anchor_weight:g}"),
+        ("superseded", f"×{s.superseded_factor:.2f}" + (" (a newer file covers it)" if e.superseded else "")),
+    ]
+    if e.pinned:
+        rows.append(("pinned", Text("never evicted", style="bold magenta")))
+    return _kv(rows)
+
+
+def cost_section(info: KvDetailInfo) -> Text:
+    c = info.cost
+    rows: list[tuple[str, Text | str]] = []
+    if c is not None:
+        rows += [
+            ("load", f"{human_bytes(c.load_bytes)} ≈ {duration(c.load_s)} at {c.disk_mb_s:g} MB/s"),
+            ("cold prefill", f"{c.tokens} tokens ≈ {duration(c.prefill_s)} at {c.prefill_tok_s:g} tok/s"),
+            ("saves", f"≈ {duration(max(c.saved_s, 0.0))}"),
+        ]
+    if info.resume_block:
+        rows.append(("resume", one_line(info.resume_block, 200, "yellow")))
+    elif info.entry.header is not None:
+        rows.append(("resume", Text("loadable here (enter)", style="green")))
+    return _kv(rows)
+
+
+def payload_section(info: KvDetailInfo) -> Text:
+    p = info.entry.payload
+    if not p:
+        return _kv([("payload", "no DSV4 header" if info.entry.header else "—")])
+    rows: list[tuple[str, Text | str]] = [
+        (name, f"0x{value:08x} (DSV4)" if name == "magic" else str(value)) for name, value in p.items()
+    ]
+    header = info.entry.header
+    if header is not None and header.payload_abi == DS4TUI_PAYLOAD_ABI:
+        # Only ds4tui's payloads tag payload_version with the SWA storage policy.
+        rows.append(("swa_policy", describe_payload(p)))
+    return _kv(rows)
+
+
+def trailer_section(info: KvDetailInfo) -> Text:
+    e = info.entry
+    t = e.trailers or {}
+    rows: list[tuple[str, Text | str]] = [("title", one_line(e.title, 80, "bold") if e.title is not None else Text("—"))]
+    tm = t.get("tool_map")
+    if tm:
+        ids = ", ".join(tm.get("ids", [])[:6]) + (" …" if tm.get("count", 0) > 6 else "")
+        rows.append(("tool map", one_line(f"{tm['count']} ids, {tm['dsml_bytes']} B DSML: {ids}", 120)))
+    else:
+        rows.append(("tool map", "—"))
+    if t:
+        rows.append(("trailer bytes", str(t.get("trailer_bytes", 0))))
+        if t.get("extra_bytes"):
+            rows.append(("extra bytes", Text(f"{t['extra_bytes']} after the trailers", style="yellow")))
+    return _kv(rows)
+
+
+def status_line(info: KvDetailInfo) -> Text:
+    e = info.entry
+    head = Text()
+    if e.title is not None:
+        head.append_text(one_line(e.title, 80, "bold"))
+        head.append("  ")
+    head.append((e.sha or "?"), "dim")
+    head.append("\n")
+    if e.valid:
+        head.append("valid", "bold green")
+    elif e.corrupt:
+        head.append("corrupt: ", "bold red")
+        head.append_text(one_line(e.error, 200, "red"))
+    else:
+        head.append_text(one_line(e.error, 200, "bold yellow"))
+    return head
+
+
+def _titled(title: str, body: Text) -> Text:
+    out = Text(title + "\n", style="bold underline")
+    out.append_text(body)
+    return out
+
+
+class KvDetail(VerticalScroll):
+    """Shows one `KvDetailInfo` (or a hint when nothing is selected)."""
+
+    DEFAULT_CSS = """
+    KvDetail {
+        & #detail-status { padding: 0 1; background: $boost; }
+        & Horizontal { height: auto; }
+        & Vertical { width: 1fr; height: auto; padding: 0 1; }
+        & Static { height: auto; margin-bottom: 1; }
+        & #detail-preview { padding: 0 1; }
+    }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text("no file selected", style="dim"), id="detail-status", markup=False)
+        with Horizontal():
+            with Vertical():
+                yield Static("", id="detail-hex", markup=False)
+                yield Static("", id="detail-payload", markup=False)
+            with Vertical():
+                yield Static("", id="detail-fields", markup=False)
+                yield Static("", id="detail-score", markup=False)
+                yield Static("", id="detail-cost", markup=False)
+                yield Static("", id="detail-trailers", markup=False)
+        yield Static("", id="detail-preview", markup=False)
+
+    def show(self, info: KvDetailInfo | None) -> None:
+        """Fill every section from `info`; None clears the pane."""
+        if info is None:
+            self.query_one("#detail-status", Static).update(Text("no file selected", style="dim"))
+            for sid in ("hex", "payload", "fields", "score", "cost", "trailers", "preview"):
+                self.query_one(f"#detail-{sid}", Static).update("")
+            return
+        self.query_one("#detail-status", Static).update(status_line(info))
+        self.query_one("#detail-hex", Static).update(_titled(
+            f"Header ({len(info.raw_header)} of {PREFIX_BYTES} bytes)",
+            Text("\n\n").join([hex_dump(info.raw_header), hex_table(info.raw_header)])))
+        self.query_one("#detail-payload", Static).update(_titled("DSV4 payload header", payload_section(info)))
+        self.query_one("#detail-fields", Static).update(_titled("Decoded", decoded_section(info)))
+        self.query_one("#detail-score", Static).update(_titled("Eviction score", score_section(info)))
+        self.query_one("#detail-cost", Static).update(_titled("Resume", cost_section(info)))
+        self.query_one("#detail-trailers", Static).update(_titled("Trailers", trailer_section(info)))
+        preview = info.entry.text_preview
+        body = file_text(preview) if preview else Text("—", style="dim")
+        if info.entry.header and info.entry.header.text_bytes > len(preview.encode("utf-8", "replace")):
+            body.append(" …", "dim")
+        self.query_one("#detail-preview", Static).update(_titled("Text (start)", body))

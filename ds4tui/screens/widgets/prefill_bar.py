@@ -1,0 +1,49 @@
+"""The prefill progress line: a bar, tokens done/total, speed and ETA.
+
+Owns: showing one prefill's progress. Hidden until a prefill needs more than
+one chunk (short prompts would only flash it). Leaves to the screen: when a
+prefill starts and ends.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.widgets import Label, ProgressBar
+
+from ds4tui.screens.widgets import fmt
+
+
+class PrefillBar(Horizontal):
+    """`Prefill [=====     ] 1,024/4,096 tokens · 300 tok/s · ETA 10s`; class `-active` shows it."""
+
+    DEFAULT_CSS = """
+    PrefillBar {
+        height: 1;
+        padding: 0 1;
+        display: none;
+        &.-active { display: block; }
+        & > #prefill-label { width: auto; padding: 0 1 0 0; }
+        & > ProgressBar { width: auto; & > Bar { width: 16; } }
+        & > #prefill-info { width: 1fr; padding: 0 0 0 1; }
+    }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Label("Prefill", id="prefill-label")
+        yield ProgressBar(total=1, show_eta=False, show_percentage=False, id="prefill-progress")
+        yield Label("", id="prefill-info")
+
+    def show_progress(self, done: int, total: int, tok_s: float, eta_s: float | None) -> None:
+        self.add_class("-active")
+        self.query_one(ProgressBar).update(total=max(total, 1), progress=done)
+        info = f"{fmt.tokens(done)}/{fmt.tokens(total)} tokens · {fmt.rate(tok_s)} · {fmt.eta(eta_s)}"
+        self.query_one("#prefill-info", Label).update(Text(info))
+
+    def hide(self) -> None:
+        self.remove_class("-active")
+
+    @property
+    def active(self) -> bool:
+        return self.has_class("-active")

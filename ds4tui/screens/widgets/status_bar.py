@@ -1,0 +1,49 @@
+"""The one-line status bar: model, context used/total, last speed, last cache event.
+
+Owns: composing that line from plain values. Everything shown is a `Text`
+(never markup), since the cache event may quote a file's title.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widgets import Static
+
+from ds4tui.screens.widgets import fmt
+
+
+class StatusBar(Static):
+    """`model · ctx used/total · speed · cache` (speed and cache only once known)."""
+
+    DEFAULT_CSS = """
+    StatusBar {
+        height: 1;
+        padding: 0 1;
+    }
+    """
+
+    model_name: reactive[str] = reactive("loading model…")
+    """Display name of the loaded model."""
+    ctx_used: reactive[int] = reactive(0)
+    """Tokens in the active conversation's session."""
+    ctx_total: reactive[int] = reactive(0)
+    """Context size of a session (0 before the model is loaded)."""
+    speed: reactive[str] = reactive("")
+    """The last turn's decode speed, already formatted."""
+    cache: reactive[str] = reactive("")
+    """The last cache event, one line."""
+    activity: reactive[str] = reactive("")
+    """What the engine is doing now (prefilling, generating, saving), or empty."""
+
+    def render(self) -> Text:
+        parts = [self.model_name]
+        if self.ctx_total:
+            parts.append(f"ctx {fmt.tokens(self.ctx_used)}/{fmt.tokens(self.ctx_total)}")
+        if self.activity:
+            parts.append(self.activity)
+        if self.speed:
+            parts.append(self.speed)
+        if self.cache:
+            parts.append(self.cache)
+        return Text(" · ".join(fmt.display_text(p) for p in parts), no_wrap=True, overflow="ellipsis")
