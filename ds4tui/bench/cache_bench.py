@@ -61,7 +61,7 @@ def run_bench_cache(args: argparse.Namespace) -> int:
         spec = json.loads(Path(args.spec).read_text())
         print(json.dumps(_measure_side(args.side, spec)))
         return 0
-    from ds4tui.cli import CliError
+    from ds4tui.cli.errors import CliError
 
     if args.tokens < 64:
         raise CliError("--tokens must be at least 64")
@@ -76,11 +76,11 @@ def run_bench_cache(args: argparse.Namespace) -> int:
 
 
 def _bench(model_spec: str, tokens: int, cache_dir: str, tmp: Path) -> dict:
-    from ds4tui.cli import CliError
+    from ds4tui.cli.errors import CliError
     from ds4tui.config import Config
     from ds4tui.chat.controller import ChatController
     from ds4tui.engine.loader import load_model
-    from ds4tui.engine.model import EngineError
+    from ds4tui.engine.errors import EngineError
 
     try:
         model = load_model(model_spec)
@@ -140,7 +140,7 @@ def _first_message(model, tokens: int) -> str:
 
 
 def _run_side(side: str, spec_path: Path) -> dict:
-    from ds4tui.cli import CliError
+    from ds4tui.cli.errors import CliError
 
     cmd = [sys.executable, "-m", "ds4tui", "bench", "cache", "--side", side, "--spec", str(spec_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())

@@ -141,8 +141,8 @@ def add_bench_command(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ds4tui.cli import CliError
-    from ds4tui.engine.model import EngineError
+    from ds4tui.cli.errors import CliError
+    from ds4tui.engine.errors import EngineError
 
     if args.prompt_tokens < 1 or args.decode_tokens < 0 or args.repeats < 1:
         raise CliError("--prompt-tokens and --repeats must be >= 1, --decode-tokens >= 0")

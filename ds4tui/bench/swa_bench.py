@@ -92,13 +92,12 @@ def measure_swa(
     from ds4tui.bench.engine_bench import bench_tokens
     from ds4tui.cache.policy import CachePolicy
     from ds4tui.chat.checkpoints import Checkpoints
-    from ds4tui.engine.dsv4.swa import set_policy
 
     ctx = max(lengths) + suffix
     model = bench_model(spec, window, layers, ctx)
     policies = (f"periodic:{period}", "zero", "full")  # periodic first: the others drop the snapshot
     probe = model.new_session(ctx, chunk)
-    if not set_policy(probe, "full"):
+    if not probe.set_storage_policy("full"):
         raise ValueError(f"{model.info.name} is not a DSV4-family model: SWA policies do not apply")
     cfg = model.cfg
     result = SwaBenchResult(
@@ -118,14 +117,14 @@ def measure_swa(
             cold_runs = []
             for _ in range(repeats):  # the first one is saved below
                 s = model.new_session(ctx, chunk)
-                set_policy(s, f"periodic:{period}")
+                s.set_storage_policy(f"periodic:{period}")
                 t0 = time.perf_counter()
                 s.prefill(prefix)
                 cold_runs.append((_ms(t0), s))
             cold = cold_runs[0][1]
             files = {}
             for policy in policies:
-                set_policy(cold, policy)
+                cold.set_storage_policy(policy)
                 store = Checkpoints(model, f"{tmp}/{t}-{policy.replace(':', '-')}", CachePolicy(), ctx_size=ctx)
                 sha = store.save(cold, text, "cold", ignore)
                 if sha is None:
@@ -206,8 +205,8 @@ def add_bench_command(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ds4tui.cli import CliError
-    from ds4tui.engine.model import EngineError
+    from ds4tui.cli.errors import CliError
+    from ds4tui.engine.errors import EngineError
 
     try:
         lengths = tuple(int(x) for x in args.lengths.split(",") if x.strip())

@@ -24,7 +24,8 @@ from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc
 from ds4tui.cache.policy import CachePolicy
 from ds4tui.cache.store import KvStore
 from ds4tui.format.payload import DSV4_HEADER_BYTES
-from ds4tui.engine.model import EngineError, Model
+from ds4tui.engine.errors import EngineError
+from ds4tui.engine.model import Model
 from ds4tui.engine.payload import FINGERPRINT_BYTES
 from ds4tui.engine.session import Session
 

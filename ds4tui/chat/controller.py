@@ -36,8 +36,8 @@ from ds4tui.chat.events import (
 )
 from ds4tui.chat.streaming import ReplyStream
 from ds4tui.config import Config
-from ds4tui.engine.dsv4.swa import set_policy as set_swa_policy
-from ds4tui.engine.model import EngineError, Model
+from ds4tui.engine.errors import EngineError
+from ds4tui.engine.model import Model
 from ds4tui.engine.sampling import Sampler, SamplingParams
 from ds4tui.engine.session import Session
 
@@ -148,7 +148,7 @@ class ChatController:
         if "swa_policy" in changes:
             for conv in self.list():
                 if conv.session is not None and not conv.busy:  # a busy one picks it up next turn
-                    set_swa_policy(conv.session, self.config.swa_policy)
+                    conv.session.set_storage_policy(self.config.swa_policy)
 
     # -- a turn ------------------------------------------------------------------------------
 
@@ -193,7 +193,7 @@ class ChatController:
         suffix, source = self._prepare(conv, prompt, prompt_bytes, on_event)
         session = conv.session
         assert session is not None
-        set_swa_policy(session, self.config.swa_policy)  # a change made while this chat was busy
+        session.set_storage_policy(self.config.swa_policy)  # a change made while this chat was busy
         base, base_text = len(session.tokens), conv.session_text
         on_event(PrefillStarted(total=len(suffix), cached=base, source=source))
         if not self._prefill(conv, suffix, source, on_event):
@@ -352,7 +352,7 @@ class ChatController:
             while others and self.live_count() >= self.config.live_sessions:
                 self._free(others.pop(0), "evict", on_event)
             conv.session = self.model.new_session(self.config.ctx)
-            set_swa_policy(conv.session, self.config.swa_policy)  # DSV4 only; others ignore it
+            conv.session.set_storage_policy(self.config.swa_policy)  # False (ignored) without SWA layers
             conv.session_text = b""
         return conv.session
 

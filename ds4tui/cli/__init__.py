@@ -13,12 +13,10 @@ import importlib
 import os
 import sys
 
+from ds4tui.cli.errors import CliError
+
 # Group modules, in the order `ds4tui --help` lists them.
 GROUPS = ["kv", "models", "bench", "browse"]
-
-
-class CliError(Exception):
-    """A user-facing failure: printed as one line on stderr, exit status 1."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,13 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(func=chat_cli.run_chat)
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name in GROUPS:
-        try:
-            module = importlib.import_module(f"ds4tui.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"ds4tui.cli.{name}":
-                continue  # group not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"ds4tui.cli.{name}").register(sub)
     return parser
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ds4tui.cli import CliError
+from ds4tui.cli.errors import CliError
 
 
 def register(subparsers) -> None:

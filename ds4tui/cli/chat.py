@@ -24,7 +24,7 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
 
 def chat_config(args: argparse.Namespace):
     """The config file with the flags on top; CliError for a bad file or flag."""
-    from ds4tui.cli import CliError
+    from ds4tui.cli.errors import CliError
     from ds4tui.config import ConfigError, load_config, with_overrides
 
     try:
@@ -42,7 +42,7 @@ def chat_config(args: argparse.Namespace):
 
 def check_model(spec: str) -> None:
     """Raise ModelNotFoundError when `spec` names nothing loadable, without loading weights."""
-    from ds4tui.engine.model import ModelNotFoundError
+    from ds4tui.engine.errors import ModelNotFoundError
 
     if spec in ("tiny-llama", "tiny-dsv4"):
         return  # built from a seed on first use
@@ -59,7 +59,7 @@ def check_resume(query: str, cache_dir: Path) -> None:
     """CliError unless exactly one titled session in `cache_dir` matches `query`."""
     from ds4tui.cache.entry import inspect_file
     from ds4tui.cache.store import KvStore
-    from ds4tui.cli import CliError
+    from ds4tui.cli.errors import CliError
 
     store = KvStore(cache_dir)
     titled = []
@@ -81,8 +81,8 @@ def check_resume(query: str, cache_dir: Path) -> None:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from ds4tui.cli import CliError
-    from ds4tui.engine.model import EngineError
+    from ds4tui.cli.errors import CliError
+    from ds4tui.engine.errors import EngineError
 
     config = chat_config(args)
     try:

@@ -18,7 +18,7 @@ import re
 import time
 from pathlib import Path
 
-from ds4tui.cli import CliError
+from ds4tui.cli.errors import CliError
 
 _HEX = re.compile(r"^[0-9a-fA-F]{1,40}$")
 

@@ -54,8 +54,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from ds4tui.cli import CliError
-    from ds4tui.engine.model import ModelNotFoundError
+    from ds4tui.cli.errors import CliError
+    from ds4tui.engine.errors import ModelNotFoundError
     from ds4tui.engine.registry import pull
 
     try:
@@ -67,8 +67,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_path(args: argparse.Namespace) -> int:
-    from ds4tui.cli import CliError
-    from ds4tui.engine.model import ModelNotFoundError
+    from ds4tui.cli.errors import CliError
+    from ds4tui.engine.errors import ModelNotFoundError
     from ds4tui.engine.registry import REGISTRY, installed_path, resolve_registered
 
     entry = REGISTRY.get(args.name)

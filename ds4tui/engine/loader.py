@@ -15,7 +15,8 @@ import json
 import threading
 from pathlib import Path
 
-from ds4tui.engine.model import Model, ModelNotFoundError, WeightsError
+from ds4tui.engine.errors import ModelNotFoundError, WeightsError
+from ds4tui.engine.model import Model
 
 _LOADED: dict[str, Model] = {}
 _LOCK = threading.Lock()
@@ -54,7 +55,7 @@ def _load_uncached(spec: str) -> Model:
             )
         path = registered
     if path.is_file() and path.suffix == ".gguf":
-        from ds4tui.engine.llama.model import load_llama_gguf
+        from ds4tui.engine.llama.gguf import load_llama_gguf
 
         return load_llama_gguf(path, name=spec if not Path(spec).exists() else path.stem)
     if path.is_dir():
@@ -76,7 +77,7 @@ def _load_dir(path: Path, name: str) -> Model:
 
         return load_dsv4(path, name=name)
     if model_type in LLAMA_MODEL_TYPES:
-        from ds4tui.engine.llama.model import load_llama_hf
+        from ds4tui.engine.llama.weights import load_llama_hf
 
         return load_llama_hf(path, name=name)
     raise WeightsError(f"{config_file}: model_type {model_type!r} is not supported (llama family or deepseek_v4)")

@@ -10,22 +10,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import Protocol, Sequence
 
-if TYPE_CHECKING:
-    from ds4tui.engine.session import Session
+from ds4tui.engine.session import Session
 
-
-class EngineError(Exception):
-    """Base of every error the engine raises on purpose (bad weights, bad payload, full context)."""
-
-
-class WeightsError(EngineError):
-    """A checkpoint that cannot be loaded: the message names the tensor or file."""
-
-
-class ModelNotFoundError(EngineError):
-    """The model spec names nothing on disk; the message says which command fetches it."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +71,7 @@ class Model(ABC):
     chat: ChatTemplate
 
     @abstractmethod
-    def new_session(self, ctx_size: int | None = None) -> "Session":
+    def new_session(self, ctx_size: int | None = None) -> Session:
         """A fresh, empty session; ctx_size defaults to min(model n_ctx, a memory-friendly default)."""
 
     def warm_up(self, ctx_size: int | None = None) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ds4tui.format.payload import DSV4_HEADER_BYTES, DSV4_MAGIC, Dsv4Header, pack_dsv4_header, unpack_dsv4_header
-from ds4tui.engine.session import PayloadError
+from ds4tui.engine.errors import PayloadError
 
 FINGERPRINT_BYTES = 32
 

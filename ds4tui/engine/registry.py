@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from ds4tui import paths
-from ds4tui.engine.model import ModelNotFoundError
+from ds4tui.engine.errors import ModelNotFoundError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 

@@ -15,23 +15,13 @@ from typing import BinaryIO, Callable, Sequence
 
 import torch
 
-from ds4tui.engine.model import EngineError
+from ds4tui.engine.errors import ContextFullError
+from ds4tui.format.swa_policy import SwaPolicy
 
 # on_progress(done, total): tokens of this prefill call finished so far, and its total.
 ProgressFn = Callable[[int, int], None]
 StopFn = Callable[[], bool]
 
-
-class ContextFullError(EngineError):
-    """The session has no room for the requested tokens."""
-
-
-class PayloadError(EngineError):
-    """A payload that cannot be restored into this session; the message says exactly why.
-
-    Raising it leaves the session as it was before the load (reset to empty if
-    the failure was detected after state was touched), never half-restored.
-    """
 
 
 class Session(ABC):
@@ -103,6 +93,16 @@ class Session(ABC):
     @abstractmethod
     def reset(self) -> None:
         """Forget everything: an empty session of the same size."""
+
+    # -- storage policy ----------------------------------------------------------------------
+
+    def set_storage_policy(self, policy: SwaPolicy | str) -> bool:
+        """Use this SWA storage policy (`full`, `periodic:K`, `zero`) for the next saves.
+
+        Returns False, and changes nothing, for a session without sliding-window layers:
+        there every policy stores the same bytes. Families with such layers override it.
+        """
+        return False
 
     # -- persistence (the DSV4 payload, see payload.py) ---------------------------------------
 

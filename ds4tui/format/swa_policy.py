@@ -38,8 +38,9 @@ KINDS = {code: kind for kind, code in CODES.items()}
 MAX_PERIOD = (1 << 24) - 1  # K lives in the 24 upper bits of payload_version
 MARKER_MAGIC = b"SWAP"
 MARKER_BYTES = 16
-# dsv4_attention.QUERY_BLOCK: a zero replay starts on the query-block grid of a cold
-# prefill (a test checks the two stay equal).
+# Queries per attention score block in the DSV4 engine. Defined here, not in the engine,
+# because a zero payload's replay start (zero_replay_start) sits on this grid: changing it
+# changes which tokens a load of an existing file re-runs.
 QUERY_BLOCK = 64
 
 

@@ -157,7 +157,7 @@ class ChatScreen(Screen):
     @work(thread=True, group="engine", description="load the model")
     def _load_model(self, spec: str) -> None:
         from ds4tui.engine.loader import load_model
-        from ds4tui.engine.model import EngineError
+        from ds4tui.engine.errors import EngineError
 
         try:
             model = load_model(spec)

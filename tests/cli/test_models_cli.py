@@ -10,7 +10,7 @@ import pytest
 
 from ds4tui.cli import main
 from ds4tui.engine import registry
-from ds4tui.engine.model import ModelNotFoundError
+from ds4tui.engine.errors import ModelNotFoundError
 from ds4tui.engine.registry import REGISTRY, Registered, pull
 
 CONTENT = b"GGUF" + bytes(range(256)) * 4096  # 1 MiB and a bit

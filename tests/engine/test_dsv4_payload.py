@@ -13,7 +13,7 @@ import torch
 
 from ds4tui.format.payload import DSV4_HEADER_BYTES
 from ds4tui.engine.dsv4.model import model_from_tensors
-from ds4tui.engine.session import PayloadError
+from ds4tui.engine.errors import PayloadError
 from ds4tui.engine.dsv4.tiny import random_tensors
 from tests.engine.dsv4_helpers import expected_size, load, save, single_thread, tiny, tokens  # noqa: F401 (fixture)
 
@@ -93,7 +93,7 @@ def saved():
 
 def _assert_usable_and_empty(s):
     assert s.tokens == [] and s.logits is None
-    fresh = s.model.new_session(s.ctx_size, chunk_size=s.chunk_size)
+    fresh = type(s)(s.net, s.info, s.ctx_size, s.chunk_size)
     toks = tokens(20, seed=9)
     s.prefill(toks)
     fresh.prefill(toks)

@@ -12,7 +12,7 @@ from ds4tui.format.payload import MODEL_ID_DS4_FLASH, MODEL_ID_DSV4_CUSTOM
 from ds4tui.engine.dsv4.model import load_dsv4, model_from_tensors
 from ds4tui.engine.dsv4.config import Dsv4Config
 from ds4tui.engine.loader import load_model
-from ds4tui.engine.model import WeightsError
+from ds4tui.engine.errors import WeightsError
 from ds4tui.engine.dsv4.tiny import CONFIG, random_tensors, tiny_config, write_checkpoint
 from tests.engine.dsv4_helpers import single_thread, tiny, tokens  # noqa: F401 (fixture)
 

@@ -13,7 +13,8 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from ds4tui.engine.llama import gguf as gguf_loader
-from ds4tui.engine.llama.model import load_llama_gguf, load_llama_hf
+from ds4tui.engine.llama.gguf import load_llama_gguf
+from ds4tui.engine.llama.weights import load_llama_hf
 from ds4tui.engine.llama.weights import file_sha256
 from ds4tui.engine.llama.tiny import CHAT_TEMPLATE, ensure_tiny_llama
 

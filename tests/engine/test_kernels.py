@@ -218,7 +218,7 @@ def test_no_compiler_falls_back_to_torch(monkeypatch, tmp_path):
 def test_gguf_blocks_reach_the_step(tiny, tmp_path, monkeypatch):
     from tests.engine.test_gguf import write_tiny_gguf
 
-    from ds4tui.engine.llama.model import load_llama_gguf
+    from ds4tui.engine.llama.gguf import load_llama_gguf
     from ds4tui.engine.llama.tiny import ensure_tiny_llama
 
     hf_dir = ensure_tiny_llama()

@@ -12,7 +12,7 @@ from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, MODEL_ID_LLAMA, unpack_dsv
 from ds4tui.engine.llama.model import LlamaConfig, LlamaModel
 from ds4tui.engine.llama.weights import hf_to_internal, make_info
 from ds4tui.engine.loader import load_model
-from ds4tui.engine.session import PayloadError
+from ds4tui.engine.errors import PayloadError
 from ds4tui.engine.llama.tiny import CHAT_TEMPLATE, CONFIG, random_llama_weights
 
 CHUNK = 16  # small chunks so a 50-token prompt crosses several aligned boundaries
@@ -203,3 +203,9 @@ def test_token_bytes_rebuild_the_text(model):
     assert ids[0] == 1 and ids[-1] == 2
     assert b"".join(model.tokenizer.token_bytes(i) for i in ids) == text.encode()
     assert model.tokenizer.decode(ids) == text
+
+
+def test_storage_policy_does_not_apply_to_full_attention(model):
+    """The Session contract's default: no sliding-window layers, so no policy to set."""
+    s = model.new_session(64)
+    assert s.set_storage_policy("zero") is False

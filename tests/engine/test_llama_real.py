@@ -7,7 +7,7 @@ import jinja2
 import pytest
 
 from ds4tui.engine.loader import load_model
-from ds4tui.engine.model import ModelNotFoundError
+from ds4tui.engine.errors import ModelNotFoundError
 from ds4tui.engine.registry import DEFAULT_MODEL, resolve_registered
 
 pytestmark = pytest.mark.real_model

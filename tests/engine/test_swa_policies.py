@@ -13,13 +13,10 @@ import torch
 
 from ds4tui.config import ConfigError, from_mapping
 from ds4tui.engine.dsv4 import swa as dsv4_swa
-from ds4tui.engine.dsv4.attention import QUERY_BLOCK
 from ds4tui.engine.dsv4.net import Dsv4Trace
-from ds4tui.engine.dsv4.swa import set_policy
-from ds4tui.engine.session import PayloadError
+from ds4tui.engine.errors import PayloadError
 from ds4tui.format.swa_policy import (
     FULL_POLICY,
-    QUERY_BLOCK as POLICY_QUERY_BLOCK,
     SwaPolicy,
     describe_payload,
     parse_policy,
@@ -40,7 +37,7 @@ ZERO_TOL = 1e-4
 
 def _session(policy: str = "full"):
     s = tiny().new_session(CTX, chunk_size=CHUNK)
-    set_policy(s, policy)
+    s.set_storage_policy(policy)
     return s
 
 
@@ -51,7 +48,7 @@ def _saves(t: int, seed: int = 1) -> tuple[object, dict[str, bytes], list[int]]:
     a.prefill(toks[:t])
     data = {}
     for policy in (f"periodic:{PERIOD}", "zero", "full"):  # periodic first: setting others drops the snapshot
-        set_policy(a, policy)
+        a.set_storage_policy(policy)
         data[policy] = save(a)
     return a, data, toks
 
@@ -103,7 +100,7 @@ def test_restore_then_continue_equals_uninterrupted(t):
                 _close(x, y)
         else:
             assert all(torch.equal(x, y) for x, y in zip(got, want))
-            set_policy(a, "full")
+            a.set_storage_policy("full")
             assert save(b) == save(a)  # the whole state, byte for byte
 
 
@@ -216,7 +213,6 @@ def test_policy_text_tags_and_inspect_line():
     for pol in (FULL_POLICY, SwaPolicy("zero"), SwaPolicy("periodic", 2048)):
         assert policy_of_version(payload_version(pol)) == pol
     assert payload_version(FULL_POLICY) == 1 and SwaPolicy("periodic", 100).effective_period(128) == 128
-    assert POLICY_QUERY_BLOCK == QUERY_BLOCK  # zero's start sits on the attention block grid
     header = {"payload_version": payload_version(SwaPolicy("zero")), "token_count": 300,
               "prefill_chunk": CHUNK, "layer_count": L, "raw_window": W}
     assert describe_payload(header) == "zero (no raw window; a load re-runs the last 108 tokens)"

@@ -29,8 +29,8 @@ from ds4tui.engine.dsv4.compressor import CompressorWeights, compress
 from ds4tui.engine.dsv4.config import CSA_RATIO, Dsv4Config
 from ds4tui.engine.dsv4.hc import rms_norm
 from ds4tui.engine.dsv4.rope import Rope, apply_rope
+from ds4tui.format.swa_policy import QUERY_BLOCK  # score blocks: [64, heads, W + 64 + compressed rows] at most
 
-QUERY_BLOCK = 64  # queries per score block: [64, heads, W + 64 + compressed rows] at most
 
 # on_select(layer, positions [q], mask [q, rows]): the indexer's choice per query (traces).
 SelectHook = Callable[[int, torch.Tensor, torch.Tensor], None]

@@ -19,7 +19,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
-from ds4tui.engine.model import WeightsError
+from ds4tui.engine.errors import WeightsError
 
 _LAYER_TYPE_RATIO = {
     "sliding_attention": 0,

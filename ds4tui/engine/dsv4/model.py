@@ -34,7 +34,8 @@ from ds4tui.engine.dsv4.weights import (
     sources_from_safetensors,
     weights_digest,
 )
-from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer, WeightsError
+from ds4tui.engine.errors import WeightsError
+from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
 
 DEFAULT_CTX = 4096  # sessions default to this (or the model's n_ctx if smaller)
 MAX_CHUNK = 2048  # ds4's prefill chunk: large enough for efficient matmuls, a multiple of 128
@@ -90,7 +91,7 @@ class Dsv4Model(Model):
         if not 0 < ctx <= n_ctx:
             raise ValueError(f"ctx_size {ctx} outside 1..{n_ctx}")
         chunk = default_chunk(ctx, self.cfg.ratio_lcm) if chunk_size is None else int(chunk_size)
-        return Dsv4Session(self, ctx, chunk)
+        return Dsv4Session(self.net, self.info, ctx, chunk)
 
 
 def read_config(path: Path, **overrides: Any) -> Dsv4Config:

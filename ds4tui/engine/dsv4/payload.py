@@ -28,7 +28,7 @@ after the per-layer counts, and a load re-runs the missing tokens.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, BinaryIO, Callable
+from typing import BinaryIO, Callable
 
 import torch
 
@@ -52,15 +52,14 @@ from ds4tui.engine.dsv4.swa import (
     read_marker,
     write_marker,
 )
-from ds4tui.engine.session import PayloadError
+from ds4tui.engine.dsv4.state import Dsv4State
+from ds4tui.engine.errors import PayloadError
 
-if TYPE_CHECKING:
-    from ds4tui.engine.dsv4.session import Dsv4Session
 
 DSV4_PAYLOAD_VERSION = 1  # ds4's DSV4 payload version; ours adds the fingerprint (payload ABI 128)
 
 
-def header_for(s: "Dsv4Session", layout: SwaLayout | None = None) -> Dsv4Header:
+def header_for(s: Dsv4State, layout: SwaLayout | None = None) -> Dsv4Header:
     cfg, t = s.cfg, len(s.tokens)
     raw_at = t if layout is None else layout.raw_at
     caps = [lc.attn.capacity for lc in s.layers if lc.attn is not None and lc.ratio == 4]
@@ -92,7 +91,7 @@ def layer_bytes(lc: LayerCache, t: int, window: int, head_dim: int, raw_at: int 
     return n
 
 
-def payload_size(s: "Dsv4Session") -> int:
+def payload_size(s: Dsv4State) -> int:
     cfg, t = s.cfg, len(s.tokens)
     layout = layout_for_save(s)
     body = sum(layer_bytes(lc, t, cfg.sliding_window, cfg.head_dim, layout.raw_at) for lc in s.layers)
@@ -102,7 +101,7 @@ def payload_size(s: "Dsv4Session") -> int:
 # -- writing, section by section ---------------------------------------------------------------
 
 
-def write_raw_section(fp: BinaryIO, s: "Dsv4Session", layout: SwaLayout, li: int) -> None:
+def write_raw_section(fp: BinaryIO, s: Dsv4State, layout: SwaLayout, li: int) -> None:
     write_tensor(fp, raw_rows_for_save(s, layout, li))  # full: the live window; see dsv4_swa.py
 
 
@@ -112,7 +111,7 @@ def write_compressor_section(fp: BinaryIO, st: CompressorState) -> None:
     write_tensor(fp, st.state_score)
 
 
-def write_payload(s: "Dsv4Session", fp: BinaryIO) -> None:
+def write_payload(s: Dsv4State, fp: BinaryIO) -> None:
     cfg = s.cfg
     logits = s.next_logits()
     if logits is None:
@@ -120,7 +119,7 @@ def write_payload(s: "Dsv4Session", fp: BinaryIO) -> None:
     comp = [lc.attn.n_rows if lc.attn is not None else 0 for lc in s.layers]
     index = [lc.index.n_rows if lc.index is not None else 0 for lc in s.layers]
     layout = layout_for_save(s)
-    write_framing(fp, header_for(s, layout), s.model.info.fingerprint, s.tokens, logits, comp, index)
+    write_framing(fp, header_for(s, layout), s.info.fingerprint, s.tokens, logits, comp, index)
     write_marker(fp, layout)
     for li, lc in enumerate(s.layers):
         write_raw_section(fp, s, layout, li)
@@ -132,7 +131,7 @@ def write_payload(s: "Dsv4Session", fp: BinaryIO) -> None:
 # -- reading -----------------------------------------------------------------------------------
 
 
-def read_payload(s: "Dsv4Session", fp: BinaryIO, nbytes: int, begin: Callable[[], None]) -> None:
+def read_payload(s: Dsv4State, fp: BinaryIO, nbytes: int, begin: Callable[[], None]) -> None:
     """Restore s from exactly nbytes of fp; raises PayloadError. `begin()` is called (and must
     empty the session) once everything but the sections themselves has been checked. A
     periodic or zero payload then re-runs the tokens whose raw rows it does not hold."""
@@ -140,7 +139,7 @@ def read_payload(s: "Dsv4Session", fp: BinaryIO, nbytes: int, begin: Callable[[]
     r = PayloadReader(fp, nbytes)
     h = r.read_header()
     layout = layout_from_header(h)  # the payload_version check: full (1), periodic or zero
-    check_fingerprint(r.read_bytes(FINGERPRINT_BYTES, "the fingerprint"), s.model.info.fingerprint, s.model.info.name)
+    check_fingerprint(r.read_bytes(FINGERPRINT_BYTES, "the fingerprint"), s.info.fingerprint, s.info.name)
     for name, want in (
         ("layer_count", cfg.num_hidden_layers),
         ("head_dim", cfg.head_dim),

@@ -31,14 +31,14 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 import torch
 
 from ds4tui.format.payload import Dsv4Header
-from ds4tui.engine.dsv4.attention import QUERY_BLOCK
 from ds4tui.engine.payload import PayloadReader
-from ds4tui.engine.session import PayloadError
+from ds4tui.engine.dsv4.state import Dsv4State, RestoreInfo
+from ds4tui.engine.errors import PayloadError
 from ds4tui.format.swa_policy import (
     CODES,
     FULL,
@@ -46,6 +46,7 @@ from ds4tui.format.swa_policy import (
     MARKER_BYTES,
     MARKER_MAGIC,
     PERIODIC,
+    QUERY_BLOCK,
     ZERO,
     SwaPolicy,
     parse_policy,
@@ -55,35 +56,9 @@ from ds4tui.format.swa_policy import (
     zero_replay_start,
 )
 
-if TYPE_CHECKING:
-    from ds4tui.engine.dsv4.session import Dsv4Session
 
 _MARKER = struct.Struct("<4sIII")  # magic, layout code, period K, position of the stored window
 
-
-@dataclass(frozen=True)
-class RestoreInfo:
-    """What the last load did: for the bench, the UI and tests."""
-
-    policy: str
-    tokens: int
-    replayed: int  # tokens re-run to rebuild the raw windows
-    replay_ms: float
-    # max |replayed - stored| next-token logit: 0 when the file came from a cold prefill and
-    # the replay is bit-exact; rounding-sized otherwise. None when nothing was replayed.
-    logit_delta: float | None
-
-
-@dataclass
-class SwaState:
-    policy: SwaPolicy = FULL_POLICY
-    snapshot_at: int | None = None  # position of the periodic snapshot
-    snapshot: list[torch.Tensor] | None = None  # per layer [min(P, W), head_dim], oldest first
-    replaying: bool = False
-    last_restore: RestoreInfo | None = None
-
-    def forget(self) -> None:
-        self.snapshot_at = self.snapshot = self.last_restore = None
 
 
 @dataclass(frozen=True)
@@ -111,28 +86,24 @@ class SwaLayout:
 # -- the session side -------------------------------------------------------------------------
 
 
-def set_policy(session: object, policy: SwaPolicy | str) -> bool:
-    """Use `policy` for this session's next saves; False (and nothing done) for a session
-    without SWA policies (other families). A periodic policy snapshots at once when the
+def set_policy(session: Dsv4State, policy: SwaPolicy | str) -> None:
+    """Use `policy` for this session's next saves. A periodic policy snapshots at once when the
     session stands on one of its frontiers; otherwise saves are full until the next one."""
-    swa = getattr(session, "swa", None)
-    if not isinstance(swa, SwaState):
-        return False
+    swa = session.swa
     swa.policy = parse_policy(policy) if isinstance(policy, str) else policy
     if swa.policy.kind != PERIODIC:
         swa.snapshot_at = swa.snapshot = None  # only periodic saves read it
     else:
-        _maybe_snapshot(session, len(session.tokens))  # type: ignore[attr-defined]
-    return True
+        _maybe_snapshot(session, len(session.tokens))
 
 
-def after_forward(s: "Dsv4Session", end: int) -> None:
+def after_forward(s: Dsv4State, end: int) -> None:
     """Called by the session after every forward that ends at absolute position `end`."""
     if not s.swa.replaying:
         _maybe_snapshot(s, end)
 
 
-def _maybe_snapshot(s: "Dsv4Session", end: int) -> None:
+def _maybe_snapshot(s: Dsv4State, end: int) -> None:
     # Prefill chunks end on multiples of the chunk size, and the effective period is one,
     # so every frontier is the end of some forward (or a decode step).
     k = s.swa.policy.effective_period(s.chunk_size)
@@ -142,7 +113,7 @@ def _maybe_snapshot(s: "Dsv4Session", end: int) -> None:
         s.swa.snapshot_at = end
 
 
-def layout_for_save(s: "Dsv4Session") -> SwaLayout:
+def layout_for_save(s: Dsv4State) -> SwaLayout:
     """The layout a save writes now. A periodic session that has no snapshot at its last
     frontier (restored from a file, or its policy just changed) writes a full payload:
     the same bytes as the periodic one would have, and nothing to recompute."""
@@ -159,7 +130,7 @@ def layout_for_save(s: "Dsv4Session") -> SwaLayout:
     return SwaLayout(FULL_POLICY, t, t, t)
 
 
-def raw_rows_for_save(s: "Dsv4Session", layout: SwaLayout, layer: int) -> torch.Tensor:
+def raw_rows_for_save(s: Dsv4State, layout: SwaLayout, layer: int) -> torch.Tensor:
     """The raw rows a save writes for one layer: [min(raw_at, W), head_dim], oldest first."""
     lc = s.layers[layer]
     if layout.raw_at == len(s.tokens):
@@ -211,7 +182,7 @@ def read_marker(r: PayloadReader, layout: SwaLayout) -> None:
         )
 
 
-def finish_load(s: "Dsv4Session", layout: SwaLayout) -> None:
+def finish_load(s: Dsv4State, layout: SwaLayout) -> None:
     """After the sections are read: keep a periodic window as the snapshot, then rebuild the
     raw windows by re-running the tokens the file did not store."""
     t = layout.tokens
@@ -226,7 +197,7 @@ def finish_load(s: "Dsv4Session", layout: SwaLayout) -> None:
     _maybe_snapshot(s, t)
 
 
-def _replay(s: "Dsv4Session", layout: SwaLayout) -> RestoreInfo:
+def _replay(s: Dsv4State, layout: SwaLayout) -> RestoreInfo:
     tokens, stored = list(s.tokens), s.logits
     start = layout.replay_from
     s.tokens, s.logits = tokens[:start], None

@@ -30,7 +30,7 @@ from ds4tui.engine.dsv4.compressor import CompressorWeights
 from ds4tui.engine.dsv4.config import Dsv4Config
 from ds4tui.engine.dsv4.hc import HcHeadWeights, HcWeights
 from ds4tui.engine.dsv4.moe import MoeWeights
-from ds4tui.engine.model import WeightsError
+from ds4tui.engine.errors import WeightsError
 
 _TORCH_TO_ST = {
     torch.float32: "F32", torch.float64: "F64", torch.bfloat16: "BF16", torch.float16: "F16",

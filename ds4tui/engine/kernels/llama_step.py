@@ -14,14 +14,11 @@ the table stays valid for the decoder's lifetime; the tensors are never written.
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import torch
 
 from ds4tui.engine.kernels import qgemv
-
-if TYPE_CHECKING:
-    from ds4tui.engine.llama.model import LlamaModel
 
 # Weight types the step reads as raw blocks; anything else decodes from the fp32 copy.
 RAW_TYPES = ("q4_1", "q8_0", "f16")
@@ -61,14 +58,16 @@ def _bind(lib: ctypes.CDLL) -> None:
 
 
 class FastDecoder:
-    """Batch-1 decode for one LlamaModel; shared by its sessions (calls are serialized)."""
+    """Batch-1 decode for one llama-family model; shared by its sessions (calls are serialized)."""
 
-    def __init__(self, model: "LlamaModel", raw: Mapping[str, tuple[str, torch.Tensor]], lib: ctypes.CDLL) -> None:
-        """raw: internal weight name ("layers.{i}.wqkv", ..., "lm_head" or "embed" for a tied
+    def __init__(self, cfg, tensors: Mapping[str, torch.Tensor], rope: tuple[torch.Tensor, torch.Tensor],
+                 raw: Mapping[str, tuple[str, torch.Tensor]], lib: ctypes.CDLL) -> None:
+        """cfg: a LlamaConfig; tensors: the model's fp32 weights by internal name (see
+        engine/llama/config.py); rope: the (cos, sin) tables [positions, head_dim / 2].
+        raw: internal weight name ("layers.{i}.wqkv", ..., "lm_head" or "embed" for a tied
         head) -> (type, uint8 [rows, row_bytes] blocks) for the weights kept as file blocks."""
         _bind(lib)
         self._lib = lib
-        cfg = model.cfg
         self.cfg = cfg
         self._keep: list[torch.Tensor] = []  # every tensor the table points into
         self._weights: list[torch.Tensor] = []  # the matrices among them
@@ -97,20 +96,22 @@ class FastDecoder:
             return ptr(dense), qgemv.TYPE_IDS["f32"]
 
         layers = (_Layer * cfg.num_layers)()
-        for i, layer in enumerate(model.layers):
+        for i in range(cfg.num_layers):
             p = f"layers.{i}."
-            wqkv, t_qkv = weight(p + "wqkv", layer.wqkv.weight)
-            wo, t_o = weight(p + "wo", layer.wo.weight)
-            w13, t_13 = weight(p + "w13", layer.w13.weight)
-            w2, t_2 = weight(p + "w2", layer.w2.weight)
-            layers[i] = _Layer(ptr(layer.attn_norm), ptr(layer.ffn_norm), wqkv, wo, w13, w2, t_qkv, t_o, t_13, t_2)
+            wqkv, t_qkv = weight(p + "wqkv", tensors[p + "wqkv"])
+            wo, t_o = weight(p + "wo", tensors[p + "wo"])
+            w13, t_13 = weight(p + "w13", tensors[p + "w13"])
+            w2, t_2 = weight(p + "w2", tensors[p + "w2"])
+            layers[i] = _Layer(ptr(tensors[p + "attn_norm"]), ptr(tensors[p + "ffn_norm"]),
+                               wqkv, wo, w13, w2, t_qkv, t_o, t_13, t_2)
         head_name = "embed" if cfg.tie_word_embeddings else "lm_head"
-        head, t_head = weight(head_name, model.lm_head.weight)
+        head, t_head = weight(head_name, tensors[head_name])
+        cos, sin = rope
         self._layers = layers
         self._table = _Llama(
             cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
-            cfg.head_dim, cfg.vocab_size, model.cos.shape[0], cfg.rms_norm_eps, t_head,
-            ptr(model.embed), ptr(model.norm), head, ptr(model.cos), ptr(model.sin),
+            cfg.head_dim, cfg.vocab_size, cos.shape[0], cfg.rms_norm_eps, t_head,
+            ptr(tensors["embed"]), ptr(tensors["norm"]), head, ptr(cos), ptr(sin),
             ctypes.cast(layers, ctypes.POINTER(_Layer)),
         )
         self._ws = torch.empty(0)
@@ -146,12 +147,13 @@ class FastDecoder:
         return logits
 
 
-def make_fast_decoder(model: "LlamaModel", raw: Mapping[str, tuple[str, torch.Tensor]] | None) -> FastDecoder | None:
-    """A FastDecoder for `model`, or None when the kernels run on the torch backend."""
+def make_fast_decoder(cfg, tensors: Mapping[str, torch.Tensor], rope: tuple[torch.Tensor, torch.Tensor],
+                      raw: Mapping[str, tuple[str, torch.Tensor]] | None) -> FastDecoder | None:
+    """A FastDecoder over these weights, or None when the kernels run on the torch backend."""
     lib = qgemv.library()
-    if lib is None or not supported(model.cfg):
+    if lib is None or not supported(cfg):
         return None
-    return FastDecoder(model, raw or {}, lib)
+    return FastDecoder(cfg, tensors, rope, raw or {}, lib)
 
 
 def supported(cfg) -> bool:

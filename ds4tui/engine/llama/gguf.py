@@ -31,9 +31,10 @@ import torch
 from ds4tui import paths
 from ds4tui.engine.text.hf_tokenizer import ChatMLTemplate, HFTokenizer
 from ds4tui.engine.kernels.raw_weights import gguf_raw_blocks, split_raw
-from ds4tui.engine.llama.model import LlamaConfig, LlamaModel, expected_shapes
+from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
+from ds4tui.engine.llama.model import LlamaModel
 from ds4tui.engine.llama.weights import chat_for, eos_ids_for, file_sha256, make_info
-from ds4tui.engine.model import WeightsError
+from ds4tui.engine.errors import WeightsError
 
 # Bump when the converted layout or the conversion changes: old copies are then rebuilt.
 # 3: the copy also holds the file's raw weight blocks for the fused decode step.
@@ -49,7 +50,9 @@ def converted_dir(sha256: str) -> Path:
     return paths.data_dir() / "converted" / sha256[:16]
 
 
-def load_gguf(path: Path, name: str) -> LlamaModel:
+def load_llama_gguf(path: str | Path, name: str) -> LlamaModel:
+    """A llama-family GGUF (converted once to a cached fp32 copy, memory-mapped after)."""
+    path = Path(path)
     if not path.is_file():
         raise WeightsError(f"{path}: no such GGUF file")
     sha = file_sha256(path)
@@ -89,7 +92,7 @@ def load_converted(out: Path, meta: dict, name: str) -> LlamaModel:
         tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     except WeightsError:
         raise
-    except Exception as exc:  # a damaged cache: load_gguf rebuilds it once
+    except Exception as exc:  # a damaged cache: load_llama_gguf rebuilds it once
         raise WeightsError(f"{out}: converted copy is damaged ({exc})") from None
     info = make_info(name, cfg, "gguf:" + meta["gguf_sha256"], int(meta["quant_bits"]))
     chat = ChatMLTemplate(meta.get("default_system_prompt"))

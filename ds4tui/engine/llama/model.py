@@ -1,109 +1,36 @@
-"""The llama-family model: config, weights layout and the forward pass (SmolLM2, tiny-llama).
+"""The llama-family model: weights and the forward pass (SmolLM2, tiny-llama).
 
 Owns the math of one forward over a chunk of tokens at an absolute position,
-written against a session's static KV buffer. The session (llama_session.py)
-owns state and the payload; llama_weights.py and gguf_loader.py turn files into
-the internal weight layout below. Entry points for `loader.py`:
-`load_llama_hf(dir, name)` and `load_llama_gguf(path, name)`.
-
-Internal weight names (also the names in the converted fp32 cache, so a cached
-load maps tensors straight in without renaming or fusing):
-  embed [V, H]; norm [H]; lm_head [V, H] (absent: tied to embed);
-  layers.{i}.attn_norm [H]; layers.{i}.wqkv [(Hq + 2 Hkv) D, H] (q rows, k rows, v rows);
-  layers.{i}.wo [H, Hq D]; layers.{i}.ffn_norm [H]; layers.{i}.w13 [2 F, H] (gate rows, up rows);
-  layers.{i}.w2 [H, F].
-q/k rows are in Hugging Face order (RoPE rotates the two halves of each head).
+written against a session's static KV buffer, in the internal weight layout of
+config.py. The session (session.py) owns state and the payload; weights.py (Hugging
+Face directories) and gguf.py (GGUF files) turn files into that layout and are the
+entry points `engine/loader.py` calls.
 """
 
 from __future__ import annotations
 
-import json
 import threading
-from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Mapping
 
 import torch
 import torch.nn.functional as F
 
-from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer, WeightsError
+from ds4tui.engine.errors import WeightsError
+from ds4tui.engine.kernels.llama_step import make_fast_decoder
+from ds4tui.engine.kernels.qgemm import make_blocks
+from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
+from ds4tui.engine.llama.session import LlamaSession
+from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
 
 # A session's context when the caller names none: SmolLM2's 8192 would pin 377 MB of fp32 KV;
 # 4096 (189 MB) is plenty for a chat on a CPU, where filling it takes tens of seconds.
 DEFAULT_CTX = 4096
 # Products of at most this many activation rows go through the weights' file blocks when
-# present (qgemm.c). SmolLM2 forward, best of 3, 2 vCPU EPYC, blocks vs fp32 torch:
-# 23 rows 53 vs 112 ms (at 3.5K context 153 vs 228), 128 rows 220 vs 299, 256 rows
-# 520 vs 625, 512 rows 936 vs 959 (2130 vs 2087 at 3.5K): the blocks win up to 256.
+# present (qgemm.c): the measured crossover against fp32 torch (docs/perf.md, "Short prefills").
 _SMALL_ROWS = 256
 # Prefill chunk: 512 tokens keep the [G*S, T] masks and activations small while matmuls stay
 # large enough to run near peak; chunk ends are aligned to absolute multiples (session.py).
 CHUNK_SIZE = 512
-
-
-@dataclass(frozen=True)
-class LlamaConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rope_theta: float
-    rms_norm_eps: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim", "max_position_embeddings"):
-            if int(getattr(self, name)) <= 0:
-                raise WeightsError(f"config {name} must be positive, got {getattr(self, name)}")
-        if self.num_heads % self.num_kv_heads:
-            raise WeightsError(f"{self.num_heads} query heads do not group over {self.num_kv_heads} KV heads")
-        if self.head_dim % 2:
-            raise WeightsError("head_dim must be even for RoPE")
-
-    @property
-    def group(self) -> int:
-        """Query heads per KV head (GQA)."""
-        return self.num_heads // self.num_kv_heads
-
-    @property
-    def kv_row_floats(self) -> int:
-        """Floats one token keeps per layer: K and V of every KV head (the payload's head_dim)."""
-        return 2 * self.num_kv_heads * self.head_dim
-
-    @classmethod
-    def from_hf(cls, cfg: Mapping) -> "LlamaConfig":
-        """From a Hugging Face config.json dict (llama-like)."""
-        try:
-            if cfg.get("rope_scaling"):
-                raise WeightsError(f"rope_scaling {cfg['rope_scaling']!r} is not supported")
-            heads = int(cfg["num_attention_heads"])
-            hidden = int(cfg["hidden_size"])
-            return cls(
-                vocab_size=int(cfg["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=int(cfg["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
-                rope_theta=float(cfg.get("rope_theta", 10000.0)),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise WeightsError(f"config.json: missing or bad field ({exc})") from None
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def canonical_json(self) -> bytes:
-        return json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":")).encode()
 
 
 class Linear:
@@ -142,23 +69,6 @@ class LlamaLayer:
         self.ffn_norm = tensors[p + "ffn_norm"]
         self.w13 = make_linear(tensors[p + "w13"])
         self.w2 = make_linear(tensors[p + "w2"])
-
-
-def expected_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """Every internal tensor name and its shape (lm_head only when not tied)."""
-    h, d, f = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    shapes: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab_size, h), "norm": (h,)}
-    if not cfg.tie_word_embeddings:
-        shapes["lm_head"] = (cfg.vocab_size, h)
-    for i in range(cfg.num_layers):
-        p = f"layers.{i}."
-        shapes[p + "attn_norm"] = (h,)
-        shapes[p + "wqkv"] = ((cfg.num_heads + 2 * cfg.num_kv_heads) * d, h)
-        shapes[p + "wo"] = (h, cfg.num_heads * d)
-        shapes[p + "ffn_norm"] = (h,)
-        shapes[p + "w13"] = (2 * f, h)
-        shapes[p + "w2"] = (h, f)
-    return shapes
 
 
 def check_tensors(cfg: LlamaConfig, tensors: Mapping[str, torch.Tensor], source: str) -> None:
@@ -205,10 +115,7 @@ class LlamaModel(Model):
         assert self.cos.shape[1] == half
         # Batch-1 forwards (decode) run as one C call over the raw blocks (kernels/); None on
         # the torch kernel backend, and tests may set it to None to force the torch path.
-        from ds4tui.engine.kernels.llama_step import make_fast_decoder
-        from ds4tui.engine.kernels.qgemm import make_blocks
-
-        self.fast = make_fast_decoder(self, raw)
+        self.fast = make_fast_decoder(cfg, tensors, (self.cos, self.sin), raw)
         if self.fast is not None and raw:  # block products only where the C step runs too
             for i, layer in enumerate(self.layers):
                 for name in ("wqkv", "wo", "w13", "w2"):
@@ -226,9 +133,7 @@ class LlamaModel(Model):
             raise ValueError(f"ctx_size {ctx} outside 1..{self.cfg.max_position_embeddings}")
         return ctx
 
-    def new_session(self, ctx_size: int | None = None):
-        from ds4tui.engine.llama.session import LlamaSession
-
+    def new_session(self, ctx_size: int | None = None) -> LlamaSession:
         ctx = self._ctx(ctx_size)
         with self._spare_lock:
             kv, self._spare = self._spare, None
@@ -333,17 +238,3 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-
-def load_llama_hf(path: str | Path, name: str) -> LlamaModel:
-    """A Hugging Face style directory: config.json + *.safetensors + tokenizer.json."""
-    from ds4tui.engine.llama.weights import load_hf_dir
-
-    return load_hf_dir(Path(path), name)
-
-
-def load_llama_gguf(path: str | Path, name: str) -> LlamaModel:
-    """A llama-family GGUF (converted once to a cached fp32 copy, memory-mapped after)."""
-    from ds4tui.engine.llama.gguf import load_gguf
-
-    return load_gguf(Path(path), name)

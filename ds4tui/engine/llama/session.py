@@ -18,7 +18,7 @@ restore measured 27 ms quiet, 150-255 ms under load; numpy: 15-21 ms either way)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO, Protocol
 
 import numpy as np
 import torch
@@ -32,17 +32,27 @@ from ds4tui.engine.payload import (
     write_framing,
     write_tensor,
 )
-from ds4tui.engine.session import PayloadError, Session
-
-if TYPE_CHECKING:
-    from ds4tui.engine.llama.model import LlamaModel
+from ds4tui.engine.errors import PayloadError
+from ds4tui.engine.llama.config import LlamaConfig
+from ds4tui.engine.model import ModelInfo
+from ds4tui.engine.session import Session
 
 # Version of the llama per-layer sections inside the DSV4 framing (header field payload_version).
 LLAMA_PAYLOAD_VERSION = 1
 
 
+class LlamaForward(Protocol):
+    """What a session needs of its model (LlamaModel): the shapes, the identity its payloads
+    carry, and one forward over the session's KV buffer."""
+
+    cfg: LlamaConfig
+    info: ModelInfo
+
+    def forward(self, kv: torch.Tensor, tokens: list[int], pos: int, want_logits: bool) -> torch.Tensor | None: ...
+
+
 class LlamaSession(Session):
-    def __init__(self, model: "LlamaModel", ctx_size: int, chunk_size: int,
+    def __init__(self, model: LlamaForward, ctx_size: int, chunk_size: int,
                  kv: torch.Tensor | None = None) -> None:
         """kv: a buffer of this session's shape to adopt (the model's pre-touched spare, see
         LlamaModel.warm_up); its content is irrelevant."""

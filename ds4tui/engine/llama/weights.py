@@ -29,8 +29,10 @@ from ds4tui.engine.text.hf_tokenizer import (
     default_system_from_template,
     is_chatml_template,
 )
-from ds4tui.engine.llama.model import LlamaConfig, LlamaModel
-from ds4tui.engine.model import ModelInfo, WeightsError
+from ds4tui.engine.llama.config import LlamaConfig
+from ds4tui.engine.llama.model import LlamaModel
+from ds4tui.engine.errors import WeightsError
+from ds4tui.engine.model import ModelInfo
 
 FAMILY = "llama"
 
@@ -121,7 +123,9 @@ _HF_LAYER = {
 }
 
 
-def load_hf_dir(path: Path, name: str) -> LlamaModel:
+def load_llama_hf(path: str | Path, name: str) -> LlamaModel:
+    """A Hugging Face style directory: config.json + *.safetensors + tokenizer.json."""
+    path = Path(path)
     try:
         raw_cfg = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as exc:
