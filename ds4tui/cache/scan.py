@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from ds4tui.cache.entry import NOT_LOADABLE, PREVIEW_BYTES, Acceptor, KvEntry
 from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc
 from ds4tui.cache.store import KvStore
-from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, DSV4_HEADER_BYTES
+from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, read_fingerprint
 
-FINGERPRINT_BYTES = 32  # ds4tui payloads: right after the 52-byte DSV4 header (engine/payload.py)
 # Texts searched by the filter stay in memory; past this a file is searched by
 # its first bytes only (a 30000-token prompt is ~120 KB of text).
 FILTER_TEXT_CAP = 1 << 20
@@ -104,13 +103,10 @@ def _read_raw(e: KvEntry, result: BrowserScan, model_fingerprint: bytes | None) 
             h = e.header
             if h is None or h.payload_abi != DS4TUI_PAYLOAD_ABI or not e.payload:
                 return
-            if h.payload_bytes < DSV4_HEADER_BYTES + FINGERPRINT_BYTES:
-                return
-            fp.seek(PREFIX_BYTES + h.text_bytes + DSV4_HEADER_BYTES)
-            fingerprint = fp.read(FINGERPRINT_BYTES)
+            fingerprint = read_fingerprint(fp, PREFIX_BYTES + h.text_bytes, h.payload_bytes)
     except OSError:
         return
-    if len(fingerprint) != FINGERPRINT_BYTES:
+    if fingerprint is None:
         return
     result.fingerprints[e.path] = fingerprint
     if model_fingerprint is not None and e.valid and fingerprint != model_fingerprint:

@@ -23,10 +23,9 @@ from ds4tui.cache.events import Miss, Rejected
 from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc
 from ds4tui.cache.policy import CachePolicy
 from ds4tui.cache.store import KvStore
-from ds4tui.format.payload import DSV4_HEADER_BYTES
+from ds4tui.format.payload import read_fingerprint
 from ds4tui.engine.errors import EngineError
 from ds4tui.engine.model import Model
-from ds4tui.engine.payload import FINGERPRINT_BYTES
 from ds4tui.engine.session import Session
 
 
@@ -143,7 +142,7 @@ class Checkpoints:
             h = e.header
             if not e.valid or h is None or not h.titled or e.title is None:
                 continue
-            if _payload_fingerprint(e.path, h.text_bytes) != self.model.info.fingerprint:
+            if _payload_fingerprint(e.path, h.text_bytes, h.payload_bytes) != self.model.info.fingerprint:
                 continue
             out.append(SavedSession(sha=sha, path=e.path, title=e.title, created_at=h.created_at,
                                     last_used=h.last_used, tokens=h.tokens, file_bytes=e.file_bytes))
@@ -172,12 +171,10 @@ def _loader(session: Session) -> Callable[[BinaryIO, int], int]:
     return load
 
 
-def _payload_fingerprint(path: str | Path, text_bytes: int) -> bytes | None:
-    """The 32-byte model fingerprint that follows the payload's DSV4 header."""
+def _payload_fingerprint(path: str | Path, text_bytes: int, payload_bytes: int) -> bytes | None:
+    """The model fingerprint of a ds4tui file's payload; None when unreadable."""
     try:
         with open(path, "rb") as fp:
-            fp.seek(PREFIX_BYTES + text_bytes + DSV4_HEADER_BYTES)
-            data = fp.read(FINGERPRINT_BYTES)
+            return read_fingerprint(fp, PREFIX_BYTES + text_bytes, payload_bytes)
     except OSError:
         return None
-    return data if len(data) == FINGERPRINT_BYTES else None

@@ -1,23 +1,12 @@
-"""The session payload: ds4's DSV4 layout, generalized by the config, plus a model fingerprint.
+"""Writing and reading a session payload with torch: the framing every family shares.
 
-Layout (all little-endian; every family writes the same sections in this order):
-
-| section | type | size |
-|---|---|---|
-| header | 13 x u32 (`ds4tui.format.payload.DSV4_FIELDS`) | 52 bytes |
-| fingerprint | bytes | 32 (SHA-256 of family + config + weights identity) |
-| tokens | u32 | token_count |
-| logits | f32 | vocab_size (next-token logits) |
-| compressed row counts | u32 | layer_count |
-| indexer row counts | u32 | layer_count |
-| per layer, in order | f32 | raw rows (live_raw_rows x head_dim, logical order), then the family's compressed rows + frontier, then indexer rows + frontier |
-
-A llama-family model is the degenerate case: one raw window that covers the
-whole context (head_dim = K and V of all KV heads side by side), zero
-compressed and indexer rows. The family decides the per-layer sections; this
-module gives the header/fingerprint/token/logit framing and byte-exact,
-bounds-checked reading: every length is checked against the bytes left before
-anything is allocated, and leftover bytes are an error.
+The layout is ds4tui/format/payload.py's (header, fingerprint, tokens, logits,
+per-layer row counts, then the family's per-layer sections). A llama-family
+model is the degenerate case: one raw window that covers the whole context
+(head_dim = K and V of all KV heads side by side), zero compressed and indexer
+rows. This module writes the framing and reads it byte-exact and bounds-checked:
+every length is checked against the bytes left before anything is allocated,
+and leftover bytes are an error.
 """
 
 from __future__ import annotations
@@ -28,16 +17,15 @@ from typing import BinaryIO, Sequence
 import numpy as np
 import torch
 
-from ds4tui.format.payload import DSV4_HEADER_BYTES, DSV4_MAGIC, Dsv4Header, pack_dsv4_header, unpack_dsv4_header
+from ds4tui.format.payload import (
+    DSV4_HEADER_BYTES,
+    DSV4_MAGIC,
+    FINGERPRINT_BYTES,
+    Dsv4Header,
+    pack_dsv4_header,
+    unpack_dsv4_header,
+)
 from ds4tui.engine.errors import PayloadError
-
-FINGERPRINT_BYTES = 32
-
-
-def framing_bytes(token_count: int, vocab_size: int, layer_count: int) -> int:
-    """Bytes of everything but the per-layer sections."""
-    return DSV4_HEADER_BYTES + FINGERPRINT_BYTES + 4 * token_count + 4 * vocab_size + 8 * layer_count
-
 
 def write_framing(
     fp: BinaryIO,

@@ -1,15 +1,29 @@
-"""The payload header shared by ds4 and ds4tui: 13 little-endian u32 fields that open a "DSV4" payload.
+"""The payload framing shared by ds4 and ds4tui: the "DSV4" header, the fingerprint, ids and ABIs.
 
-Pure Python on purpose: the cache (which must not import torch) decodes it to
-show foreign files, and the engine writes it. KVC_SPEC §3 names the fields.
-ds4tui's own payloads carry `DS4TUI_PAYLOAD_ABI` in the KVC header (byte 20);
-ds4's own are ABI 2 and are listed but never loaded by ds4tui.
+A payload opens with 13 little-endian u32 fields (`DSV4_FIELDS`; the README's
+"Session payload" section names them). ds4tui's own payloads, which carry
+`DS4TUI_PAYLOAD_ABI` in the KVC header (byte 20), then continue, in every family:
+
+| section | type | size |
+|---|---|---|
+| header | 13 x u32 | 52 bytes |
+| fingerprint | bytes | 32 (SHA-256 of family + config + weights identity) |
+| tokens | u32 | token_count |
+| logits | f32 | vocab_size (next-token logits) |
+| compressed row counts | u32 | layer_count |
+| indexer row counts | u32 | layer_count |
+| per layer, in order | f32 | the family's sections (engine/<family>/) |
+
+ds4's own payloads are ABI 2 and are listed but never loaded by ds4tui.
+Pure Python on purpose: the cache (which must not import torch) decodes the
+header and reads the fingerprint to show files; the engine writes them.
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import astuple, dataclass, fields
+from typing import BinaryIO
 
 DSV4_MAGIC = 0x34565344  # b"DSV4" read as a little-endian u32
 DSV4_MAGIC_BYTES = b"DSV4"
@@ -30,6 +44,8 @@ DSV4_FIELDS = (
 )
 _STRUCT = struct.Struct("<13I")
 DSV4_HEADER_BYTES = _STRUCT.size  # 52
+# ds4tui payloads: the writing model's identity, right after the DSV4 header.
+FINGERPRINT_BYTES = 32
 
 # KVC header byte 20 for payloads written by ds4tui's engine. ds4 itself writes 2;
 # a different layout must never be misread, so ours gets a value ds4 will not reach soon.
@@ -78,3 +94,18 @@ def unpack_dsv4_header(data: bytes) -> Dsv4Header:
     if header.magic != DSV4_MAGIC:
         raise ValueError(f"payload magic is {header.magic:#010x}, not DSV4")
     return header
+
+
+def framing_bytes(token_count: int, vocab_size: int, layer_count: int) -> int:
+    """Bytes of a ds4tui payload's framing: everything but the per-layer sections."""
+    return DSV4_HEADER_BYTES + FINGERPRINT_BYTES + 4 * token_count + 4 * vocab_size + 8 * layer_count
+
+
+def read_fingerprint(fp: BinaryIO, payload_offset: int, payload_bytes: int) -> bytes | None:
+    """The 32-byte model fingerprint of the ds4tui payload at `payload_offset` of an open file,
+    or None when the payload is too short to hold one or the file ends first."""
+    if payload_bytes < DSV4_HEADER_BYTES + FINGERPRINT_BYTES:
+        return None
+    fp.seek(payload_offset + DSV4_HEADER_BYTES)
+    data = fp.read(FINGERPRINT_BYTES)
+    return data if len(data) == FINGERPRINT_BYTES else None

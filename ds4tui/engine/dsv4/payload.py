@@ -32,14 +32,12 @@ from typing import BinaryIO, Callable
 
 import torch
 
-from ds4tui.format.payload import DSV4_MAGIC, Dsv4Header
 from ds4tui.engine.dsv4.cache import EMPTY_SCORE, CompressorState, LayerCache
+from ds4tui.format.payload import DSV4_MAGIC, FINGERPRINT_BYTES, Dsv4Header, framing_bytes
 from ds4tui.engine.payload import (
-    FINGERPRINT_BYTES,
     PayloadReader,
     check_field,
     check_fingerprint,
-    framing_bytes,
     write_framing,
     write_tensor,
 )

@@ -23,12 +23,11 @@ from typing import BinaryIO, Protocol
 import numpy as np
 import torch
 
-from ds4tui.format.payload import DSV4_MAGIC, Dsv4Header
+from ds4tui.format.payload import DSV4_MAGIC, FINGERPRINT_BYTES, Dsv4Header, framing_bytes
 from ds4tui.engine.payload import (
     PayloadReader,
     check_field,
     check_fingerprint,
-    framing_bytes,
     write_framing,
     write_tensor,
 )
@@ -133,7 +132,7 @@ class LlamaSession(Session):
         self.reset()
         r = PayloadReader(fp, nbytes)
         h = r.read_header()
-        check_fingerprint(r.read_bytes(32, "the fingerprint"), self.model.info.fingerprint, self.model.info.name)
+        check_fingerprint(r.read_bytes(FINGERPRINT_BYTES, "the fingerprint"), self.model.info.fingerprint, self.model.info.name)
         check_field(h, "payload_version", LLAMA_PAYLOAD_VERSION)
         check_field(h, "layer_count", cfg.num_layers)
         check_field(h, "head_dim", cfg.kv_row_floats)

@@ -1,0 +1,44 @@
+"""Files written before a refactor still load after it.
+
+Model fingerprints and the `.kv` bytes must depend on the model (family, config, weight
+values) only, never on where the code lives: `tests/data/619eb389….kv` was written by
+ds4tui before the engine moved into per-family packages (tiny-llama, a 40-token
+prompt, reason `cold`). A deliberate change to a fingerprint recipe or a tiny model's
+recipe breaks these tests on purpose: old files then stop loading, so say so in the
+change and update the data.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from ds4tui.cache.policy import CachePolicy
+from ds4tui.chat.checkpoints import Checkpoints
+from ds4tui.engine.loader import load_model
+
+DATA = Path(__file__).parent.parent / "data"
+OLD_LLAMA_FILE = DATA / "619eb3898f2a2b4798a8976a35878a3611214983.kv"
+OLD_PROMPT = [{"role": "user", "content": "Hello there, old file."}]
+# tiny-dsv4's fingerprint as computed before the move (its payload file is too large to keep).
+OLD_DSV4_FINGERPRINT = "a3bbdfd6ccef010caf881c8914ac92708f3d686c7b95100437fb01b6eded3c00"
+
+
+def test_a_llama_file_written_before_the_move_restores_exactly(tmp_path):
+    model = load_model("tiny-llama")
+    shutil.copy(OLD_LLAMA_FILE, tmp_path / OLD_LLAMA_FILE.name)
+    prompt = model.chat.render(OLD_PROMPT, add_generation_prompt=True).encode()
+    checkpoints = Checkpoints(model, tmp_path, CachePolicy(), ctx_size=256)
+    restored = model.new_session(256)
+    events: list = []
+    assert checkpoints.restore_longest(prompt, restored, events.append) == len(prompt)
+    fresh = model.new_session(256)
+    fresh.prefill(model.tokenizer.encode(prompt.decode()))
+    assert restored.tokens == fresh.tokens and len(fresh.tokens) == 40
+    assert torch.equal(restored.logits, fresh.logits)
+
+
+def test_the_dsv4_fingerprint_does_not_depend_on_module_paths():
+    assert load_model("tiny-dsv4").info.fingerprint.hex() == OLD_DSV4_FINGERPRINT
