@@ -477,8 +477,9 @@ class ChatScreen(Screen):
         if self.controller is None:
             self.app.push_screen(CacheBrowserScreen(self.config.cache_path()))
             return
-        checkpoints = self.controller.checkpoints
-        store = checkpoints.store if checkpoints is not None else self.config.cache_path()
+        store = self.controller.cache_store
+        if store is None:  # --no-disk-cache: browse the configured directory all the same
+            store = self.config.cache_path()
         self.app.push_screen(CacheBrowserScreen(
             store, model=self.controller.model.info, ctx_size=self.controller.ctx_size(),
             prefill_tok_s=self._prefill_tok_s,
@@ -537,7 +538,7 @@ class ChatScreen(Screen):
     def _conversation(self, key: str):
         if self.controller is None:
             return None
-        return self.controller.conversations.get(key)
+        return self.controller.find(key)
 
     def _toast(self, text: str, title: str, severity: str = "information") -> None:
         self.notify(text, title=title, severity=severity, timeout=NOTIFY_TIMEOUT, markup=False)

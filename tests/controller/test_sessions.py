@@ -138,3 +138,15 @@ def test_open_untitled_checkpoint_continues_from_its_kv(tiny_llama, tmp_path):
     assert len(conv.session.tokens) == cold.tokens and conv.saved_sha is None
     assert conv.messages[-1]["role"] == "user" and LONG_PROMPT.startswith(conv.messages[-1]["content"])
     assert conv.title.startswith("Please summarize")
+
+
+def test_rename_caps_the_title_whoever_calls_it(tiny_llama, tmp_path):
+    """The title is a trailer in every save: the controller caps it, not only the dialog."""
+    from ds4tui.chat.conversation import MAX_TITLE_CHARS
+
+    ctl = make_controller(tiny_llama, tmp_path, max_tokens=1)
+    conv = ctl.new_conversation()
+    ctl.send(conv.key, "hi", Recorder())
+    ctl.rename(conv.key, "t" * (2 << 20))
+    assert len(conv.title) == MAX_TITLE_CHARS and conv.title.endswith("…")
+    assert make_controller(tiny_llama, tmp_path).resume(conv.title).title == conv.title

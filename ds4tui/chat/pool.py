@@ -1,0 +1,78 @@
+"""The live engine sessions of a controller: at most `config.live_sessions` in memory.
+
+Owns creating a conversation's session (with the current storage policy), the
+least-recently-used cap (the one going out is saved with reason `evict`),
+freeing on close and on quit (`shutdown`), and the context size of the
+controller's sessions. Leaves to checkpoints.py how a save is written.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ds4tui.chat.checkpoints import Checkpoints
+from ds4tui.chat.conversation import Conversation
+from ds4tui.chat.events import ChatEvent, SessionFreed
+from ds4tui.chat.registry import Conversations
+from ds4tui.chat.settings import Settings
+from ds4tui.engine.model import Model
+from ds4tui.engine.session import Session
+
+EventFn = Callable[[ChatEvent], None]
+
+
+class SessionPool:
+    def __init__(self, model: Model, settings: Settings, conversations: Conversations,
+                 checkpoints: Checkpoints | None) -> None:
+        self.model = model
+        self.settings = settings
+        self.conversations = conversations
+        self.checkpoints = checkpoints
+        self._ctx_size: int | None = None
+
+    def ctx_size(self) -> int:
+        """Context size of these sessions (the engine's default unless config.ctx is set)."""
+        if self._ctx_size is None:
+            live = next((c.session for c in self.conversations.live()), None)
+            if live is None:
+                # The engine picks its default (memory-friendly, below n_ctx); ask it once
+                # with a throwaway session rather than guess. Call off the UI thread.
+                live = self.model.new_session(self.settings.config.ctx)
+            self._ctx_size = live.ctx_size
+        return self._ctx_size
+
+    def live_count(self) -> int:
+        return len(self.conversations.live())
+
+    def ensure(self, conv: Conversation, on_event: EventFn) -> Session:
+        """conv's session, creating it; over the cap the least recently used other one goes to disk."""
+        if conv.session is None:
+            others = sorted((c for c in self.conversations.live() if c is not conv and not c.busy),
+                            key=lambda c: c.last_active)
+            while others and self.live_count() >= self.settings.config.live_sessions:
+                self.free(others.pop(0), "evict", on_event)
+            conv.session = self.model.new_session(self.settings.config.ctx)
+            conv.session.set_storage_policy(self.settings.config.swa_policy)  # False (ignored) without SWA layers
+            conv.session_text = b""
+        return conv.session
+
+    def apply_storage_policy(self) -> None:
+        """The configured SWA policy on every idle live session (a busy one takes it next turn)."""
+        for conv in self.conversations.live():
+            if conv.session is not None and not conv.busy:
+                conv.session.set_storage_policy(self.settings.config.swa_policy)
+
+    def free(self, conv: Conversation, reason: str, on_event: EventFn) -> None:
+        """Save a live session (reason evict/shutdown) and drop it from memory."""
+        session = conv.session
+        if session is None:
+            return
+        if session.tokens and self.checkpoints is not None:
+            self.checkpoints.save(session, conv.session_text, reason, on_event)
+        conv.session, conv.session_text, conv.stored_upto = None, b"", 0
+        on_event(SessionFreed(conversation=conv.key, reason=reason))
+
+    def free_all(self, reason: str, on_event: EventFn) -> None:
+        for conv in self.conversations.live():
+            if not conv.busy:
+                self.free(conv, reason, on_event)

@@ -1,0 +1,56 @@
+"""The open conversations of one controller: keys, lookup, and a lock for UI-thread reads.
+
+Owns the dict of `Conversation`s and their in-memory keys. A worker thread changes a
+conversation's contents during a turn; the UI thread only lists and looks up, under
+the lock, so it never sees the dict mid-change.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+from ds4tui.chat.conversation import Conversation
+
+
+class Conversations:
+    def __init__(self) -> None:
+        self._by_key: dict[str, Conversation] = {}
+        self._keys = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def new_key(self) -> str:
+        return f"c{next(self._keys)}"
+
+    def add(self, conv: Conversation) -> Conversation:
+        with self._lock:
+            self._by_key[conv.key] = conv
+        return conv
+
+    def remove(self, key: str) -> None:
+        with self._lock:
+            del self._by_key[key]
+
+    def get(self, key: str) -> Conversation:
+        """KeyError when no open conversation has this key."""
+        with self._lock:
+            return self._by_key[key]
+
+    def find(self, key: str) -> Conversation | None:
+        with self._lock:
+            return self._by_key.get(key)
+
+    def all(self) -> list[Conversation]:
+        with self._lock:
+            return list(self._by_key.values())
+
+    def live(self) -> list[Conversation]:
+        """Conversations holding a live engine session."""
+        return [c for c in self.all() if c.live]
+
+    def by_saved_sha(self, query: str) -> Conversation | None:
+        """The open conversation whose titled file starts with `query`, or whose title equals it."""
+        for conv in self.all():
+            if conv.saved_sha and (conv.saved_sha.startswith(query.lower()) or conv.title == query):
+                return conv
+        return None
