@@ -10,6 +10,11 @@ and HF's newer ones (`layer_types`, `mlp_layer_types`, `partial_rotary_factor`,
 The QAT switches (`qat_kv_fp8`, `qat_indexer_fp4`, `cache_f16`) are not HF
 keys: they are ds4tui runtime choices that change the cached numbers, so they
 are part of the config (and the fingerprint). All default to on, as in ds4.
+A checkpoint's config.json may set them with two ds4tui keys:
+`"ds4tui_qat": false` turns both QAT roundings off (FP8 KV rows, Hadamard + FP4
+indexer rows), `"ds4tui_cache_f16": false` keeps cached rows in float32 instead of
+rounding them through f16. Both off compute what a plain float implementation
+(transformers' DeepseekV4ForCausalLM) computes; docs/fidelity.md.
 """
 
 from __future__ import annotations
@@ -195,6 +200,15 @@ class Dsv4Config:
             if types[: kw["num_hash_layers"]] != ["hash_moe"] * kw["num_hash_layers"]:
                 raise WeightsError("config: hash_moe layers must come first")
         kw.update(_yarn_keys(cfg))
+        for key, names in (("ds4tui_qat", ("qat_kv_fp8", "qat_indexer_fp4")), ("ds4tui_cache_f16", ("cache_f16",))):
+            if key in cfg:
+                if not isinstance(cfg[key], bool):
+                    raise WeightsError(f"config: {key} must be true or false, got {cfg[key]!r}")
+                kw.update({name: cfg[key] for name in names})
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise WeightsError(f"config: hidden_act {cfg.get('hidden_act')!r} is not supported (silu)")
+        if cfg.get("num_key_value_heads", 1) != 1:
+            raise WeightsError("config: DeepSeek V4 attention has one shared KV head (num_key_value_heads 1)")
         if cfg.get("scoring_func", "sqrtsoftplus") != "sqrtsoftplus":
             raise WeightsError(f"config: scoring_func {cfg.get('scoring_func')!r} is not supported (sqrtsoftplus)")
         if cfg.get("norm_topk_prob", True) is not True:
@@ -253,6 +267,9 @@ def _yarn_keys(cfg: Mapping[str, Any]) -> dict[str, Any]:
     kind = src.get("rope_type", src.get("type", "yarn"))
     if kind not in ("yarn", "default"):
         raise WeightsError(f"config: rope scaling type {kind!r} is not supported (yarn)")
+    if src.get("attention_factor", 1.0) not in (1, 1.0, None):
+        # V4 applies YaRN's frequencies but never its magnitude factor (transformers pins it to 1)
+        raise WeightsError(f"config: YaRN attention_factor {src['attention_factor']!r} is not supported (1.0)")
     if kind == "default":
         out["yarn_factor"] = 1.0
         return out

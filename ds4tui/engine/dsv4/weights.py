@@ -3,7 +3,9 @@
 Owns the map from a checkpoint to `Dsv4Weights`:
 - names: the official checkpoint names (`layers.3.attn.wq_a.weight`) are
   canonical; Hugging Face module names (`model.layers.3.self_attn.q_a_proj.weight`,
-  fused `mlp.experts.gate_up_proj`) are translated to them; `mtp.*` is ignored;
+  fused `mlp.experts.gate_up_proj`) are translated to them, and so are the names
+  transformers' `save_pretrained` writes (official layer names under `model.`,
+  the KV norm as `attn.norm`); `mtp.*` is ignored;
 - storage: *.safetensors files, memory-mapped (safetensors' safe_open), with
   F32/BF16/F16 tensors, FP8 E4M3 weights plus a `.scale` (or HF
   `.weight_scale_inv`) E8M0 partner per 128x128 block, and FP4 routed experts
@@ -82,6 +84,11 @@ _HF_LAYER = {
     "mlp.experts.down_proj": _FUSED_DOWN,
 }
 _HF_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# transformers' save_pretrained reverses its load-time renames, which turns the official
+# layer names back but keeps the `model.` prefix and writes the attention KV norm as
+# `attn.norm` (its reverse of `.norm.` -> `.kv_norm.`, a rename shared with the compressors).
+_SAVED_LAYER = {"attn.norm.weight": "attn.kv_norm.weight"}
+_HF_ONLY_PREFIXES = ("self_attn.", "mlp.", "input_layernorm.", "post_attention_layernorm.", "attn_hc.", "ffn_hc.")
 
 
 def official_to_hf() -> dict[str, str]:
@@ -185,7 +192,10 @@ def _canonical(name: str) -> str | None:
         return _HF_TOP[name]
     m = _HF_LAYER_RE.match(name)
     if m:
-        suffix = _HF_LAYER.get(m.group(2))
+        rest = m.group(2)
+        suffix = _HF_LAYER.get(rest) or _SAVED_LAYER.get(rest)
+        if suffix is None and not rest.startswith(_HF_ONLY_PREFIXES):
+            suffix = rest  # an official layer name under `model.` (shape-checked like any other)
         return None if suffix is None else f"layers.{m.group(1)}.{suffix}"
     return None if name.startswith(("model.", "lm_head.")) else name
 
