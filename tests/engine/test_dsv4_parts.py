@@ -166,6 +166,15 @@ def test_swiglu_clamp_happens_with_a_low_limit():
     assert torch.equal(swiglu(g, u, 0.05), torch.nn.functional.silu(g.clamp(max=0.05)) * u.clamp(-0.05, 0.05))
 
 
+def test_swiglu_limit_zero_means_no_clamp():
+    """The official Expert clamps only `if self.swiglu_limit > 0` (its ModelArgs default is 0);
+    clamping at 0 would zero every expert's output (transformers does, docs/fidelity.md)."""
+    g, u = randn(50) * 3, randn(50) * 3
+    assert torch.equal(swiglu(g, u, 0.0), torch.nn.functional.silu(g) * u)
+    w, x, toks = _moe(True), randn(3, 8), torch.tensor([0, 1, 2])
+    assert torch.equal(moe_forward(x, toks, w, 2, 1.5, 0.0), moe_forward(x, toks, w, 2, 1.5, float("inf")))
+
+
 # -- number formats ------------------------------------------------------------------------
 
 

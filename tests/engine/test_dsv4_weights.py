@@ -144,3 +144,53 @@ def test_bad_checkpoint_files(tmp_path, copies):
     (bad / "config.json").write_text(json.dumps({**CONFIG, "scoring_func": "softmax"}))
     with pytest.raises(WeightsError, match="scoring_func"):
         load_dsv4(bad, "bad")
+
+
+def _saved_names(tensors: dict) -> dict:
+    """Canonical names as transformers' save_pretrained writes them: `model.` before every
+    name but head.weight, embed/norm/hc_head in its module spelling, the KV norm as attn.norm."""
+    top = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+           "hc_head_fn": "model.hc_head.hc_fn", "hc_head_base": "model.hc_head.hc_base",
+           "hc_head_scale": "model.hc_head.hc_scale", "head.weight": "head.weight"}
+    out = {}
+    for name, t in tensors.items():
+        saved = top.get(name) or "model." + name
+        out[saved.replace(".attn.kv_norm.", ".attn.norm.")] = t
+    return out
+
+
+def test_transformers_saved_names_are_the_same_model(good):
+    official = _load(good)
+    saved = _load(_saved_names(good))
+    assert saved.info.fingerprint == official.info.fingerprint
+    both = dict(_saved_names(good), **{"model.layers.1.attn.kv_norm.weight": good["layers.1.attn.kv_norm.weight"]})
+    with pytest.raises(WeightsError, match="layers.1.attn.kv_norm.weight is stored twice"):
+        _load(both)
+    with pytest.raises(WeightsError, match="unexpected tensor model.layers.0.self_attn.bogus"):
+        _load(dict(good, **{"model.layers.0.self_attn.bogus": torch.zeros(2)}))
+
+
+def test_ds4tui_config_keys():
+    base = {**CONFIG, "head_dim": 72}  # 56 non-RoPE dims: not a whole FP8 KV block
+    with pytest.raises(WeightsError, match="FP8 KV block"):
+        Dsv4Config.from_hf(base)
+    cfg = Dsv4Config.from_hf({**base, "ds4tui_qat": False})
+    assert (cfg.qat_kv_fp8, cfg.qat_indexer_fp4, cfg.cache_f16) == (False, False, True)
+    cfg = Dsv4Config.from_hf({**CONFIG, "ds4tui_cache_f16": False})
+    assert (cfg.qat_kv_fp8, cfg.qat_indexer_fp4, cfg.cache_f16) == (True, True, False)
+    with pytest.raises(WeightsError, match="ds4tui_qat must be true or false"):
+        Dsv4Config.from_hf({**CONFIG, "ds4tui_qat": "no"})
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"compress_rates": {"compressed_sparse_attention": 8}}, "compressed_sparse_attention with compress rate 8"),
+    ({"compress_rates": {"heavily_compressed_attention": 4}}, "heavily_compressed_attention with compress rate 4"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"num_key_value_heads": 2}, "one shared KV head"),
+    ({"rope_parameters": {"main": {"rope_type": "default", "rope_theta": 1e4},
+                          "compress": {"rope_type": "yarn", "factor": 16, "attention_factor": 1.2}}},
+     "attention_factor"),
+])
+def test_config_outside_the_architecture_is_refused(edit, match):
+    with pytest.raises(WeightsError, match=match):
+        Dsv4Config.from_hf({**hf_style_config(), **edit})

@@ -194,6 +194,12 @@ class Dsv4Config:
                 kw["compress_ratios"] = [rates.get(t, _LAYER_TYPE_RATIO[t]) for t in cfg["layer_types"]]
             except KeyError as exc:
                 raise WeightsError(f"config: unknown layer type {exc.args[0]!r}") from None
+            for t, r in zip(cfg["layer_types"], kw["compress_ratios"]):
+                # The overlapping lanes and the indexer come with ratio 4 here (as in the official
+                # code); a type whose rate contradicts that would be another architecture.
+                if (t == "compressed_sparse_attention") != (r == CSA_RATIO):
+                    raise WeightsError(f"config: {t} with compress rate {r} is not supported "
+                                       f"(compressed_sparse_attention exactly at rate {CSA_RATIO})")
         if "num_hash_layers" not in cfg and cfg.get("mlp_layer_types"):
             types = list(cfg["mlp_layer_types"])
             kw["num_hash_layers"] = sum(1 for t in types if t == "hash_moe")

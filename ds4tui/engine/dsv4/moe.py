@@ -6,7 +6,7 @@ table tid2eid[token]; the others take the top-k of score + bias, where the bias
 only chooses (the weights are the unbiased scores). Weights are renormalized
 and scaled by `routed_scaling_factor`. Every expert, the shared one included,
 is a SwiGLU whose gate is clamped from above and whose up is clamped on both
-sides at `swiglu_limit`.
+sides at `swiglu_limit` (0: no clamp).
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ class MoeWeights:
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """silu(gate) * up with both clamped at `limit`; a limit of 0 (or less) means no clamp,
+    as in the official inference code (`Expert.forward`: `if self.swiglu_limit > 0:`)."""
+    if limit <= 0:
+        return F.silu(gate) * up
     return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
 
 
