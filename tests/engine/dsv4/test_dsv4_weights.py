@@ -14,7 +14,7 @@ from ds4tui.engine.dsv4.config import Dsv4Config
 from ds4tui.engine.loader import load_model
 from ds4tui.engine.errors import WeightsError
 from ds4tui.engine.dsv4.tiny import CONFIG, random_tensors, tiny_config, write_checkpoint
-from tests.engine.dsv4_helpers import single_thread, tiny, tokens  # noqa: F401 (fixture)
+from tests.engine.dsv4.dsv4_helpers import single_thread, tiny, tokens  # noqa: F401 (fixture)
 
 _TYPES = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
 

@@ -10,7 +10,7 @@ import pytest
 from ds4tui.format.kvc import PREFIX_BYTES, decode_header
 from ds4tui.chat import events as ev
 from ds4tui.format.payload import DSV4_HEADER_BYTES
-from tests.controller.conftest import LONG_PROMPT, Recorder, make_controller
+from tests.chat.conftest import LONG_PROMPT, Recorder, make_controller
 
 
 def kv_files(directory) -> list[str]:

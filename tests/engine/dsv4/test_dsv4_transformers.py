@@ -25,8 +25,8 @@ from ds4tui.engine import quant
 from ds4tui.engine.dsv4.net import Dsv4Trace
 from ds4tui.engine.loader import load_model
 from ds4tui.engine.errors import WeightsError
-from tests.engine.dsv4_helpers import single_thread  # noqa: F401 (fixture)
-from tests.engine.dsv4_reference import (
+from tests.engine.dsv4.dsv4_helpers import single_thread  # noqa: F401 (fixture)
+from tests.engine.dsv4.dsv4_reference import (
     SPECS,
     Recorder,
     boundary_ties,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ds4tui.engine.dsv4.net import Dsv4Trace
-from tests.engine.dsv4_helpers import single_thread, tiny, tokens  # noqa: F401 (fixture)
+from tests.engine.dsv4.dsv4_helpers import single_thread, tiny, tokens  # noqa: F401 (fixture)
 
 N = 160  # > window 16, > one ratio-128 window, 40 ratio-4 rows > top-k 8
 TOL = 1e-9  # float64: the paths may differ only by summation order

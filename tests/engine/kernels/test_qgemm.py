@@ -7,7 +7,7 @@ import torch
 
 from ds4tui.engine.kernels import qgemm, qgemv
 from ds4tui.engine.loader import load_model
-from tests.engine.test_kernels import random_blocks, wide_model
+from tests.engine.kernels.test_kernels import random_blocks, wide_model
 
 pytestmark = pytest.mark.skipif(qgemv.library() is None, reason="needs the compiled kernels (torch backend here)")
 

@@ -9,7 +9,7 @@ import pytest
 
 from ds4tui.format.kvc import PREFIX_BYTES, decode_header
 from ds4tui.chat import events as ev
-from tests.controller.conftest import LONG_PROMPT, SMALL_POLICY, Recorder, make_controller
+from tests.chat.conftest import LONG_PROMPT, SMALL_POLICY, Recorder, make_controller
 
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-dsv4"])

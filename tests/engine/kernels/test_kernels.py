@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -169,7 +170,7 @@ FALLBACK_SCRIPT = textwrap.dedent(
     import torch
     from ds4tui.engine.kernels import qgemv
     from ds4tui.engine.loader import load_model
-    from tests.engine.test_kernels import random_blocks, wide_model
+    from tests.engine.kernels.test_kernels import random_blocks, wide_model
     print(qgemv.backend())
     for qtype in ("q4_1", "q8_0", "f16", "f32"):
         m = qgemv.QuantMatrix(random_blocks(qtype, 33, 64, seed=6), qtype, 64)
@@ -196,7 +197,7 @@ def test_forced_backends_compute_the_same(forced, tmp_path):
     if forced == "scalar" and qgemv._compiler() is None:
         pytest.fail("no C compiler: the scalar build cannot be tested")  # fails, never hides
     env = dict(os.environ, DS4TUI_KERNELS=forced)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = str(Path(__file__).resolve().parents[3])  # the repository: `tests` importable
     proc = subprocess.run([sys.executable, "-c", FALLBACK_SCRIPT], capture_output=True, text=True,
                           env=env, cwd=root, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -216,7 +217,7 @@ def test_no_compiler_falls_back_to_torch(monkeypatch, tmp_path):
 
 
 def test_gguf_blocks_reach_the_step(tiny, tmp_path, monkeypatch):
-    from tests.engine.test_gguf import write_tiny_gguf
+    from tests.engine.llama.test_gguf import write_tiny_gguf
 
     from ds4tui.engine.llama.gguf import load_llama_gguf
     from ds4tui.engine.llama.tiny import ensure_tiny_llama

@@ -24,7 +24,7 @@ from ds4tui.format.swa_policy import (
     policy_of_version,
     zero_replay_start,
 )
-from tests.engine.dsv4_helpers import expected_size, load, save, single_thread, tiny, tokens  # noqa: F401
+from tests.engine.dsv4.dsv4_helpers import expected_size, load, save, single_thread, tiny, tokens  # noqa: F401
 
 CHUNK, PERIOD, CTX = 128, 128, 1024
 MORE, DECODE = 40, 3  # tokens prefilled after the restore, then greedy decodes
@@ -229,7 +229,7 @@ def test_the_controller_writes_and_restores_files_of_its_policy(policy, tmp_path
     replay) and gives the same next reply as the session that never left memory."""
     from ds4tui.format.kvc import read_kvc
     from ds4tui.engine.loader import load_model
-    from tests.controller.conftest import Recorder, make_controller
+    from tests.chat.conftest import Recorder, make_controller
 
     model = load_model("tiny-dsv4")
     first = make_controller(model, tmp_path, swa_policy=policy)

@@ -16,7 +16,7 @@ from ds4tui.engine.dsv4.compressor import CompressorWeights, compress
 from ds4tui.engine.dsv4.hc import HcWeights, hc_post, hc_pre, sinkhorn
 from ds4tui.engine.dsv4.moe import MoeWeights, moe_forward, route, swiglu
 from ds4tui.engine.dsv4.rope import Rope, apply_rope, yarn_ramp
-from tests.engine.dsv4_helpers import single_thread, tiny  # noqa: F401 (fixture)
+from tests.engine.dsv4.dsv4_helpers import single_thread, tiny  # noqa: F401 (fixture)
 
 G = torch.Generator().manual_seed(0)
 D64 = torch.float64

@@ -7,7 +7,7 @@ import json
 
 from ds4tui.bench.engine_bench import measure_engine
 from ds4tui.cli import main
-from tests.engine.dsv4_helpers import expected_size, single_thread, tiny  # noqa: F401 (fixture)
+from tests.engine.dsv4.dsv4_helpers import expected_size, single_thread, tiny  # noqa: F401 (fixture)
 
 
 def test_measure_engine_on_tiny_dsv4():

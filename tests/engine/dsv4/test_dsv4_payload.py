@@ -15,12 +15,12 @@ from ds4tui.format.payload import DSV4_HEADER_BYTES
 from ds4tui.engine.dsv4.model import model_from_tensors
 from ds4tui.engine.errors import PayloadError
 from ds4tui.engine.dsv4.tiny import random_tensors
-from tests.engine.dsv4_helpers import expected_size, load, save, single_thread, tiny, tokens  # noqa: F401 (fixture)
+from tests.engine.dsv4.dsv4_helpers import expected_size, load, save, single_thread, tiny, tokens  # noqa: F401 (fixture)
 
 CHUNK = 128
 K = 40  # tokens prefilled after the restore (crosses a chunk boundary from T = 100 on)
 DECODE = 3
-DOC = Path(__file__).resolve().parents[2] / "docs" / "payload.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "payload.md"
 
 
 def _continue(s, toks: list[int]) -> list[torch.Tensor]:
