@@ -1,1 +1,1 @@
-"""The headless chat: conversations, checkpoints and streaming (no Textual here; see controller.py)."""
+"""The headless chat: conversations, checkpoints and streaming (no Textual here; controller.py is the facade)."""

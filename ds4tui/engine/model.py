@@ -2,7 +2,7 @@
 
 The cache and the UI build on these names only (keep them stable):
 `Model.info`, `Model.tokenizer`, `Model.chat`, `Model.new_session(ctx_size)`,
-and the `Session` API in `session.py`. Each family (llama.py, dsv4.py) supplies
+and the `Session` API in `session.py`. Each family (engine/llama/, engine/dsv4/) supplies
 concrete classes; `loader.load_model(spec)` picks the family.
 """
 

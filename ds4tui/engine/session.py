@@ -104,7 +104,7 @@ class Session(ABC):
         """
         return False
 
-    # -- persistence (the DSV4 payload, see payload.py) ---------------------------------------
+    # -- persistence (the DSV4 payload, see ds4tui/format/payload.py) ---------------------------------------
 
     @abstractmethod
     def payload_bytes(self) -> int:

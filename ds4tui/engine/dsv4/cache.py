@@ -1,7 +1,7 @@
 """The KV state of a DeepSeek V4 session, per layer: explicit, static, float32.
 
 Owns the buffers and their invariants (the math that fills them lives in
-dsv4_compressor.py and dsv4_attention.py; their bytes on disk in dsv4_payload.py):
+compressor.py and attention.py; their bytes on disk in payload.py):
 
 - `LayerCache.raw`: the raw sliding-window ring, [raw_cap, head_dim], the row of
   absolute position p in slot p % raw_cap; after T tokens the live rows are
@@ -44,7 +44,7 @@ class CompressorState:
         self.n_rows = 0
         self.state_kv = torch.zeros((self.coff * ratio, self.width), dtype=torch.float32)
         self.state_score = torch.full((self.coff * ratio, self.width), EMPTY_SCORE, dtype=torch.float32)
-        # True while a load re-runs tokens whose rows and frontier were restored (dsv4_swa.py):
+        # True while a load re-runs tokens whose rows and frontier were restored (swa.py):
         # `compress` then emits nothing and the rows are inputs only.
         self.frozen = False
 

@@ -96,7 +96,7 @@ def compress(
     `finish` is the QAT/storage rounding of the emitted rows. Appends the rows of
     every window the chunk closes to st.rows; returns how many were emitted.
     """
-    if st.frozen:  # rows and frontier restored ahead of an SWA replay (dsv4_swa.py)
+    if st.frozen:  # rows and frontier restored ahead of an SWA replay (swa.py)
         return 0
     n = a.shape[0]
     slots = torch.arange(first_pos, first_pos + n) % st.ratio

@@ -1,14 +1,14 @@
 """DeepSeek V4 family: the loaded model (`Dsv4Model`) and `load_dsv4(path, name)`.
 
 Owns model identity and assembly: config.json -> Dsv4Config, *.safetensors ->
-validated, dequantized weights (dsv4_weights.py), tokenizer.json -> the generic
-HFTokenizer, the DeepSeek V4 chat template (dsv4_chat.py), the fingerprint and
-the KVC identity bytes. The math is in dsv4_model.py and its parts; sessions in
-dsv4_session.py.
+validated, dequantized weights (weights.py), tokenizer.json -> the generic
+HFTokenizer, the DeepSeek V4 chat template (engine/text/dsv4_chat.py), the fingerprint and
+the KVC identity bytes. The math is in net.py and its parts; sessions in
+session.py.
 
 Fingerprint: SHA-256 over the family tag, the config's canonical JSON (QAT
 switches included, since they change the cached numbers) and a digest of the
-weights' values (dsv4_weights.weights_digest), so a payload is never restored
+weights' values (weights.weights_digest), so a payload is never restored
 into another model or config, while the same weights stored under official or
 HF names, or in another file layout, stay the same model.
 """

@@ -3,8 +3,8 @@
 Owns the decoder loop (embedding -> hyper-connection streams -> per layer:
 HC pre, attention, HC post, HC pre, MoE, HC post -> HC head, norm, logits) and
 the optional trace of discrete decisions that tests compare between paths.
-Weights come in as `Dsv4Weights` (dsv4_weights.py); state as the session's
-`LayerCache` list (dsv4_cache.py), which the forward updates in place.
+Weights come in as `Dsv4Weights` (weights.py); state as the session's
+`LayerCache` list (cache.py), which the forward updates in place.
 """
 
 from __future__ import annotations

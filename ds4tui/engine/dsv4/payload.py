@@ -20,7 +20,7 @@ are written and read by one function each, so a storage policy (e.g. dropping
 or recomputing the raw window) can replace one section without touching the
 others. docs/payload.md is the full table.
 
-SWA storage policies (dsv4_swa.py, docs/swa_policies.md): `payload_version`
+SWA storage policies (swa.py, docs/swa_policies.md): `payload_version`
 tags the layout. 1 is full (the above); periodic and zero payloads store the
 raw window as of an earlier position (or none), put a 16-byte marker block
 after the per-layer counts, and a load re-runs the missing tokens.
@@ -81,7 +81,7 @@ def header_for(s: Dsv4State, layout: SwaLayout | None = None) -> Dsv4Header:
 
 def layer_bytes(lc: LayerCache, t: int, window: int, head_dim: int, raw_at: int | None = None) -> int:
     """Bytes of one layer's sections after t tokens (uses the expected counts t // R), the raw
-    window being the one live after raw_at tokens (default t; see dsv4_swa.py)."""
+    window being the one live after raw_at tokens (default t; see swa.py)."""
     n = min(t if raw_at is None else raw_at, window) * head_dim * 4
     for st in (lc.attn, lc.index):
         if st is not None:
@@ -100,7 +100,7 @@ def payload_size(s: Dsv4State) -> int:
 
 
 def write_raw_section(fp: BinaryIO, s: Dsv4State, layout: SwaLayout, li: int) -> None:
-    write_tensor(fp, raw_rows_for_save(s, layout, li))  # full: the live window; see dsv4_swa.py
+    write_tensor(fp, raw_rows_for_save(s, layout, li))  # full: the live window; see swa.py
 
 
 def write_compressor_section(fp: BinaryIO, st: CompressorState) -> None:

@@ -1,7 +1,7 @@
 """Dsv4Session: one conversation on a DeepSeek V4 model.
 
 Owns the live state (tokens, next-token logits, the per-layer `LayerCache`
-list of dsv4_cache.py) and ties it to the network (dsv4_model.py) and the
+list of cache.py) and ties it to the network (net.py) and the
 payload (payload.py).
 
 Chunk size: prefill chunks end on absolute multiples of `chunk_size` (the base

@@ -5,7 +5,7 @@ snapshot of the raw windows at the last periodic frontier, and what the last
 load recomputed; per payload (`SwaLayout`): which raw window is stored, where
 the replay starts, and the 16-byte marker block of periodic and zero payloads;
 and the replay itself. The policy's text form and header tag are
-ds4tui/format/swa_policy.py's; the framing and sections dsv4_payload.py's.
+ds4tui/format/swa_policy.py's; the framing and sections payload.py's.
 
 Why a replay is exact. Every policy stores the compressed and indexer rows of
 the whole prefix and the compressor frontiers as of T. A load restores them,

@@ -3,7 +3,7 @@
 Owns: the ctypes mirror of llama_step.c's model table, choosing per matrix between the
 GGUF's raw blocks (Q4_1, Q8_0, F16: exact to the file) and the model's fp32 weight, the
 step's workspace, and `step()`, which matches `LlamaModel.forward` for one token up to
-float rounding order. Leaves to the model: when to use it (llama.py sends batch-1
+float rounding order. Leaves to the model: when to use it (engine/llama/model.py sends batch-1
 forwards here when a decoder exists; prefill is torch, with qgemm.py products for short chunks) and the fallback: without
 the compiled library `make_fast_decoder` returns None and the torch forward runs.
 

@@ -1,7 +1,7 @@
 """Small-batch products over the GGUF's raw blocks (qgemm.c): Y[n, rows] = X[n, cols] W^T.
 
 Owns: the binding of `ds4k_gemm`, its argument checks, and `QuantLinearBlocks`, the
-file-block copy of one weight that `llama.Linear` uses for short prefills (llama.py's
+file-block copy of one weight that `llama.model.Linear` uses for short prefills (engine/llama/model.py's
 `_SMALL_ROWS`). Leaves to the caller: keeping the fp32 weight for everything
 else and choosing when to call. Results equal `dequantize(blocks) @ x` up to float
 summation order; `None` from `make_blocks` means the torch path (no library, other type).

@@ -1,6 +1,6 @@
 """GGUF tensors -> the raw weight blocks the fused decode step reads (see llama_step.py).
 
-Owns: picking, per internal matrix of llama.py (layers.{i}.wqkv/wo/w13/w2, and the head:
+Owns: picking, per internal matrix of engine/llama/config.py (layers.{i}.wqkv/wo/w13/w2, and the head:
 "embed" when tied, else "lm_head"), the file's own blocks when every part has one type the
 kernels read (Q4_1, Q8_0, F16), applying the same row operations the fp32 conversion
 applies (q/k un-permutation, fusing by stacking rows: a block never spans two rows), and

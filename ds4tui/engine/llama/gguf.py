@@ -7,7 +7,7 @@ building the byte-level BPE tokenizer from the GGUF vocab, and the converted cac
 Why a converted cache: `GGUFReader` spends ~2.5-4 s parsing the 49k tokenizer strings
 and dequantizing takes ~2 s more, every start. The first load therefore writes
 `data_dir()/converted/<sha256[:16]>/` = model.safetensors (fp32, the internal fused
-layout of llama.py) + tokenizer.json + meta.json (written last, in a temp dir renamed
+layout of engine/llama/config.py) + tokenizer.json + meta.json (written last, in a temp dir renamed
 into place); later loads memory-map that copy. The key is the GGUF's SHA-256, which
 `file_sha256` memoizes by (path, size, mtime) so a start does not hash 98 MB.
 Files of a converted copy are never modified in place, only replaced (rename) or

@@ -1,7 +1,7 @@
 """LlamaSession: one conversation on a llama-family model (static KV buffer + payload I/O).
 
 Owns the session state (tokens, next-token logits, the KV buffer) and its
-payload in the DSV4 framing of payload.py. Full attention is the degenerate
+payload in the DSV4 framing of ds4tui/format/payload.py. Full attention is the degenerate
 DSV4 case: one raw window covering the whole context, a raw row per token
 holding K then V of every KV head, no compressed or indexer rows.
 

@@ -1,7 +1,7 @@
 """Files -> LlamaModel: Hugging Face directories, the weights identity and the fingerprint.
 
 Owns: reading a HF-style llama checkpoint (config.json, *.safetensors, tokenizer.json,
-tokenizer_config.json) into the internal fused layout of llama.py; the SHA-256 of
+tokenizer_config.json) into the internal fused layout of engine/llama/config.py; the SHA-256 of
 weight files, memoized by (path, size, mtime) in `data_dir()/converted/sha256-memo/`
 so a start does not re-hash hundreds of MB (a file edited in place within the same
 mtime tick with the same size would be missed: acceptable for model files); and the
@@ -114,7 +114,7 @@ def chat_for(template: str | None, source: str) -> ChatMLTemplate:
     return ChatMLTemplate(default_system_from_template(template))
 
 
-# Hugging Face tensor names -> internal parts (fused on load; see llama.py for the layout).
+# Hugging Face tensor names -> internal parts (fused on load; see config.py for the layout).
 _HF_LAYER = {
     "input_layernorm.weight": "attn_norm",
     "post_attention_layernorm.weight": "ffn_norm",

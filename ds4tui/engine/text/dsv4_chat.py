@@ -12,7 +12,7 @@ does for non-thinking turns. With `thinking=True` the generation prompt ends in
 `<think>` instead. Unlike ds4, every assistant message gets its own
 `<｜Assistant｜>` marker (ds4 omits it for a second consecutive assistant
 message), so `parse` can invert `render`. Tool turns are not supported.
-Tokenization is the generic `HFTokenizer` (hf_tokenizer.py): the special
+Tokenization is the generic `HFTokenizer` (engine/text/hf_tokenizer.py): the special
 tokens below are registered in tokenizer.json, so they map to single ids.
 """
 
