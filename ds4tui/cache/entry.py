@@ -123,8 +123,11 @@ class KvEntry:
     payload: dict | None = None
     trailers: dict = field(default_factory=dict)
     score: ScoreParts | None = None
-    # Set by the store: text is a strict prefix of a newer file's text.
+    # Set by the store: text is a strict prefix of a newer file's text, or of a titled
+    # session's (`held_by` names that session; `duplicate` when the texts are equal).
     superseded: bool = False
+    held_by: str | None = None
+    duplicate: bool = False
     deep: bool = False
 
     @property

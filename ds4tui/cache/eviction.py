@@ -1,9 +1,17 @@
 """Choosing what to evict: scores for a directory's entries and the victim order.
 
 Owns: which continued checkpoints are superseded (their text a strict prefix
-of a newer file's text, or of the checkpoint about to be written), filling in
-each entry's `ScoreParts`, and the greedy lowest-score-first victim list.
+of a newer file's text, or of the checkpoint about to be written), which
+anonymous files a user's titled session already holds, filling in each
+entry's `ScoreParts`, and the greedy lowest-score-first victim list.
 Leaves to store.py: scanning, deleting, and which file is protected.
+
+Where ds4tui departs from ds4's score (README, "Eviction"): a titled session
+is the user's own and counts as an anchor (2x), like ds4's cold/evict/shutdown
+files; an anonymous file whose text a titled session of the same model also
+holds (equal text: a duplicate; a shorter prefix: superseded) never outranks
+that session: a duplicate scores 0 and goes first, a prefix scores at most
+half the session's score.
 
 Pinned files are never victims. Files whose header does not decode, or that
 are proven corrupt, score 0 and go first: they occupy the budget and can never
@@ -14,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ds4tui.cache.entry import KvEntry
 from ds4tui.format.kvc import REASON_CONTINUED
@@ -61,24 +69,33 @@ def _covers(f, e: KvEntry) -> bool:
     )
 
 
+def _same_model(f, h) -> bool:
+    return (f.model_id == h.model_id and f.payload_abi == h.payload_abi and f.quant_bits == h.quant_bits
+            and f.ctx_size <= h.ctx_size)
+
+
 def mark_superseded(entries: list[KvEntry], read_text: Callable[[KvEntry], bytes | None],
                     incoming: Incoming | None = None) -> None:
-    """Set `superseded` on continued entries strictly covered by a newer file.
+    """Set `superseded` on continued entries strictly covered by a newer file, and
+    `held_by`/`duplicate` on anonymous entries a titled session holds.
 
     Only texts of possible superseders are read, each at most once.
     """
+    texts: dict[str, bytes | None] = {}
+
+    def cached_text(f: KvEntry) -> bytes | None:
+        if f.path not in texts:
+            texts[f.path] = read_text(f)
+        return texts[f.path]
+
+    _mark_held_by_titled(entries, cached_text)
     waypoints = [e for e in entries if _usable(e) and e.header.reason_code == REASON_CONTINUED
                  and not e.header.titled and e.header.text_bytes > 0 and e.sha]
     if not waypoints:
         return
-    texts: dict[str, bytes | None] = {}
 
     def text_of(f: KvEntry | Incoming) -> bytes | None:
-        if isinstance(f, Incoming):
-            return f.text
-        if f.path not in texts:
-            texts[f.path] = read_text(f)
-        return texts[f.path]
+        return f.text if isinstance(f, Incoming) else cached_text(f)
 
     others: list[KvEntry | Incoming] = [f for f in entries if _usable(f) and not f.header.titled]
     if incoming is not None:
@@ -93,7 +110,29 @@ def mark_superseded(entries: list[KvEntry], read_text: Callable[[KvEntry], bytes
                 break
 
 
+def _mark_held_by_titled(entries: list[KvEntry], text_of: Callable[[KvEntry], bytes | None]) -> None:
+    """Anonymous entries whose text a titled session of the same model starts with."""
+    titled = [f for f in entries if _usable(f) and f.header.titled and f.sha]
+    anonymous = [e for e in entries if _usable(e) and not e.header.titled and e.sha and e.header.text_bytes > 0]
+    if not titled or not anonymous:
+        return
+    for e in anonymous:
+        h = e.header
+        for f in titled:
+            if f.header.text_bytes < h.text_bytes or not _same_model(f.header, h):
+                continue
+            text = text_of(f)
+            if text is None or hashlib.sha1(text[:h.text_bytes]).hexdigest() != e.sha:
+                continue
+            e.held_by = f.sha
+            e.duplicate = f.header.text_bytes == h.text_bytes
+            e.superseded = True
+            if e.duplicate:
+                break
+
+
 def score_entries(entries: Iterable[KvEntry], policy: CachePolicy, now: float) -> None:
+    entries = list(entries)
     for e in entries:
         if not _usable(e):
             e.score = _ZERO
@@ -101,7 +140,17 @@ def score_entries(entries: Iterable[KvEntry], policy: CachePolicy, now: float) -
         h = e.header
         e.score = policy.score(hits=h.hits, tokens=h.tokens, file_bytes=e.file_bytes,
                                last_used=h.last_used, created_at=h.created_at,
-                               reason_code=h.reason_code, superseded=e.superseded, now=now)
+                               reason_code=h.reason_code, superseded=e.superseded, now=now,
+                               titled=h.titled)
+    by_sha = {e.sha: e for e in entries if e.sha}
+    for e in entries:
+        holder = by_sha.get(e.held_by) if e.held_by else None
+        if holder is None or holder.score is None or e.score is None:
+            continue
+        cap = 0.0 if e.duplicate else holder.score.score * policy.superseded_max_factor
+        if e.score.score > cap:
+            factor = 0.0 if e.duplicate else e.score.superseded_factor * cap / e.score.score
+            e.score = replace(e.score, superseded_factor=factor, score=cap)
 
 
 def choose_victims(entries: list[KvEntry], target_bytes: int, protect: frozenset[str] = frozenset()) -> list[KvEntry]:

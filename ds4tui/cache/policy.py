@@ -57,6 +57,11 @@ class CachePolicy:
     def budget_bytes(self) -> int:
         return self.budget_mb * MIB
 
+    @property
+    def superseded_max_factor(self) -> float:
+        """The most a superseded file keeps of its score (0.5 by default)."""
+        return self.superseded_min_factor + self.superseded_hit_factor
+
     def store_len(self, tokens: int) -> int:
         """Tokens to store for a prefix of `tokens`, or 0 when it is too short to keep.
 
@@ -120,10 +125,12 @@ class CachePolicy:
         return eff
 
     def score(self, *, hits: int, tokens: int, file_bytes: int, last_used: int,
-              created_at: int, reason_code: int, superseded: bool, now: float) -> ScoreParts:
-        """Eviction score parts; the lowest score goes first."""
+              created_at: int, reason_code: int, superseded: bool, now: float,
+              titled: bool = False) -> ScoreParts:
+        """Eviction score parts; the lowest score goes first. A titled session (the user's
+        own, named) weighs as an anchor, as ds4's cold/evict/shutdown files do."""
         eff = self.effective_hits(hits, last_used, created_at, now)
-        anchor = self.anchor_weight if reason_code in ANCHOR_REASONS else 1.0
+        anchor = self.anchor_weight if reason_code in ANCHOR_REASONS or titled else 1.0
         factor = 1.0
         if superseded:
             h = eff / (eff + 1.0) if eff > 0 else 0.0

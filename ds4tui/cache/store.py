@@ -103,6 +103,7 @@ class KvStore:
         self.policy = policy
         self.budget_bytes = int((budget_mb if budget_mb is not None else policy.budget_mb) * MIB)
         self._clock = clock
+        self._text_shas: dict[str, tuple[tuple[int, int, int], str | None]] = {}
 
     # -- reading -------------------------------------------------------------
 
@@ -143,15 +144,34 @@ class KvStore:
     def _text_of(self, e: KvEntry) -> bytes | None:
         return files.read_text(e.path, e.header.text_bytes)
 
-    def lookup(self, prompt: str | bytes, acceptor: Acceptor) -> list[KvEntry]:
-        """Candidates whose name is the SHA-1 of a byte prefix of `prompt`, longest first.
+    def _text_sha(self, e: KvEntry) -> str | None:
+        """SHA-1 of a file's stored text, memoized per (path, size, mtime): the index of
+        titled sessions by what they hold."""
+        try:
+            st = os.stat(e.path)
+        except OSError:
+            return None
+        key = (st.st_size, st.st_mtime_ns, e.header.text_bytes)
+        memo = self._text_shas.get(e.path)
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        text = self._text_of(e)
+        sha = hashlib.sha1(text).hexdigest() if text is not None else None
+        self._text_shas[e.path] = (key, sha)
+        return sha
 
-        Titled sessions are named by their title, not their text, so they are
-        found by `load_file`, never here. Files the acceptor refuses are skipped.
+    def lookup(self, prompt: str | bytes, acceptor: Acceptor) -> list[KvEntry]:
+        """Candidates whose text is a byte prefix of `prompt`, longest first.
+
+        An anonymous file is named by the SHA-1 of its text; a titled session by its
+        title, so its text hash comes from `_text_sha` (read once per file version).
+        That way a chat's titled file is also the disk hit for any prompt extending
+        it, and quitting need not write an anonymous copy of the same state.
+        Files the acceptor refuses are skipped.
         """
         prompt = _as_bytes(prompt)
         entries = [e for e in self.scan(acceptor=acceptor)
-                   if e.valid and not e.header.titled and e.header.text_bytes <= len(prompt)]
+                   if e.valid and e.header.text_bytes <= len(prompt)]
         # One incremental SHA-1 over the prompt, shortest candidate first.
         entries.sort(key=lambda e: e.header.text_bytes)
         h, fed, found = hashlib.sha1(), 0, []
@@ -159,7 +179,7 @@ class KvStore:
             n = e.header.text_bytes
             h.update(prompt[fed:n])
             fed = n
-            if h.copy().hexdigest() == e.sha:
+            if h.copy().hexdigest() == (self._text_sha(e) if e.header.titled else e.sha):
                 found.append(e)
         found.sort(key=lambda e: (e.header.text_bytes, e.header.tokens), reverse=True)
         return found

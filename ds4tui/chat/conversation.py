@@ -45,6 +45,7 @@ class Conversation:
     session_text: bytes = b""
     last_active: float = field(default_factory=time.monotonic)
     saved_sha: str | None = None  # name (without .kv) of this chat's titled-session file
+    saved_upto: int = 0  # tokens that titled file holds: the session's state is on disk when equal
     stored_upto: int = 0  # tokens covered by the last cold/continued checkpoint (frontier bookkeeping)
     busy: bool = False  # a worker is using the session right now
 

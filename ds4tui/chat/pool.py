@@ -63,11 +63,15 @@ class SessionPool:
                 conv.session.set_storage_policy(self.settings.config.swa_policy)
 
     def free(self, conv: Conversation, reason: str, on_event: EventFn) -> None:
-        """Save a live session (reason evict/shutdown) and drop it from memory."""
+        """Save a live session (reason evict/shutdown) and drop it from memory. Nothing is
+        written when the chat's titled file already holds this exact state: one copy of a
+        state on disk (a later prompt finds it there by its text, see KvStore.lookup)."""
         session = conv.session
         if session is None:
             return
-        if session.tokens and self.checkpoints is not None:
+        on_disk = (conv.saved_sha is not None and conv.saved_upto == len(session.tokens)
+                   and self.checkpoints is not None and self.checkpoints.store.path_for(conv.saved_sha).exists())
+        if session.tokens and self.checkpoints is not None and not on_disk:
             self.checkpoints.save(session, conv.session_text, reason, on_event)
         conv.session, conv.session_text, conv.stored_upto = None, b"", 0
         on_event(SessionFreed(conversation=conv.key, reason=reason))

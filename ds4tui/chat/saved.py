@@ -53,6 +53,7 @@ class SavedSessions:
             if conv.saved_sha and conv.saved_sha != sha:
                 self.checkpoints.delete(conv.saved_sha)
             conv.saved_sha = sha
+            conv.saved_upto = len(conv.session.tokens)
 
     def retitle(self, conv: Conversation, on_event: EventFn) -> None:
         """Move conv's titled file (if any) to the name of its current title."""
@@ -108,6 +109,7 @@ class SavedSessions:
                 raise EngineError(f"{saved.sha[:12]}: the text is not a transcript of this chat template ({exc})") from None
             conv.session_text = text
             conv.saved_sha = saved.sha if saved.titled else None
+            conv.saved_upto = len(session.tokens) if saved.titled else 0
             conv.stored_upto = len(session.tokens)
             if conv.title is None:
                 first = next((m["content"] for m in conv.messages if m.get("role") == "user"), "")

@@ -10,6 +10,7 @@ import struct
 import pytest
 
 from ds4tui.cache import Acceptor, CachePolicy, Hit, KvStore, Miss, Rejected, Saved, SaveFailed, inspect_file
+from ds4tui.cache import eviction
 from ds4tui.cache.events import Evicted
 from ds4tui.format.kvc import EXT_PINNED, parse_kvc
 from tests.cache.kvc_builders import dsv4_payload, header_bytes, titled_name, write_kv
@@ -284,8 +285,12 @@ def test_titled_session_is_named_by_title_and_created_at(store):
     assert again.event.sha == res.event.sha and len(store.shas()) == 1
     loaded = store.load_file(res.event.sha, ENGINE, loader())
     assert loaded.hit.title == "Trip plan" and loaded.hit.tokens == 150
-    # Titled files are not prefix-cache candidates (their name is not a text hash).
-    assert store.lookup("transcript v1 and more, next", ENGINE) == []
+    # A titled file is found by the text it holds (its name is not a text hash).
+    found = store.lookup("transcript v1 and more, next", ENGINE)
+    assert [e.sha for e in found] == [res.event.sha]
+    assert store.lookup("transcript v2", ENGINE) == []
+    hit = store.load("transcript v1 and more, next", ENGINE, loader())
+    assert hit.hit is not None and hit.hit.sha == res.event.sha and hit.hit.tokens == 150
 
 
 def test_re_saving_a_pinned_session_keeps_the_pin(store):
@@ -390,3 +395,24 @@ def test_old_header_bytes_decode_in_a_listing(store):
     (store.dir / (hashlib.sha1(b"abc").hexdigest() + ".kv")).write_bytes(data)
     e = store.entries()[0]
     assert e.header.payload_abi == 0 and "pre-ABI" in e.error and not e.corrupt
+
+
+def test_eviction_never_prefers_a_titled_session_over_its_anonymous_copies(tmp_path):
+    """An anonymous file holding the same text as a titled session goes first (score 0);
+    one holding a shorter prefix of it scores at most half of it, however often it was hit."""
+    store = KvStore(tmp_path / "kv", budget_mb=64)
+    chat = "system + first question + first answer"
+    titled = save(store, chat, tokens=100, title="My chat", created_at=1000, reason="agent-session")
+    same = save(store, chat, tokens=100, reason="shutdown")
+    prefix = save(store, chat[:20], tokens=50, reason="evict")
+    unrelated = save(store, "another chat altogether", tokens=100, reason="shutdown")
+    for _ in range(20):  # a much-hit prefix still may not outrank the session holding it
+        store.touch(prefix.event.sha)
+    by_sha = {e.sha: e for e in store.entries(ENGINE)}
+    t, d, p, u = (by_sha[r.event.sha] for r in (titled, same, prefix, unrelated))
+    assert d.duplicate and d.held_by == t.sha and d.score.score == 0.0
+    assert p.superseded and not p.duplicate and p.score.score <= 0.5 * t.score.score
+    assert not u.superseded and u.held_by is None
+    assert t.score.anchor_weight == 2.0  # the user's own session weighs like ds4's anchors
+    order = [e.sha for e in eviction.choose_victims(list(by_sha.values()), 0)]
+    assert order.index(d.sha) == 0 and order.index(p.sha) < order.index(t.sha)
