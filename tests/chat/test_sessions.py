@@ -85,8 +85,9 @@ def test_live_session_cap_frees_the_least_recently_used_one(tiny_llama, tmp_path
     """With room for two live sessions, a third chat frees the oldest: its titled file already
     holds its state, so nothing more is written, and it continues from that file.
     (Empty replies: a random model's reply bytes need not survive the transcript's UTF-8
-    round trip, and the titled text must be a byte prefix of the next prompt.)"""
-    ctl = make_controller(tiny_llama, tmp_path, live_sessions=2, max_tokens=0)
+    round trip, and the titled text must be a byte prefix of the next prompt. No cold
+    checkpoints: one would hold the same text, an equally good hit.)"""
+    ctl = make_controller(tiny_llama, tmp_path, policy=CachePolicy(min_tokens=10**6), live_sessions=2, max_tokens=0)
     convs = [ctl.new_conversation() for _ in range(3)]
     for i, conv in enumerate(convs[:2]):
         ctl.send(conv.key, f"Chat number {i}: hello.", Recorder())
