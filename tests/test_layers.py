@@ -120,7 +120,8 @@ def test_no_import_cycles():
 
 
 @pytest.mark.parametrize("modules, heavy", [
-    (["ds4tui.format", "ds4tui.format.kvc", "ds4tui.format.payload", "ds4tui.format.swa_policy"],
+    (["ds4tui.format", "ds4tui.format.kvc", "ds4tui.format.payload", "ds4tui.format.swa_policy",
+      "ds4tui.format.display"],
      ("torch", "textual", "rich")),
     (["ds4tui.cache", "ds4tui.cache.store", "ds4tui.cache.scan", "ds4tui.cache.watch", "ds4tui.cli.kv"],
      ("torch", "textual", "rich")),

@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ds4tui.format.display import human_bytes
+
 GOAL_SPEEDUP = 50.0
 GOAL_RESTORE_OVER_READ = 2.0
 FOLLOW_UP = "Thanks. In one sentence, what was that text about?"
@@ -237,7 +239,7 @@ def _table(r: dict) -> str:
         ("next prompt", f"{r['prompt_tokens']:,} tokens cold; from disk {r['cached_tokens']:,} cached + {r['suffix_tokens']:,} prefilled"),
         ("cold TTFT", f"{r['cold_ttft_ms']:,.0f} ms"),
         ("hit TTFT", f"{r['hit_ttft_ms']:,.1f} ms  ({speedup:,.0f}x faster; goal >= {GOAL_SPEEDUP:.0f}x: {ok(speedup >= GOAL_SPEEDUP)})"),
-        (".kv file", f"{r['kv_bytes'] / (1 << 20):,.1f} MiB"),
+        (".kv file", human_bytes(r["kv_bytes"])),
         ("  restore", f"{r['restore_ms']:,.1f} ms"),
         ("  suffix + rest", f"{r['hit_rest_ms']:,.1f} ms"),
         ("raw read", f"{r['raw_read_ms']:,.1f} ms  (restore/read {ratio:.2f}x; goal <= {GOAL_RESTORE_OVER_READ:.0f}x: {ok(ratio <= GOAL_RESTORE_OVER_READ)})"),

@@ -13,7 +13,7 @@ checks that none of those ended up in sys.modules.
     events.py    what the store did (Saved, Hit, Miss, Rejected, Evicted, SaveFailed)
 """
 
-from ds4tui.cache.entry import ANY_DS4TUI, Acceptor, KvEntry, inspect_file, safe_text
+from ds4tui.cache.entry import ANY_DS4TUI, Acceptor, KvEntry, inspect_file
 from ds4tui.cache.events import Evicted, EvictedFile, Hit, Miss, Rejected, Saved, SaveFailed
 from ds4tui.format.kvc import KvcFile, KvcFormatError, KvcHeader
 from ds4tui.cache.policy import DEFAULT_POLICY, CachePolicy, ScoreParts
@@ -22,5 +22,5 @@ from ds4tui.cache.store import KvStore, LoadResult, SaveResult
 __all__ = [
     "ANY_DS4TUI", "Acceptor", "CachePolicy", "DEFAULT_POLICY", "Evicted", "EvictedFile", "Hit",
     "KvEntry", "KvStore", "KvcFile", "KvcFormatError", "KvcHeader", "LoadResult", "Miss",
-    "Rejected", "SaveFailed", "SaveResult", "Saved", "ScoreParts", "inspect_file", "safe_text",
+    "Rejected", "SaveFailed", "SaveResult", "Saved", "ScoreParts", "inspect_file",
 ]

@@ -1,8 +1,9 @@
-"""One `.kv` file, decoded for people: `KvEntry`, `inspect_file`, `Acceptor`, safe text.
+"""One `.kv` file, decoded for people: `KvEntry`, `inspect_file`, `Acceptor`.
 
 Owns: turning a path into every decoded field plus a verdict (valid, corrupt,
 or "not loadable here: <why>"), the `inspect --json` key set, what counts as
-loadable by a given engine (`Acceptor`), and escaping file text for a terminal.
+loadable by a given engine (`Acceptor`). File text shown to people goes through
+`ds4tui.format.display`.
 Leaves to store.py: the directory, eviction and anything that writes.
 
 Never raises for a bad file: the verdict is data. Two kinds of failure are
@@ -14,7 +15,6 @@ here* (ds4's payload ABI, another model, a larger context) must be left alone.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from ds4tui.format.kvc import (
     sha_from_name,
 )
 from ds4tui.cache.policy import ScoreParts
+from ds4tui.format.display import safe_text
 from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, MODEL_ID_DSV4_CUSTOM, MODEL_ID_LLAMA
 
 # Model ids ds4tui has an engine for; files with other ids are listed, never loaded.
@@ -47,30 +48,6 @@ JSON_KEYS = (
 
 NOT_LOADABLE = "not loadable here: "
 PREVIEW_BYTES = 400
-
-# C0/C1 controls and DEL (ESC starts terminal sequences) plus the bidi
-# overrides that can reorder what a terminal shows.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\x1b": "\\e"}
-
-
-def safe_text(text: str | bytes | None, limit: int | None = None) -> str:
-    """One line of terminal-safe text: controls become visible escapes, bad UTF-8 becomes U+FFFD."""
-    if text is None:
-        return ""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", errors="replace")
-    if limit is not None and len(text) > limit:
-        text = text[:limit] + "…"
-    return _UNSAFE.sub(_escape_one, text)
-
-
-def _escape_one(match: re.Match) -> str:
-    ch = match.group()
-    if ch in _NAMED:
-        return _NAMED[ch]
-    return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
-
 
 @dataclass(frozen=True)
 class Acceptor:

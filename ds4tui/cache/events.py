@@ -3,18 +3,15 @@
 Owns: the event types and their one-line summaries. Store operations return
 these instead of logging, so the caller (controller, CLI, cache browser)
 decides where they appear. Numbers are raw (tokens, bytes, milliseconds);
-formatting them is the caller's business, except for `summary()`.
+formatting them is the caller's business, except for `summary()` (sizes via
+`ds4tui.format.display.human_bytes`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-MIB = 1024 * 1024
-
-
-def _mib(n: int) -> str:
-    return f"{n / MIB:.2f} MiB"
+from ds4tui.format.display import human_bytes
 
 
 @dataclass(frozen=True)
@@ -32,7 +29,7 @@ class Saved:
 
     def summary(self) -> str:
         how = "kept existing" if self.reused else "saved"
-        return f"kv {how} {self.sha[:12]} {self.reason} tokens={self.tokens} size={_mib(self.bytes)} in {self.ms:.1f} ms"
+        return f"kv {how} {self.sha[:12]} {self.reason} tokens={self.tokens} size={human_bytes(self.bytes)} in {self.ms:.1f} ms"
 
 
 @dataclass(frozen=True)
@@ -62,7 +59,7 @@ class Hit:
     title: str | None = None
 
     def summary(self) -> str:
-        return f"kv hit {self.sha[:12]} tokens={self.tokens} size={_mib(self.bytes)} load={self.ms:.1f} ms hits={self.hits}"
+        return f"kv hit {self.sha[:12]} tokens={self.tokens} size={human_bytes(self.bytes)} load={self.ms:.1f} ms hits={self.hits}"
 
 
 @dataclass(frozen=True)
@@ -109,7 +106,7 @@ class Evicted:
 
     def summary(self) -> str:
         verb = "would evict" if self.dry_run else "evicted"
-        return f"kv {verb} {len(self.files)} file(s), {_mib(self.bytes)} (budget {_mib(self.budget_bytes)})"
+        return f"kv {verb} {len(self.files)} file(s), {human_bytes(self.bytes)} (budget {human_bytes(self.budget_bytes)})"
 
 
 Event = Saved | SaveFailed | Hit | Miss | Rejected | Evicted

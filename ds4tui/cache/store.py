@@ -50,6 +50,7 @@ from ds4tui.format.kvc import (
     trailer_bytes,
 )
 from ds4tui.cache.policy import DEFAULT_POLICY, MIB, CachePolicy
+from ds4tui.format.display import human_bytes
 
 # Returns the number of tokens it restored, or None when it cannot tell.
 LoadPayload = Callable[[BinaryIO, int], int | None]
@@ -378,9 +379,9 @@ class KvStore:
             header = header.with_(ext_flags=header.ext_flags | EXT_PINNED)
         pinned_bytes = sum(e.file_bytes for e in entries if e.pinned and e.sha != sha)
         if required + pinned_bytes > self.budget_bytes:
-            return failed(f"file of {file_bytes / MIB:.2f} MiB (+{self.policy.headroom_percent}% headroom)"
-                          f" does not fit the {self.budget_bytes / MIB:.0f} MiB budget"
-                          + (f" beside {pinned_bytes / MIB:.2f} MiB of pinned files" if pinned_bytes else ""))
+            return failed(f"file of {human_bytes(file_bytes)} (+{self.policy.headroom_percent}% headroom)"
+                          f" does not fit the {human_bytes(self.budget_bytes)} budget"
+                          + (f" beside {human_bytes(pinned_bytes)} of pinned files" if pinned_bytes else ""))
         # Make room before writing (ds4 does the same), so the directory stays
         # under budget while the new file grows; the file being replaced is not counted.
         others = [e for e in entries if e.sha != sha]

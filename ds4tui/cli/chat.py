@@ -74,7 +74,7 @@ def check_resume(query: str, cache_dir: Path) -> None:
     if not matches:
         raise CliError(f"--resume {query!r}: no saved session matches in {cache_dir} (see `ds4tui kv ls`)")
     if len(matches) > 1:
-        from ds4tui.cache.entry import safe_text
+        from ds4tui.format.display import safe_text
 
         names = "; ".join(f"{sha[:12]} {safe_text(title, 40)}" for sha, title in matches[:5])
         raise CliError(f"--resume {query!r} matches {len(matches)} sessions: {names}")

@@ -2,7 +2,8 @@
 
 Owns: the command line over `ds4tui.cache` (argument parsing, prefix
 resolution, table/detail/JSON output). Everything shown that came from a file
-(titles, text) goes through `safe_text`, so a file cannot drive the terminal.
+(titles, text) goes through `format.display.safe_text`, so a file cannot drive
+the terminal; sizes read as `format.display.human_bytes`.
 JSON output is ASCII-escaped for the same reason.
 
 The directory is `--dir`, else the config file's `cache_dir`, else
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 from ds4tui.cli.errors import CliError
+from ds4tui.format.display import human_bytes, safe_text
 
 _HEX = re.compile(r"^[0-9a-fA-F]{1,40}$")
 
@@ -96,16 +98,6 @@ def _resolve(store, prefix: str) -> str:
     return found[0]
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return "-"
-
-
 def _when(ts: int | None) -> str:
     if not ts:
         return "-"
@@ -127,8 +119,6 @@ def _entries_by_path(store) -> dict[str, object]:
 
 
 def cmd_ls(args) -> int:
-    from ds4tui.cache.entry import safe_text
-
     store = _store(args)
     entries = sorted(store.entries(), key=lambda e: (e.header.last_used if e.header else 0), reverse=True)
     if args.json:
@@ -150,11 +140,11 @@ def cmd_ls(args) -> int:
         status = "ok" if e.valid else safe_text(e.error, 80)
         score = f"{e.score.score:9.3g}" if e.score else f"{'-':>9}"
         print(f"{(e.sha or '?')[:12]:<12}  {(h.reason if h else '?'):<13} {(h.tokens if h else 0):>7} "
-              f"{(h.hits if h else 0):>5} {_size(e.file_bytes):>10}  {_when(h.created_at if h else None):<16}  "
+              f"{(h.hits if h else 0):>5} {human_bytes(e.file_bytes):>10}  {_when(h.created_at if h else None):<16}  "
               f"{_when(h.last_used if h else None):<16}  {'yes' if e.pinned else '-':<3}  {e.model:<18} {score}  "
               f"{safe_text(e.title, 23) or '-':<24}  {status}")
     total = sum(e.file_bytes for e in entries)
-    print(f"{len(entries)} file(s), {_size(total)} in {store.dir}")
+    print(f"{len(entries)} file(s), {human_bytes(total)} in {store.dir}")
     return 0
 
 
@@ -200,7 +190,6 @@ def cmd_inspect(args) -> int:
 
 
 def _print_detail(e) -> None:
-    from ds4tui.cache.entry import safe_text
     from ds4tui.format.kvc import model_name, payload_abi_name
 
     h = e.header
@@ -221,7 +210,7 @@ def _print_detail(e) -> None:
         ("last_used", f"{_when(h.last_used)} ({h.last_used})"),
         ("text_bytes", str(h.text_bytes)),
         ("payload_bytes", str(h.payload_bytes)),
-        ("file_bytes", f"{e.file_bytes} ({_size(e.file_bytes)})"),
+        ("file_bytes", f"{e.file_bytes} ({human_bytes(e.file_bytes)})"),
         ("pinned", "yes" if e.pinned else "no"),
         ("title", safe_text(e.title) if e.title is not None else "-"),
     ]
@@ -301,12 +290,12 @@ def cmd_evict(args) -> int:
     ev = store.evict(dry_run=args.dry_run)
     verb = "would evict" if args.dry_run else "evicted"
     for f in ev.files:
-        print(f"{verb} {f.sha[:12]}  {f.reason:<13} tokens={f.tokens} hits={f.hits} size={_size(f.bytes)} score={f.score:.3g}")
+        print(f"{verb} {f.sha[:12]}  {f.reason:<13} tokens={f.tokens} hits={f.hits} size={human_bytes(f.bytes)} score={f.score:.3g}")
     left = total - ev.bytes
     if not ev.files:
-        print(f"nothing to evict: {_size(total)} within the {budget} MiB budget")
+        print(f"nothing to evict: {human_bytes(total)} within the {budget} MiB budget")
     else:
-        print(f"{verb} {len(ev.files)} file(s), {_size(ev.bytes)}; {_size(left)} left of the {budget} MiB budget")
+        print(f"{verb} {len(ev.files)} file(s), {human_bytes(ev.bytes)}; {human_bytes(left)} left of the {budget} MiB budget")
     if left > ev.budget_bytes:
         print("the rest is pinned; unpin files to go further under budget")
     return 0

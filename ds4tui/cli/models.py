@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ds4tui.format.display import human_bytes
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("models", help="list, pull and locate models", description=__doc__)
@@ -27,14 +29,6 @@ def _size(path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def cmd_list(args: argparse.Namespace) -> int:
     from ds4tui.engine.registry import REGISTRY, installed_path, is_installed
 
@@ -46,7 +40,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             state = "yes"
         else:
             state = "no (built on first use)" if entry.builder else "no"
-        rows.append((entry.name, entry.family, state, _human(_size(path)) if there else "-", str(path or "-")))
+        rows.append((entry.name, entry.family, state, human_bytes(_size(path)) if there else "-", str(path or "-")))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])

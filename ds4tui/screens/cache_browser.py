@@ -61,7 +61,8 @@ from ds4tui.screens.widgets.budget_gauge import BudgetGauge
 from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
 from ds4tui.screens.widgets.eviction_preview import EvictionPlan, EvictionPreview
 from ds4tui.screens.widgets.kv_detail import KvDetail, KvDetailInfo
-from ds4tui.screens.widgets.kv_format import DEFAULT_DISK_MB_S, DEFAULT_PREFILL_TOK_S, ResumeCost, human_bytes, one_line
+from ds4tui.format.display import human_bytes
+from ds4tui.screens.widgets.kv_format import DEFAULT_DISK_MB_S, DEFAULT_PREFILL_TOK_S, ResumeCost, safe_cell
 from ds4tui.screens.widgets.kv_table import KvTable
 from ds4tui.screens.widgets.prompt_dialog import PromptDialog
 from ds4tui.screens.widgets.transcript_view import TranscriptView
@@ -192,7 +193,7 @@ class CacheBrowserScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="browser-top"):
-            yield Static(one_line(str(self.store.dir), 200), id="browser-dir", markup=False)
+            yield Static(safe_cell(str(self.store.dir), 200), id="browser-dir", markup=False)
             yield Static("", id="browser-sort", markup=False)
             yield BudgetGauge(id="browser-gauge")
         yield Input(placeholder="/ filter titles and text", id="browser-filter")
@@ -405,7 +406,7 @@ class CacheBrowserScreen(Screen[None]):
         what = Text.assemble("Delete ", (e.sha[:12], "bold"))
         if e.title is not None:
             what.append(" ")
-            what.append_text(one_line(e.title, 40, "italic"))
+            what.append_text(safe_cell(e.title, 40, "italic"))
         what.append(f" ({human_bytes(e.file_bytes)}, {e.header.tokens if e.header else '?'} tokens)?")
 
         def second(yes: bool | None) -> None:

@@ -27,6 +27,7 @@ from ds4tui.chat import events as ev
 from ds4tui.chat.conversation import MAX_TITLE_CHARS
 from ds4tui.chat.streaming import EventBatcher
 from ds4tui.config import Config
+from ds4tui.format.display import one_line
 from ds4tui.screens.widgets import fmt
 from ds4tui.screens.chat_notices import notice_for, stats_line
 from ds4tui.screens.widgets.chat_pane import ChatPane
@@ -291,7 +292,7 @@ class ChatScreen(Screen):
         elif isinstance(event, ev.SessionFreed):
             conv = self._conversation(event.conversation)
             title = conv.display_title if conv is not None else event.conversation
-            self._toast(f"{fmt.one_line(title, 40)} left memory (saved to disk: {event.reason})", "Sessions")
+            self._toast(f"{one_line(title, 39)} left memory (saved to disk: {event.reason})", "Sessions")
             self._refresh_sidebar()
         elif isinstance(event, ev.ChatError):
             pane = self._pane_or_none(key)
@@ -427,7 +428,7 @@ class ChatScreen(Screen):
             pane.log.show_messages(conv.visible_messages())
         self._switch(conv.key)
         self._scan_saved()
-        self._toast(f"Resumed {fmt.one_line(conv.display_title, 40)} ({fmt.tokens(conv.context_tokens)} tokens,"
+        self._toast(f"Resumed {one_line(conv.display_title, 39)} ({fmt.tokens(conv.context_tokens)} tokens,"
                     " no prefill)", "Session")
 
     def action_rename(self) -> None:

@@ -2,7 +2,7 @@
 
 Owns the wording and the severity, as plain data (`Notice`), so the screen
 only routes them and the mapping is testable without a terminal. Numbers go
-through `widgets.fmt`; file-derived text (reasons, titles) stays plain text:
+through `widgets.fmt`, sizes through `format.display.human_bytes`; file-derived text (reasons, titles) stays plain text:
 the screen shows it with markup off.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ds4tui.chat import events as ev
+from ds4tui.format.display import human_bytes
 from ds4tui.screens.widgets import fmt
 
 
@@ -26,7 +27,7 @@ def notice_for(event: object) -> Notice:
     """The notice for one cache/error event (an empty Notice for events that show nothing)."""
     if isinstance(event, ev.Hit):
         return Notice(f"kv hit {fmt.tokens(event.tokens)} tok in {fmt.ms(event.ms)}",
-                      f"Restored {fmt.tokens(event.tokens)} tokens from disk ({fmt.size(event.bytes)},"
+                      f"Restored {fmt.tokens(event.tokens)} tokens from disk ({human_bytes(event.bytes)},"
                       f" {fmt.ms(event.ms)})", "KV cache hit")
     if isinstance(event, ev.Miss):
         return Notice(f"kv miss: {event.reason}")
@@ -36,7 +37,7 @@ def notice_for(event: object) -> Notice:
             return Notice(f"session saved ({fmt.tokens(event.tokens)} tok)")
         verb = "kept" if event.reused else "saved"
         return Notice(f"kv {verb} {event.reason} {fmt.tokens(event.tokens)} tok",
-                      f"Checkpoint ({event.reason}): {fmt.tokens(event.tokens)} tokens, {fmt.size(event.bytes)}"
+                      f"Checkpoint ({event.reason}): {fmt.tokens(event.tokens)} tokens, {human_bytes(event.bytes)}"
                       + (" (already on disk)" if event.reused else f" in {fmt.ms(event.ms)}"), "KV cache saved")
     if isinstance(event, ev.SaveFailed):
         return Notice("kv save failed", f"Checkpoint not saved: {event.reason}", "KV cache", "error")
@@ -44,8 +45,8 @@ def notice_for(event: object) -> Notice:
         if not event.files:
             return Notice()
         return Notice(f"kv evicted {len(event.files)} file(s)",
-                      f"Evicted {len(event.files)} file(s), {fmt.size(event.bytes)}, to stay under the"
-                      f" {fmt.size(event.budget_bytes)} budget", "KV cache", "warning")
+                      f"Evicted {len(event.files)} file(s), {human_bytes(event.bytes)}, to stay under the"
+                      f" {human_bytes(event.budget_bytes)} budget", "KV cache", "warning")
     if isinstance(event, ev.Rejected):
         return Notice(f"kv rejected {event.file[:12]}", f"Ignored cache file {event.file[:12]}: {event.reason}",
                       "KV cache", "warning")

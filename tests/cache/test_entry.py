@@ -1,18 +1,10 @@
-"""One file decoded for people: verdicts, the acceptor's reasons, terminal-safe text."""
+"""One file decoded for people: verdicts and the acceptor's reasons."""
 
 from __future__ import annotations
 
-from ds4tui.cache.entry import JSON_KEYS, Acceptor, inspect_file, safe_text
+from ds4tui.cache.entry import JSON_KEYS, Acceptor, inspect_file
 from ds4tui.format.kvc import KvcHeader
 from tests.cache.kvc_builders import dsv4_payload, write_kv
-
-
-def test_safe_text_escapes_controls_and_bad_utf8():
-    assert safe_text("a\x1b[31mb\nc\x07d\x7f\x9b") == "a\\e[31mb\\nc\\x07d\\x7f\\x9b"
-    assert safe_text("left\u202eright") == "left\\u202eright"
-    assert safe_text(b"ok\xff") == "ok\ufffd"
-    assert safe_text("abcdef", 3) == "abc…"
-    assert safe_text(None) == ""
 
 
 def _h(**kw):

@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from ds4tui.screens.widgets.kv_format import human_bytes
+from ds4tui.format.display import human_bytes
 
 # Past this share of the budget the bar turns from green to yellow: the next
 # save will likely evict something.

@@ -1,7 +1,7 @@
 """One conversation on screen: user turns as plain text, assistant turns as Markdown.
 
 Owns: the message widgets, appending streamed text, the per-turn stats line
-and inline errors. All text goes through `fmt.display_text` and reaches the
+and inline errors. All text goes through `format.display.safe_lines` and reaches the
 screen as `rich.text.Text` or Markdown source, never as Rich markup, so a
 transcript read from a file cannot style or break the screen.
 Leaves to the screen: which conversation is shown and when text arrives.
@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Markdown, Static
 
-from ds4tui.screens.widgets import fmt
+from ds4tui.format.display import safe_lines
 
 
 class UserMessage(Static):
@@ -30,7 +30,7 @@ class UserMessage(Static):
     """
 
     def __init__(self, text: str) -> None:
-        super().__init__(Text(fmt.display_text(text)))
+        super().__init__(Text(safe_lines(text)))
         self.text = text
 
 
@@ -53,13 +53,13 @@ class AssistantMessage(Vertical):
         self.text = text
 
     def compose(self) -> ComposeResult:
-        yield Markdown(fmt.display_text(self._initial))
+        yield Markdown(safe_lines(self._initial))
         yield Static("", classes="stats -empty")
 
     def append(self, text: str) -> None:
         """Add streamed text (whole characters, as the controller sends them)."""
         self.text += text
-        self.query_one(Markdown).append(fmt.display_text(text))
+        self.query_one(Markdown).append(safe_lines(text))
 
     def set_stats(self, line: str) -> None:
         stats = self.query_one(".stats", Static)
@@ -80,7 +80,7 @@ class NoticeLine(Static):
     """
 
     def __init__(self, text: str, *, error: bool = False) -> None:
-        super().__init__(Text(fmt.display_text(text)), classes="-error" if error else "")
+        super().__init__(Text(safe_lines(text)), classes="-error" if error else "")
 
 
 class ChatLog(VerticalScroll):

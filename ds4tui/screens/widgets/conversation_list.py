@@ -1,7 +1,7 @@
 """The sidebar: open chats (live in memory or parked on disk) and saved sessions to resume.
 
 Owns: the list items, their markers and the `ChatChosen` message. Titles come
-from files, so they are shown as `Text` after `fmt.one_line`, never as markup.
+from files, so they are shown as `Text` after `format.display.one_line`, never as markup.
 Leaves to the screen: opening, resuming and switching.
 """
 
@@ -15,10 +15,10 @@ from textual import on
 from textual.message import Message
 from textual.widgets import Label, ListItem, ListView
 
-from ds4tui.screens.widgets import fmt
+from ds4tui.format.display import one_line
 
 LIVE, PARKED, SAVED, BUSY = "●", "○", "↺", "▶"
-TITLE_WIDTH = 26
+TITLE_WIDTH = 26  # characters of a title, the "…" of a cut one included
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class ChatItem(ListItem):
         else:
             marker = BUSY if entry.busy else (LIVE if entry.live else PARKED)
         label = Text(f"{marker} ")
-        label.append(fmt.one_line(entry.title, TITLE_WIDTH), style="bold" if active else "")
+        label.append(one_line(entry.title, TITLE_WIDTH - 1), style="bold" if active else "")
         return label
 
     def show(self, entry: ChatEntry, active: bool) -> None:

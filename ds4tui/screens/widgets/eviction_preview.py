@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Static
 
 from ds4tui.cache import eviction
 from ds4tui.cache.entry import KvEntry
-from ds4tui.screens.widgets.kv_format import human_bytes
+from ds4tui.format.display import human_bytes
 from ds4tui.screens.widgets.kv_table import title_cell
 
 

@@ -22,7 +22,8 @@ from ds4tui.cache.entry import KvEntry
 from ds4tui.format.kvc import OFFSET_EXT_FLAGS, OFFSET_HITS, OFFSET_LAST_USED, PREFIX_BYTES, payload_abi_name
 from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI
 from ds4tui.format.swa_policy import describe_payload
-from ds4tui.screens.widgets.kv_format import ResumeCost, duration, file_text, human_bytes, local_time, one_line, relative_time
+from ds4tui.format.display import human_bytes
+from ds4tui.screens.widgets.kv_format import ResumeCost, duration, file_text, local_time, relative_time, safe_cell
 
 # (offset, size, name) of every field in the first 52 bytes (KVC_SPEC §2).
 HEADER_FIELDS: tuple[tuple[int, int, str], ...] = (
@@ -172,7 +173,7 @@ def cost_section(info: KvDetailInfo) -> Text:
             ("saves", f"≈ {duration(max(c.saved_s, 0.0))}"),
         ]
     if info.resume_block:
-        rows.append(("resume", one_line(info.resume_block, 200, "yellow")))
+        rows.append(("resume", safe_cell(info.resume_block, 200, "yellow")))
     elif info.entry.header is not None:
         rows.append(("resume", Text("loadable here (enter)", style="green")))
     return _kv(rows)
@@ -195,11 +196,11 @@ def payload_section(info: KvDetailInfo) -> Text:
 def trailer_section(info: KvDetailInfo) -> Text:
     e = info.entry
     t = e.trailers or {}
-    rows: list[tuple[str, Text | str]] = [("title", one_line(e.title, 80, "bold") if e.title is not None else Text("—"))]
+    rows: list[tuple[str, Text | str]] = [("title", safe_cell(e.title, 80, "bold") if e.title is not None else Text("—"))]
     tm = t.get("tool_map")
     if tm:
         ids = ", ".join(tm.get("ids", [])[:6]) + (" …" if tm.get("count", 0) > 6 else "")
-        rows.append(("tool map", one_line(f"{tm['count']} ids, {tm['dsml_bytes']} B DSML: {ids}", 120)))
+        rows.append(("tool map", safe_cell(f"{tm['count']} ids, {tm['dsml_bytes']} B DSML: {ids}", 120)))
     else:
         rows.append(("tool map", "—"))
     if t:
@@ -213,7 +214,7 @@ def status_line(info: KvDetailInfo) -> Text:
     e = info.entry
     head = Text()
     if e.title is not None:
-        head.append_text(one_line(e.title, 80, "bold"))
+        head.append_text(safe_cell(e.title, 80, "bold"))
         head.append("  ")
     head.append((e.sha or "?"), "dim")
     head.append("\n")
@@ -221,9 +222,9 @@ def status_line(info: KvDetailInfo) -> Text:
         head.append("valid", "bold green")
     elif e.corrupt:
         head.append("corrupt: ", "bold red")
-        head.append_text(one_line(e.error, 200, "red"))
+        head.append_text(safe_cell(e.error, 200, "red"))
     else:
-        head.append_text(one_line(e.error, 200, "bold yellow"))
+        head.append_text(safe_cell(e.error, 200, "bold yellow"))
     return head
 
 

@@ -1,8 +1,8 @@
 """How the cache browser writes numbers, times and file text for people.
 
-Owns: byte sizes, local and relative timestamps (against an injected "now",
-so snapshots do not age), durations, the resume-cost estimate and the
-terminal-safe multi-line rendering of text that came out of a file.
+Owns: local and relative timestamps (against an injected "now", so snapshots
+do not age), durations, the resume-cost estimate, and file text as rich `Text`
+(the escaping rule and byte sizes are `ds4tui.format.display`'s).
 Leaves to callers: which fields to show and where. Pure functions, no Textual,
 so the formats are unit-testable.
 
@@ -23,22 +23,11 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from ds4tui.cache.entry import safe_text
+from ds4tui.format.display import safe_lines, safe_text
 
 DEFAULT_DISK_MB_S = 450.0
 DEFAULT_PREFILL_TOK_S = 288.0
 MB = 1_000_000  # disk throughput is quoted in decimal megabytes
-
-
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "—"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"  # pragma: no cover - loop always returns
 
 
 def local_time(ts: int | None) -> str:
@@ -106,15 +95,11 @@ class ResumeCost:
 
 
 def file_text(text: str | bytes | None, style: str = "") -> Text:
-    """Multi-line text from a file, safe for a terminal: newlines kept, every other
-    control (ESC, CR, bidi overrides...) shown as a visible escape. Returned as a
-    rich `Text`, which is never parsed as markup."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", errors="replace")
-    lines = (text or "").split("\n")
-    return Text("\n".join(safe_text(line) for line in lines), style=style)
+    """Multi-line text from a file as a rich `Text` (never parsed as markup), made
+    terminal-safe by `display.safe_lines`: newline and tab kept, every other control escaped."""
+    return Text(safe_lines(text), style=style)
 
 
-def one_line(text: str | bytes | None, limit: int = 60, style: str = "") -> Text:
-    """A single-line cell (titles, first text line): controls escaped, long text cut with …."""
+def safe_cell(text: str | bytes | None, limit: int = 60, style: str = "") -> Text:
+    """A single-line cell (titles, errors, first text line): `display.safe_text`, cut with … past `limit`."""
     return Text(safe_text(text, limit), style=style, no_wrap=True, overflow="ellipsis")

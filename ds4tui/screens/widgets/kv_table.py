@@ -20,7 +20,8 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from ds4tui.cache.entry import KvEntry
-from ds4tui.screens.widgets.kv_format import human_bytes, one_line, relative_time
+from ds4tui.format.display import human_bytes
+from ds4tui.screens.widgets.kv_format import relative_time, safe_cell
 
 
 @dataclass(frozen=True)
@@ -69,16 +70,16 @@ def status_text(e: KvEntry) -> Text:
     if e.valid:
         return Text("ok", style="green")
     if e.corrupt:
-        return one_line("corrupt: " + (e.error or "").split(",")[0].split(":")[0], 40, "red")
+        return safe_cell("corrupt: " + (e.error or "").split(",")[0].split(":")[0], 40, "red")
     # Intact but not for this engine (another ABI, model, version): yellow, never "corrupt".
-    return one_line((e.not_loadable or e.error or "").split(",")[0], 40, "yellow")
+    return safe_cell((e.not_loadable or e.error or "").split(",")[0], 40, "yellow")
 
 
 def title_cell(e: KvEntry) -> Text:
     if e.title is not None:
-        return one_line(e.title, 40, "bold")
+        return safe_cell(e.title, 40, "bold")
     first = (e.text_preview or "").lstrip().split("\n", 1)[0]
-    return one_line(first, 40, "dim")
+    return safe_cell(first, 40, "dim")
 
 
 def row_cells(e: KvEntry, now: float) -> list[Text]:

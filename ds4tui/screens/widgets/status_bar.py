@@ -10,6 +10,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from ds4tui.format.display import safe_lines
 from ds4tui.screens.widgets import fmt
 
 
@@ -46,4 +47,4 @@ class StatusBar(Static):
             parts.append(self.speed)
         if self.cache:
             parts.append(self.cache)
-        return Text(" · ".join(fmt.display_text(p) for p in parts), no_wrap=True, overflow="ellipsis")
+        return Text(" · ".join(safe_lines(p) for p in parts), no_wrap=True, overflow="ellipsis")

@@ -14,7 +14,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ds4tui.screens.widgets.kv_format import file_text, one_line
+from ds4tui.screens.widgets.kv_format import file_text, safe_cell
 
 
 class TranscriptView(ModalScreen[None]):
@@ -55,7 +55,7 @@ class TranscriptView(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         heading = Text.assemble(("Transcript (read-only)", "bold"), "  ")
         if self._title:
-            heading.append_text(one_line(self._title, 60, "italic"))
+            heading.append_text(safe_cell(self._title, 60, "italic"))
         if self._note:
             heading.append("\n")
             heading.append(self._note, "yellow")

@@ -1,0 +1,77 @@
+"""How file-derived text and byte counts are shown: one terminal-safety rule, one size format.
+
+Owns the rule every screen, CLI verb and cache message uses for text that came
+from a file or a model, and the one byte-size format. Pure functions (stdlib
+only), so the CLI, the cache and the Textual screens share them.
+
+The rule: no C0 control, DEL, C1 control or bidi embedding/override/isolate
+control (U+202A-U+202E, U+2066-U+2069) reaches the terminal. ESC starts
+terminal sequences; the bidi controls can make a terminal show text in another
+order than it is stored. Each such character is shown as a visible backslash
+escape: `\\e` for ESC, `\\n` `\\t` `\\r`, else `\\xNN` or `\\uNNNN`. Bytes
+that are not UTF-8 become U+FFFD. The one-line form escapes newline and tab
+too; the multi-line form (`safe_lines`) keeps them as they are.
+"""
+
+from __future__ import annotations
+
+import re
+
+# C0 controls, DEL, C1 controls and the bidi controls that can reorder what a terminal shows.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# The same set less newline and tab: text that is shown over several lines.
+_UNSAFE_IN_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\x1b": "\\e"}
+
+
+def _escape_one(match: re.Match) -> str:
+    ch = match.group()
+    if ch in _NAMED:
+        return _NAMED[ch]
+    return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+
+def _as_str(text: str | bytes | None) -> str:
+    if text is None:
+        return ""
+    if isinstance(text, bytes):
+        return text.decode("utf-8", errors="replace")
+    return text
+
+
+def _clip(text: str, limit: int | None) -> str:
+    """At most `limit` characters of `text`, then "…" when some were cut (no space before it)."""
+    if limit is not None and len(text) > limit:
+        return text[:limit].rstrip() + "…"
+    return text
+
+
+def safe_text(text: str | bytes | None, limit: int | None = None) -> str:
+    """One line, exactly as stored: every control escaped (newline and tab included).
+
+    `limit` cuts the text before escaping (to `limit` characters plus "…"). None reads as "".
+    """
+    return _UNSAFE.sub(_escape_one, _clip(_as_str(text), limit))
+
+
+def one_line(text: str | bytes | None, limit: int | None = None) -> str:
+    """A title or preview on one line: runs of whitespace become one space, then as `safe_text`."""
+    return safe_text(" ".join(_as_str(text).split()), limit)
+
+
+def safe_lines(text: str | bytes | None) -> str:
+    """Text over several lines (model replies, stored transcripts): newline and tab kept,
+    every other control escaped as in `safe_text`."""
+    return _UNSAFE_IN_LINES.sub(_escape_one, _as_str(text))
+
+
+def human_bytes(n: int) -> str:
+    """A byte count in binary units: `512 B`, `1.5 KiB`, `183.0 MiB`, `4.0 GiB` (GiB is the largest)."""
+    if n < 1024:
+        return f"{n} B"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        size /= 1024
+        if size < 1024 or unit == "GiB":
+            break
+    return f"{size:.1f} {unit}"

@@ -1,0 +1,53 @@
+"""The one terminal-safety rule and the one byte-size format (ds4tui.format.display)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ds4tui.format.display import human_bytes, one_line, safe_lines, safe_text
+
+# Every character the rule keeps off the terminal: C0, DEL, C1, bidi embedding/override/isolate.
+UNSAFE = ([chr(c) for c in range(0x20)] + [chr(c) for c in range(0x7F, 0xA0)]
+          + [chr(c) for c in range(0x202A, 0x202F)] + [chr(c) for c in range(0x2066, 0x206A)])
+
+
+def test_safe_text_escapes_controls_and_bad_utf8():
+    assert safe_text("a\x1b[31mb\nc\x07d\x7f\x9b") == "a\\e[31mb\\nc\\x07d\\x7f\\x9b"
+    assert safe_text("left\u202eright") == "left\\u202eright"
+    assert safe_text("tab\tcr\r") == "tab\\tcr\\r"
+    assert safe_text(b"ok\xff") == "ok\ufffd"
+    assert safe_text("abcdef", 3) == "abc…"
+    assert safe_text("ab cdef", 3) == "ab…"  # no space before the ellipsis
+    assert safe_text("abc", 3) == "abc"
+    assert safe_text(None) == ""
+
+
+@pytest.mark.parametrize("ch", UNSAFE, ids=lambda c: f"U+{ord(c):04X}")
+def test_no_unsafe_character_survives_any_form(ch):
+    text = f"x{ch}y"
+    assert ch not in safe_text(text) and ch not in one_line(text)
+    if ch in "\n\t":
+        assert safe_lines(text) == text  # the multi-line form keeps line breaks and tabs
+    else:
+        assert ch not in safe_lines(text) and safe_lines(text) == safe_text(text)
+
+
+def test_safe_lines_keeps_layout_and_leaves_ordinary_text_alone():
+    assert safe_lines("def f():\n\treturn 1\r\n") == "def f():\n\treturn 1\\r\n"
+    assert safe_lines("héllo ✓ [bold]") == "héllo ✓ [bold]"
+    assert safe_lines(b"bad \xff") == "bad \ufffd"
+
+
+def test_one_line_collapses_whitespace_then_escapes_and_cuts():
+    assert one_line("  Plan\n three\tdays  ") == "Plan three days"
+    assert one_line("a \x1b[31m b") == "a \\e[31m b"
+    assert one_line("Plan three days in Lisbon", 10) == "Plan three…"
+    assert one_line(None) == ""
+
+
+@pytest.mark.parametrize("n, shown", [
+    (0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"), ((1 << 20) - 1, "1024.0 KiB"),
+    (1 << 20, "1.0 MiB"), (183 << 20, "183.0 MiB"), (4096 << 20, "4.0 GiB"), (3 << 40, "3072.0 GiB"),
+])
+def test_human_bytes(n, shown):
+    assert human_bytes(n) == shown
