@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -86,7 +87,7 @@ class ChatScreen(Screen):
         """The controller reported `event` (a ds4tui.chat.events record) for chat `key`."""
 
         key: str
-        event: object
+        event: ev.ChatEvent
 
     @dataclass
     class TurnEnded(Message):
@@ -242,62 +243,92 @@ class ChatScreen(Screen):
 
     @on(EngineEvent)
     def _engine_event(self, message: EngineEvent) -> None:
-        event, pane = message.event, self._pane_or_none(message.key)
-        status = self.query_one(StatusBar)
-        if isinstance(event, ev.TokenText):
-            if pane is not None and pane.reply is not None:
-                pane.reply.append(event.text)
-            if status.activity.startswith("prefill"):
-                status.activity = "generating…"
-        elif isinstance(event, ev.PrefillStarted):
-            self._refresh_sidebar()  # a first message has just become the chat's title
-            if event.source != "cold" and event.cached:
-                status.cache = f"reused {fmt.tokens(event.cached)} tokens ({event.source})"
-            if event.total == 0:
-                status.activity = "generating…"
-        elif isinstance(event, ev.PrefillProgress):
-            if event.done < event.total:
-                if pane is not None:
-                    pane.prefill.show_progress(event.done, event.total, event.tok_s, event.eta_s)
-            else:
-                if pane is not None:
-                    pane.prefill.hide()
-                status.activity = "generating…"
-        elif isinstance(event, ev.Done):
-            if pane is not None:
-                pane.prefill.hide()
-                if pane.reply is not None:
-                    pane.reply.set_stats(stats_line(event))
-            if event.prompt_tokens >= PREFILL_SAMPLE_TOKENS:
-                self._prefill_tok_s = event.prefill_tok_s
-            self._last_speed = fmt.rate(event.tok_s)
-            status.speed = self._last_speed
-        elif isinstance(event, ev.Cancelled):
-            if pane is not None:
-                pane.prefill.hide()
-        else:
-            self._cache_event(message.key, event)
+        handler = self._EVENT_HANDLERS.get(type(message.event))
+        if handler is not None:
+            handler(self, message.event, self._pane_or_none(message.key))
         if message.key == self._active:
             self._update_context()
 
-    def _cache_event(self, key: str, event: object) -> None:
-        """Cache and error events: a status-bar line, a toast for the notable ones, follow-ups."""
+    # One handler per event type (`pane` is None when the event's chat is not on screen);
+    # `_EVENT_HANDLERS` below maps the types to them.
+
+    def _on_token_text(self, event: ev.TokenText, pane: ChatPane | None) -> None:
+        if pane is not None and pane.reply is not None:
+            pane.reply.append(event.text)
+        status = self.query_one(StatusBar)
+        if status.activity.startswith("prefill"):
+            status.activity = "generating…"
+
+    def _on_prefill_started(self, event: ev.PrefillStarted, pane: ChatPane | None) -> None:
+        self._refresh_sidebar()  # a first message has just become the chat's title
+        status = self.query_one(StatusBar)
+        if event.source != "cold" and event.cached:
+            status.cache = f"reused {fmt.tokens(event.cached)} tokens ({event.source})"
+        if event.total == 0:
+            status.activity = "generating…"
+
+    def _on_prefill_progress(self, event: ev.PrefillProgress, pane: ChatPane | None) -> None:
+        if event.done < event.total:
+            if pane is not None:
+                pane.prefill.show_progress(event.done, event.total, event.tok_s, event.eta_s)
+        else:
+            if pane is not None:
+                pane.prefill.hide()
+            self.query_one(StatusBar).activity = "generating…"
+
+    def _on_done(self, event: ev.Done, pane: ChatPane | None) -> None:
+        if pane is not None:
+            pane.prefill.hide()
+            if pane.reply is not None:
+                pane.reply.set_stats(stats_line(event))
+        if event.prompt_tokens >= PREFILL_SAMPLE_TOKENS:
+            self._prefill_tok_s = event.prefill_tok_s
+        self._last_speed = fmt.rate(event.tok_s)
+        self.query_one(StatusBar).speed = self._last_speed
+
+    def _on_cancelled(self, event: ev.Cancelled, pane: ChatPane | None) -> None:
+        if pane is not None:
+            pane.prefill.hide()
+
+    def _show_notice(self, event: object, pane: ChatPane | None = None) -> None:
+        """Cache and error events: a status-bar line and a toast for the notable ones."""
         notice = notice_for(event)
         if notice.status is not None:
             self.query_one(StatusBar).cache = notice.status
         if notice.toast is not None:
             self._toast(notice.toast, notice.title, notice.severity)
-        if isinstance(event, ev.Evicted) and event.files:
+
+    def _on_evicted(self, event: ev.Evicted, pane: ChatPane | None) -> None:
+        self._show_notice(event)
+        if event.files:
             self._scan_saved()  # a saved session may be among them
-        elif isinstance(event, ev.SessionFreed):
-            conv = self._conversation(event.conversation)
-            title = conv.display_title if conv is not None else event.conversation
-            self._toast(f"{one_line(title, 39)} left memory (saved to disk: {event.reason})", "Sessions")
-            self._refresh_sidebar()
-        elif isinstance(event, ev.ChatError):
-            pane = self._pane_or_none(key)
-            if pane is not None:
-                pane.log.add_notice(f"Error ({event.where}): {event.message}", error=True)
+
+    def _on_session_freed(self, event: ev.SessionFreed, pane: ChatPane | None) -> None:
+        conv = self._conversation(event.conversation)
+        title = conv.display_title if conv is not None else event.conversation
+        self._toast(f"{one_line(title, 39)} left memory (saved to disk: {event.reason})", "Sessions")
+        self._refresh_sidebar()
+
+    def _on_chat_error(self, event: ev.ChatError, pane: ChatPane | None) -> None:
+        self._show_notice(event)
+        if pane is not None:
+            pane.log.add_notice(f"Error ({event.where}): {event.message}", error=True)
+
+    _EVENT_HANDLERS: ClassVar[dict[type, Callable[[ChatScreen, Any, ChatPane | None], None]]] = {
+        ev.TokenText: _on_token_text,
+        ev.PrefillStarted: _on_prefill_started,
+        ev.PrefillProgress: _on_prefill_progress,
+        ev.Done: _on_done,
+        ev.Cancelled: _on_cancelled,
+        ev.SessionFreed: _on_session_freed,
+        ev.ChatError: _on_chat_error,
+        ev.Evicted: _on_evicted,
+        ev.Hit: _show_notice,
+        ev.Miss: _show_notice,
+        ev.Saved: _show_notice,
+        ev.SaveFailed: _show_notice,
+        ev.Rejected: _show_notice,
+    }
 
     @on(TurnEnded)
     def _turn_ended(self, message: TurnEnded) -> None:

@@ -9,6 +9,7 @@ the screen shows it with markup off.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import singledispatch
 
 from ds4tui.chat import events as ev
 from ds4tui.format.display import human_bytes
@@ -23,36 +24,60 @@ class Notice:
     severity: str = "information"  # information | warning | error
 
 
+@singledispatch
 def notice_for(event: object) -> Notice:
-    """The notice for one cache/error event (an empty Notice for events that show nothing)."""
-    if isinstance(event, ev.Hit):
-        return Notice(f"kv hit {fmt.tokens(event.tokens)} tok in {fmt.ms(event.ms)}",
-                      f"Restored {fmt.tokens(event.tokens)} tokens from disk ({human_bytes(event.bytes)},"
-                      f" {fmt.ms(event.ms)})", "KV cache hit")
-    if isinstance(event, ev.Miss):
-        return Notice(f"kv miss: {event.reason}")
-    if isinstance(event, ev.Saved):
-        if event.reason == "agent-session":
-            # Every turn re-saves the chat; a toast each time would be noise.
-            return Notice(f"session saved ({fmt.tokens(event.tokens)} tok)")
-        verb = "kept" if event.reused else "saved"
-        return Notice(f"kv {verb} {event.reason} {fmt.tokens(event.tokens)} tok",
-                      f"Checkpoint ({event.reason}): {fmt.tokens(event.tokens)} tokens, {human_bytes(event.bytes)}"
-                      + (" (already on disk)" if event.reused else f" in {fmt.ms(event.ms)}"), "KV cache saved")
-    if isinstance(event, ev.SaveFailed):
-        return Notice("kv save failed", f"Checkpoint not saved: {event.reason}", "KV cache", "error")
-    if isinstance(event, ev.Evicted):
-        if not event.files:
-            return Notice()
-        return Notice(f"kv evicted {len(event.files)} file(s)",
-                      f"Evicted {len(event.files)} file(s), {human_bytes(event.bytes)}, to stay under the"
-                      f" {human_bytes(event.budget_bytes)} budget", "KV cache", "warning")
-    if isinstance(event, ev.Rejected):
-        return Notice(f"kv rejected {event.file[:12]}", f"Ignored cache file {event.file[:12]}: {event.reason}",
-                      "KV cache", "warning")
-    if isinstance(event, ev.ChatError):
-        return Notice(None, event.message, f"Error: {event.where}", "error")
+    """The notice for one cache/error event: an empty Notice for events that show nothing.
+
+    One registered function per event type; a new event that needs a notice is one more."""
     return Notice()
+
+
+@notice_for.register
+def _hit(event: ev.Hit) -> Notice:
+    return Notice(f"kv hit {fmt.tokens(event.tokens)} tok in {fmt.ms(event.ms)}",
+                  f"Restored {fmt.tokens(event.tokens)} tokens from disk ({human_bytes(event.bytes)},"
+                  f" {fmt.ms(event.ms)})", "KV cache hit")
+
+
+@notice_for.register
+def _miss(event: ev.Miss) -> Notice:
+    return Notice(f"kv miss: {event.reason}")
+
+
+@notice_for.register
+def _saved(event: ev.Saved) -> Notice:
+    if event.reason == "agent-session":
+        # Every turn re-saves the chat; a toast each time would be noise.
+        return Notice(f"session saved ({fmt.tokens(event.tokens)} tok)")
+    verb = "kept" if event.reused else "saved"
+    return Notice(f"kv {verb} {event.reason} {fmt.tokens(event.tokens)} tok",
+                  f"Checkpoint ({event.reason}): {fmt.tokens(event.tokens)} tokens, {human_bytes(event.bytes)}"
+                  + (" (already on disk)" if event.reused else f" in {fmt.ms(event.ms)}"), "KV cache saved")
+
+
+@notice_for.register
+def _save_failed(event: ev.SaveFailed) -> Notice:
+    return Notice("kv save failed", f"Checkpoint not saved: {event.reason}", "KV cache", "error")
+
+
+@notice_for.register
+def _evicted(event: ev.Evicted) -> Notice:
+    if not event.files:
+        return Notice()
+    return Notice(f"kv evicted {len(event.files)} file(s)",
+                  f"Evicted {len(event.files)} file(s), {human_bytes(event.bytes)}, to stay under the"
+                  f" {human_bytes(event.budget_bytes)} budget", "KV cache", "warning")
+
+
+@notice_for.register
+def _rejected(event: ev.Rejected) -> Notice:
+    return Notice(f"kv rejected {event.file[:12]}", f"Ignored cache file {event.file[:12]}: {event.reason}",
+                  "KV cache", "warning")
+
+
+@notice_for.register
+def _chat_error(event: ev.ChatError) -> Notice:
+    return Notice(None, event.message, f"Error: {event.where}", "error")
 
 
 def stats_line(done: ev.Done) -> str:

@@ -32,3 +32,13 @@ def test_failures_are_loud_and_name_the_reason():
     assert evicted.severity == "warning" and "Evicted 1 file(s), 1.0 MiB" in evicted.toast
     assert notice_for(Evicted((), 0, 1)).toast is None
     assert notice_for(ChatError("save", "boom")).severity == "error"
+
+
+def test_every_chat_event_type_has_exactly_one_screen_handler():
+    """The chat screen dispatches by event type: a new event in ChatEvent needs its entry."""
+    from typing import get_args
+
+    from ds4tui.chat.events import ChatEvent
+    from ds4tui.screens.chat import ChatScreen
+
+    assert set(ChatScreen._EVENT_HANDLERS) == set(get_args(ChatEvent))
