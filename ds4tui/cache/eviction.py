@@ -3,10 +3,11 @@
 Owns: which continued checkpoints are superseded (their text a strict prefix
 of a newer file's text, or of the checkpoint about to be written), which
 anonymous files a user's titled session already holds, filling in each
-entry's `ScoreParts`, and the greedy lowest-score-first victim list.
+entry's `ScoreParts`, the greedy lowest-score-first victim list, and
+`EvictionPlan` (the dry run the cache browser shows, from that same victim choice).
 Leaves to store.py: scanning, deleting, and which file is protected.
 
-Where ds4tui departs from ds4's score (README, "Eviction"): a titled session
+Where ds4tui departs from ds4's score (README, "Loading, saving, evicting"): a titled session
 is the user's own and counts as an anchor (2x), like ds4's cold/evict/shutdown
 files; an anonymous file whose text a titled session of the same model also
 holds (equal text: a duplicate; a shorter prefix: superseded) never outranks
@@ -27,6 +28,7 @@ from dataclasses import dataclass, replace
 from ds4tui.cache.entry import KvEntry
 from ds4tui.format.kvc import REASON_CONTINUED
 from ds4tui.cache.policy import CachePolicy, ScoreParts
+from ds4tui.format.display import human_bytes
 
 _ZERO = ScoreParts(0.0, 1.0, 1.0, 0.0)
 
@@ -173,3 +175,32 @@ def choose_victims(entries: list[KvEntry], target_bytes: int, protect: frozenset
         victims.append(e)
         total -= e.file_bytes
     return victims
+
+
+@dataclass(frozen=True)
+class EvictionPlan:
+    """`order`: every evictable file, first victim first; `now`: the paths a budget pass removes today."""
+
+    order: tuple[KvEntry, ...]
+    now: frozenset[str]
+    used_bytes: int
+    budget_bytes: int
+    pinned_count: int
+
+    @classmethod
+    def build(cls, entries: list[KvEntry], budget_bytes: int) -> EvictionPlan:
+        """`entries` must be scored (KvStore.scan). Uses the store's victim choice:
+        a target of 0 bytes ranks everything that is not pinned."""
+        order = choose_victims(entries, 0)
+        now = choose_victims(entries, budget_bytes)
+        return cls(tuple(order), frozenset(e.path for e in now), sum(e.file_bytes for e in entries),
+                   budget_bytes, sum(1 for e in entries if e.pinned))
+
+    def summary(self) -> str:
+        if self.now:
+            freed = sum(e.file_bytes for e in self.order if e.path in self.now)
+            return (f"Over budget: the next save or `ds4tui kv evict` removes {len(self.now)} file(s),"
+                    f" {human_bytes(freed)}.")
+        if not self.order:
+            return "Nothing can be evicted (no files, or all pinned)."
+        return "Under budget: nothing is evicted now. When space is needed, files go in this order."

@@ -53,15 +53,16 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from ds4tui import paths
 from ds4tui.cache.entry import ANY_DS4TUI, Acceptor, KvEntry
+from ds4tui.cache.eviction import EvictionPlan
 from ds4tui.cache.store import KvStore
 from ds4tui.cache.watch import CacheChanges, CacheWatcher
 from ds4tui.chat.conversation import MAX_TITLE_CHARS
+from ds4tui.format.display import human_bytes
 from ds4tui.cache import scan as cache_scan
 from ds4tui.screens.widgets.budget_gauge import BudgetGauge
 from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
-from ds4tui.screens.widgets.eviction_preview import EvictionPlan, EvictionPreview
+from ds4tui.screens.widgets.eviction_preview import EvictionPreview
 from ds4tui.screens.widgets.kv_detail import KvDetail, KvDetailInfo
-from ds4tui.format.display import human_bytes
 from ds4tui.screens.widgets.kv_format import DEFAULT_DISK_MB_S, DEFAULT_PREFILL_TOK_S, ResumeCost, safe_cell
 from ds4tui.screens.widgets.kv_table import KvTable
 from ds4tui.screens.widgets.prompt_dialog import PromptDialog

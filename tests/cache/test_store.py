@@ -6,6 +6,7 @@ import errno
 import hashlib
 import os
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -339,6 +340,20 @@ def test_eviction_weighs_anchors_twice(store):
     cont = _put(store, b"continued waypoint", reason=2)
     denser = _put(store, b"denser waypoint", reason=2, tokens=3000)  # 3x the density beats 2x weight
     assert _order(store) == [cont, cold, denser]
+
+
+def test_eviction_plan_matches_a_real_budget_pass(store):
+    """The cache browser's dry run ranks and picks exactly what `evict` would."""
+    from ds4tui.cache.eviction import EvictionPlan
+
+    shas = [_put(store, f"file {i}".encode(), reason=2, hits=i, size=10_000) for i in range(4)]
+    budget = sum(e.file_bytes for e in store.scan()) - 15_000  # two files must go
+    plan = EvictionPlan.build(store.score(store.scan()), budget)
+    assert [e.sha for e in plan.order] == _order(store) and len(plan.order) == len(shas)
+    would = store.evict(budget_bytes=budget, dry_run=True)
+    assert {store.path_for(f.sha).as_posix() for f in would.files} == {Path(p).as_posix() for p in plan.now}
+    assert len(plan.now) == 2 and plan.summary().startswith("Over budget")
+    assert EvictionPlan.build(store.score(store.scan()), 1 << 30).now == frozenset()
 
 
 def test_eviction_presses_superseded_continued_checkpoints(store):

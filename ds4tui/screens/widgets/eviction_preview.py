@@ -1,13 +1,12 @@
-"""A dry run of eviction: the order in which files would go, and which go now.
+"""A dry run of eviction on screen: the modal that lists an `EvictionPlan`.
 
-Owns: `EvictionPlan` (built from the store's own victim choice, so the preview
-and a real budget pass can never disagree) and the modal that lists it.
-Deletes nothing. Leaves to callers: scanning the directory.
+Owns: the modal. The plan itself (`ds4tui.cache.eviction.EvictionPlan`) is
+built from the store's own victim choice, so the preview and a real budget
+pass can never disagree. Deletes nothing. Leaves to callers: scanning the
+directory and building the plan.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -16,39 +15,9 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
-from ds4tui.cache import eviction
-from ds4tui.cache.entry import KvEntry
+from ds4tui.cache.eviction import EvictionPlan
 from ds4tui.format.display import human_bytes
 from ds4tui.screens.widgets.kv_table import title_cell
-
-
-@dataclass(frozen=True)
-class EvictionPlan:
-    """`order`: every evictable file, first victim first; `now`: the SHAs a budget pass removes today."""
-
-    order: tuple[KvEntry, ...]
-    now: frozenset[str]
-    used_bytes: int
-    budget_bytes: int
-    pinned_count: int
-
-    @classmethod
-    def build(cls, entries: list[KvEntry], budget_bytes: int) -> EvictionPlan:
-        """`entries` must be scored (KvStore.scan). Uses the store's victim choice:
-        a target of 0 bytes ranks everything that is not pinned."""
-        order = eviction.choose_victims(entries, 0)
-        now = eviction.choose_victims(entries, budget_bytes)
-        return cls(tuple(order), frozenset(e.path for e in now), sum(e.file_bytes for e in entries),
-                   budget_bytes, sum(1 for e in entries if e.pinned))
-
-    def summary(self) -> str:
-        if self.now:
-            freed = sum(e.file_bytes for e in self.order if e.path in self.now)
-            return (f"Over budget: the next save or `ds4tui kv evict` removes {len(self.now)} file(s),"
-                    f" {human_bytes(freed)}.")
-        if not self.order:
-            return "Nothing can be evicted (no files, or all pinned)."
-        return "Under budget: nothing is evicted now. When space is needed, files go in this order."
 
 
 class EvictionPreview(ModalScreen[None]):
