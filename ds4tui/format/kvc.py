@@ -46,16 +46,28 @@ FIXED_HEADER_BYTES = 48
 # The fixed header plus the u32 text length that always follows it.
 PREFIX_BYTES = FIXED_HEADER_BYTES + 4
 
-# <magic 3s><version B><quant B><reason B><ext B><model B><tokens I><hits I>
-# <ctx I><abi B><reserved 3x><created Q><last_used Q><payload Q><text_bytes I>
+# The header and text length, field by field: (offset, size in bytes, name), in file
+# order. The one declaration of the layout: the struct below, the in-place offsets,
+# the cache browser's hex view and the README's "Header" table are checked against it.
+HEADER_FIELDS: tuple[tuple[int, int, str], ...] = (
+    (0, 3, "magic"), (3, 1, "version"), (4, 1, "quant_bits"), (5, 1, "reason"),
+    (6, 1, "ext_flags"), (7, 1, "model_id"), (8, 4, "tokens"), (12, 4, "hits"),
+    (16, 4, "ctx_size"), (20, 1, "payload_abi"), (21, 3, "reserved"),
+    (24, 8, "created_at"), (32, 8, "last_used"), (40, 8, "payload_bytes"), (48, 4, "text_bytes"),
+)
+_FIELD_OFFSETS = {name: offset for offset, _, name in HEADER_FIELDS}
+assert all(o == p + s for (p, s, _), (o, _, _) in zip(HEADER_FIELDS, HEADER_FIELDS[1:]))
+assert sum(size for _, size, _ in HEADER_FIELDS) == PREFIX_BYTES
+
+# The same fields as struct codes (magic 3s, reserved 3x, u8 B, u32 I, u64 Q).
 _HEADER = struct.Struct("<3sBBBBBIIIB3xQQQI")
 assert _HEADER.size == PREFIX_BYTES
 
 # Byte offsets of the fields rewritten in place (hits/last_used on a hit, the
 # pin bit); everything else in a file is written once.
-OFFSET_EXT_FLAGS = 6
-OFFSET_HITS = 12
-OFFSET_LAST_USED = 32
+OFFSET_EXT_FLAGS = _FIELD_OFFSETS["ext_flags"]
+OFFSET_HITS = _FIELD_OFFSETS["hits"]
+OFFSET_LAST_USED = _FIELD_OFFSETS["last_used"]
 
 # Save reasons (header byte 5), as in ds4_kvstore.h. A byte above 6 reads as unknown.
 REASON_UNKNOWN = 0

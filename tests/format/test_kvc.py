@@ -120,6 +120,20 @@ def test_header_round_trip(h):
 
 
 @settings(max_examples=300)
+@given(headers)
+def test_header_field_table_reads_what_the_encoder_wrote(h):
+    """HEADER_FIELDS (what the cache browser's hex view shows) locates every field the encoder packs."""
+    raw = kvc.encode_header(h)
+    codes = {1: "<B", 4: "<I", 8: "<Q"}
+    got = {}
+    for off, size, name in kvc.HEADER_FIELDS:
+        chunk = raw[off:off + size]
+        got[name] = chunk if name in ("magic", "reserved") else struct.unpack(codes[size], chunk)[0]
+    assert got.pop("magic") == kvc.MAGIC and got.pop("reserved") == bytes(3)
+    assert got.pop("reason") == h.reason_code
+    assert got == {k: getattr(h, k) for k in got}
+
+
 @given(st.binary(max_size=200))
 def test_parser_on_arbitrary_bytes_returns_or_raises_its_error(data):
     try:

@@ -42,6 +42,7 @@ def test_header_table_matches_the_struct():
     assert fields["hits"] == kvc.OFFSET_HITS
     assert fields["last_used"] == kvc.OFFSET_LAST_USED
     assert fields["model_id"] == 7 and fields["payload_abi"] == 20
+    assert [(int(r[0]), sizes[r[1]], r[2]) for r in rows] == list(kvc.HEADER_FIELDS)
 
 
 def test_reason_table_matches_the_code():

@@ -19,23 +19,12 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Static
 
 from ds4tui.cache.entry import KvEntry
-from ds4tui.format.kvc import OFFSET_EXT_FLAGS, OFFSET_HITS, OFFSET_LAST_USED, PREFIX_BYTES, payload_abi_name
+from ds4tui.format.kvc import HEADER_FIELDS, PREFIX_BYTES, payload_abi_name
 from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI
 from ds4tui.format.swa_policy import describe_payload
 from ds4tui.format.display import human_bytes
 from ds4tui.screens.widgets.kv_format import ResumeCost, duration, file_text, local_time, relative_time, safe_cell
 
-# (offset, size, name) of every field in the first 52 bytes (KVC_SPEC §2).
-HEADER_FIELDS: tuple[tuple[int, int, str], ...] = (
-    (0, 3, "magic"), (3, 1, "version"), (4, 1, "quant_bits"), (5, 1, "reason"),
-    (6, 1, "ext_flags"), (7, 1, "model_id"), (8, 4, "tokens"), (12, 4, "hits"),
-    (16, 4, "ctx_size"), (20, 1, "payload_abi"), (21, 3, "reserved"),
-    (24, 8, "created_at"), (32, 8, "last_used"), (40, 8, "payload_bytes"), (48, 4, "text_bytes"),
-)
-assert sum(size for _, size, _ in HEADER_FIELDS) == PREFIX_BYTES
-assert dict((n, o) for o, _, n in HEADER_FIELDS)["ext_flags"] == OFFSET_EXT_FLAGS
-assert dict((n, o) for o, _, n in HEADER_FIELDS)["hits"] == OFFSET_HITS
-assert dict((n, o) for o, _, n in HEADER_FIELDS)["last_used"] == OFFSET_LAST_USED
 # Alternating styles tell neighbouring fields apart in the hex dump.
 _FIELD_STYLES = ("cyan", "magenta", "green", "yellow")
 _UINT = {1: "<B", 4: "<I", 8: "<Q"}
