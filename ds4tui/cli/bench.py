@@ -2,8 +2,7 @@
 
 Each benchmark lives in its own module under ds4tui/bench/ and exposes
 `add_bench_command(subparsers)`, which adds its subcommand and sets `func`.
-To add one (e.g. `bench cache`), write the module and list it in
-BENCH_MODULES; a listed module that does not exist yet is skipped.
+To add one, write the module and list it in BENCH_MODULES.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import importlib
 BENCH_MODULES = [
     "ds4tui.bench.engine_bench",  # bench engine: prefill/decode speed, payload size, save/load speed
     "ds4tui.bench.cache_bench",  # bench cache: cold vs disk-hit TTFT of one conversation (chat controller)
-    "ds4tui.bench.swa_bench",  # bench swa
+    "ds4tui.bench.swa_bench",  # bench swa: file size, restore and recompute per SWA storage policy
 ]
 
 
@@ -26,13 +25,7 @@ def register(subparsers) -> None:
     )
     sub = bench.add_subparsers(title="benchmarks", metavar="WHAT")
     for name in BENCH_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue  # not written yet
-            raise
-        module.add_bench_command(sub)
+        importlib.import_module(name).add_bench_command(sub)
 
     def show_help(args: argparse.Namespace) -> int:
         bench.print_help()

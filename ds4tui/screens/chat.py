@@ -501,11 +501,8 @@ class ChatScreen(Screen):
         self.app.push_screen(SettingsScreen(self.controller.config), done)
 
     def action_cache_browser(self) -> None:
-        try:
-            from ds4tui.screens.cache_browser import CacheBrowserScreen
-        except ImportError:
-            self.notify("The cache browser is not available in this build.", severity="warning", markup=False)
-            return
+        from ds4tui.screens.cache_browser import CacheBrowserScreen
+
         if self.controller is None:
             self.app.push_screen(CacheBrowserScreen(self.config.cache_path()))
             return
