@@ -21,7 +21,7 @@ Restore vs raw read, like for like: the restore in the TTFT writes into the
 session buffer that warm_up already touched, so it is compared with a read
 into an already-touched buffer ("warm"). Both are also measured into freshly
 allocated, untouched memory ("fresh": a new session, np.empty), where page
-faults on first write cost 0.3-0.5 ms per MB on this VM.
+faults on first write add their cost (docs/perf.md, "First-use costs and warm_up").
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The disk cache directory: scan, lookup, load, save, touch, pin, delete, evict.
 
 Owns: the file operations on one directory of `<sha1>.kv` files, the load
-validation chain of KVC_SPEC §4, atomic saves within the budget, and eviction.
+validation chain (README, "KVC file format" > "Loading, saving, evicting"),
+atomic saves within the budget, and eviction.
 Leaves to callers: the payload (opaque, streamed through `write_payload(fp)` /
 `load_payload(fp, nbytes)` callbacks), when to save (policy.py helps) and how
 to show the returned events.
@@ -235,7 +236,7 @@ class KvStore:
 
     def _validate(self, fp: BinaryIO, sha: str, prompt: bytes | None, acceptor: Acceptor,
                   load_payload: LoadPayload) -> KvcFile:
-        """KVC_SPEC §4, in order: magic and ABI -> model -> name hash -> byte prefix
+        """The README's load checks, in order: magic and ABI -> model -> name hash -> byte prefix
         -> payload token count. The acceptor runs before anything that could
         call a file corrupt, so a foreign file is never deleted."""
         head = fp.read(PREFIX_BYTES)

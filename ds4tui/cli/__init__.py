@@ -37,9 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     # OpenMP worker threads busy-wait after every torch op by default; on the 2 cores this
     # app targets they then compete with the C kernels' own pool (kernels/pool.c) wherever
-    # the two alternate, as a short prefill does in every layer (measured on SmolLM2: the
-    # block products of a 23-token forward at 4K context 80 -> 44 ms, the forward 225 ->
-    # 155 ms). Read by libgomp when torch loads it, so set before any torch import; a
+    # the two alternate, as a short prefill does in every layer (docs/perf.md, "OpenMP wait
+    # policy"). Read by libgomp when torch loads it, so set before any torch import; a
     # user's own setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()

@@ -1,6 +1,7 @@
 """The KVC envelope: byte layout of a `.kv` file, its trailers, names and tables.
 
-Owns: encode/decode of the 48-byte header + u32 text length (KVC_SPEC §2), the
+Owns: encode/decode of the 48-byte header + u32 text length (README, "KVC file
+format" > "Header"; `HEADER_FIELDS`), the
 reason and ext-flag tables, the `KTM` tool-map trailer (ext bit 0), the
 session-title trailer (ext bit 3), SHA-1 file naming, the display names of
 model ids and payload ABIs, and a peek at the payload's own DSV4 header.

@@ -1,4 +1,5 @@
-"""Hand-built KVC files for tests, from the published byte layout (KVC_SPEC §2-3).
+"""Hand-built KVC files for tests, from the byte layout the README publishes
+("KVC file format", "The session payload").
 
 Deliberately not using ds4tui's own encoder: if both sides shared a mistake,
 round-trip tests would still pass. Everything here is struct.pack by offset.

@@ -15,8 +15,8 @@ Backends, best first (`backend()` names the active one):
 - "torch": no compiler or the build failed: dequantize once, then fp32 `mv`.
 All three compute the same numbers up to float summation order.
 
-The library is compiled with the system C compiler (`$CC`, else `cc`) on first use (~2 s)
-into `data_dir()/kernels/<hash of sources, flags, compiler>-<variant>/`, written to a
+The library is compiled with the system C compiler (`$CC`, else `cc`) on first use
+(docs/perf.md, "Backends") into `data_dir()/kernels/<hash of sources, flags, compiler>-<variant>/`, written to a
 temporary name and renamed, so concurrent first uses never load a half-written file; builds
 of older sources are pruned after a day. First use rather than `pip install`: the CPU check
 happens on the machine that runs it, editable installs need no build step, and a machine

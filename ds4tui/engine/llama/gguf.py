@@ -4,8 +4,9 @@ Owns: reading a GGUF with the `gguf` package (metadata, tokenizer, tensors
 dequantized by `gguf.quants.dequantize`), undoing llama.cpp's q/k row permutation,
 building the byte-level BPE tokenizer from the GGUF vocab, and the converted cache.
 
-Why a converted cache: `GGUFReader` spends ~2.5-4 s parsing the 49k tokenizer strings
-and dequantizing takes ~2 s more, every start. The first load therefore writes
+Why a converted cache: `GGUFReader` spends seconds parsing the 49k tokenizer strings
+and dequantizing takes seconds more, on every start (docs/perf.md, "GGUF start-up and
+the converted copy"). The first load therefore writes
 `data_dir()/converted/<sha256[:16]>/` = model.safetensors (fp32, the internal fused
 layout of engine/llama/config.py) + tokenizer.json + meta.json (written last, in a temp dir renamed
 into place); later loads memory-map that copy. The key is the GGUF's SHA-256, which

@@ -145,13 +145,12 @@ class LlamaModel(Model):
         """Pay this process's first-use costs now (the app calls this in its model-loading
         worker) instead of inside the first message's time to first token.
 
-        Measured in a fresh process on the 2-vCPU machine: the first 23-token forward at 4K
-        context took ~50 ms longer than the next (page faults on the memory-mapped weights,
-        oneDNN/MKL first calls), and a new session's 212 MB KV buffer costs 60-110 ms of page
-        faults on its first writes (a restore, or a prefill). So: one short chunked forward and
-        one decode step (every fp32 weight page, every raw block page, the C step's workspace
-        and thread pool) in a session of `ctx_size`, whose buffer is then written through and
-        kept for the next new_session of that size.
+        A fresh process pays for its first forward (page faults on the memory-mapped weights,
+        oneDNN/MKL first calls) and a new session's KV buffer for its first writes (a restore,
+        or a prefill); docs/perf.md, "First-use costs and warm_up", has the measurements. So:
+        one short chunked forward and one decode step (every fp32 weight page, every raw block
+        page, the C step's workspace and thread pool) in a session of `ctx_size`, whose buffer
+        is then written through and kept for the next new_session of that size.
         """
         ctx = self._ctx(ctx_size)
         session = self.new_session(ctx)
@@ -218,8 +217,8 @@ class LlamaModel(Model):
                 att = torch.bmm(qg * scale, k.transpose(1, 2))  # [Hkv, G, end]
                 o = torch.bmm(att.softmax(-1), v)  # [Hkv, G, D]
             else:
-                # 4-D inputs: with 3-D ones SDPA falls back to its math path on CPU (2.4x slower
-                # than the flash kernel at a 512-token chunk over 4K context).
+                # 4-D inputs: with 3-D ones SDPA falls back to its slower math path on CPU
+                # (docs/perf.md, "SDPA input rank").
                 o = F.scaled_dot_product_attention(qg[None], k[None], v[None], attn_mask=layer_mask)[0]  # [Hkv, G*S, D]
             o = o.view(hkv, g, s, d).permute(2, 0, 1, 3).reshape(s, hq * d)  # [S, Hq D]
             x = x + layer.wo(o, small)

@@ -7,13 +7,13 @@ holding K then V of every KV head, no compressed or indexer rows.
 
 The KV buffer is laid out [layers, 2 (K, V), Hkv, ctx, D]: each head's keys are
 contiguous rows, which attention reads without a copy (a token-major layout,
-[ctx, 2, Hkv, D], matched the payload but made decode at 4K context 2x slower:
+[ctx, 2, Hkv, D], matched the payload but made long-context decode slower:
 strided K/V). The payload is token-major, so save and load move one layer at a
 time through a reused staging buffer [T, 2, Hkv, D] (6.4 MB at 4K tokens: it stays
 in L3 between the read and the copy). The reordering copy runs in numpy, on the
 calling thread: torch's copy_ of this size is split over its OpenMP threads, and
-on a busy 2-core machine one preempted thread stalls the whole copy (a 4K-token
-restore measured 27 ms quiet, 150-255 ms under load; numpy: 15-21 ms either way).
+on a busy 2-core machine one preempted thread stalls the whole copy. Measurements:
+docs/perf.md, "KV buffer layout and the reorder copy".
 """
 
 from __future__ import annotations

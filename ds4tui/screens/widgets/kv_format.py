@@ -6,14 +6,9 @@ do not age), durations, the resume-cost estimate, and file text as rich `Text`
 Leaves to callers: which fields to show and where. Pure functions, no Textual,
 so the formats are unit-testable.
 
-Why the defaults in `ResumeCost`:
-- `DEFAULT_DISK_MB_S = 450`: a cold read of a 189 MB KV file took 0.42 s on the
-  reference machine (PERF_NOTES.md, "Disk vs recompute"); the page cache is
-  ~3x faster, so this is the pessimistic figure, which is the honest one for a
-  file picked in a browser.
-- `DEFAULT_PREFILL_TOK_S = 288`: SmolLM2-135M fp32 prefill of 4096 tokens
-  (PERF_NOTES.md, "Speed"), the default chat model. The app passes the figure
-  it measured on the live model when it has one.
+The defaults in `ResumeCost` (a cold disk read, the default model's fp32
+prefill) and where they were measured: docs/perf.md, "Resume-cost defaults of
+the cache browser". The app passes figures it measured when it has them.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ def smol():
 
 
 def test_greedy_answer_names_paris(smol):
-    # fp32 and the exact template matter: the first-token margin is thin (PERF_NOTES.md).
+    # fp32 and the exact template matter: the first-token margin is thin
+    # (docs/llama-engine.md, "Numerics").
     text = smol.chat.render([{"role": "user", "content": "What is the capital of France?"}])
     assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
     s = smol.new_session(256)
