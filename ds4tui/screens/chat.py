@@ -1,8 +1,10 @@
 """The chat screen: conversations in a sidebar, the active one in the middle, a prompt below.
 
-Owns: turning user intents (send, cancel, new, switch, rename, resume, quit)
-into controller calls on worker threads, and the controller's events into
-widgets (streamed Markdown, the prefill bar, the status bar, notifications).
+Owns: turning user intents (send, cancel, new, switch, resume, quit) into
+controller calls on worker threads, the screen's messages, and the sidebar.
+Beside it: chat_events.py shows the controller's events (streamed Markdown,
+the prefill bar, the status bar, notifications; one handler per event type),
+chat_dialogs.py opens rename, settings and the cache browser.
 The engine never runs on the UI thread: model loading, every turn, resuming
 and the shutdown saves are `@work(thread=True)` workers that report back
 through this screen's messages. One engine job runs at a time (the CPU has
@@ -13,8 +15,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -25,12 +26,12 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, LoadingIndicator
 
 from ds4tui.chat import events as ev
-from ds4tui.chat.conversation import MAX_TITLE_CHARS
 from ds4tui.chat.streaming import EventBatcher
 from ds4tui.config import Config
 from ds4tui.format.display import one_line
+from ds4tui.screens.chat_dialogs import ChatDialogs
+from ds4tui.screens.chat_events import EngineEventView
 from ds4tui.screens.widgets import fmt
-from ds4tui.screens.chat_notices import notice_for, stats_line
 from ds4tui.screens.widgets.chat_pane import ChatPane
 from ds4tui.screens.widgets.conversation_list import ChatEntry, ConversationList
 from ds4tui.screens.widgets.prompt_input import PromptInput
@@ -41,11 +42,10 @@ if TYPE_CHECKING:
     from ds4tui.engine.model import Model
 
 NOTIFY_TIMEOUT = 4.0  # seconds a cache toast stays up: long enough to read one line
-PREFILL_SAMPLE_TOKENS = 256  # a shorter prefill's speed is mostly fixed overhead, not a rate
 SHUTDOWN_WAIT_S = 30.0  # longest wait for a running turn at exit: one prefill chunk is far less
 
 
-class ChatScreen(Screen):
+class ChatScreen(EngineEventView, ChatDialogs, Screen):
     """The whole chat UI; the app's default screen."""
 
     BINDINGS = [
@@ -243,92 +243,7 @@ class ChatScreen(Screen):
 
     @on(EngineEvent)
     def _engine_event(self, message: EngineEvent) -> None:
-        handler = self._EVENT_HANDLERS.get(type(message.event))
-        if handler is not None:
-            handler(self, message.event, self._pane_or_none(message.key))
-        if message.key == self._active:
-            self._update_context()
-
-    # One handler per event type (`pane` is None when the event's chat is not on screen);
-    # `_EVENT_HANDLERS` below maps the types to them.
-
-    def _on_token_text(self, event: ev.TokenText, pane: ChatPane | None) -> None:
-        if pane is not None and pane.reply is not None:
-            pane.reply.append(event.text)
-        status = self.query_one(StatusBar)
-        if status.activity.startswith("prefill"):
-            status.activity = "generating…"
-
-    def _on_prefill_started(self, event: ev.PrefillStarted, pane: ChatPane | None) -> None:
-        self._refresh_sidebar()  # a first message has just become the chat's title
-        status = self.query_one(StatusBar)
-        if event.source != "cold" and event.cached:
-            status.cache = f"reused {fmt.tokens(event.cached)} tokens ({event.source})"
-        if event.total == 0:
-            status.activity = "generating…"
-
-    def _on_prefill_progress(self, event: ev.PrefillProgress, pane: ChatPane | None) -> None:
-        if event.done < event.total:
-            if pane is not None:
-                pane.prefill.show_progress(event.done, event.total, event.tok_s, event.eta_s)
-        else:
-            if pane is not None:
-                pane.prefill.hide()
-            self.query_one(StatusBar).activity = "generating…"
-
-    def _on_done(self, event: ev.Done, pane: ChatPane | None) -> None:
-        if pane is not None:
-            pane.prefill.hide()
-            if pane.reply is not None:
-                pane.reply.set_stats(stats_line(event))
-        if event.prompt_tokens >= PREFILL_SAMPLE_TOKENS:
-            self._prefill_tok_s = event.prefill_tok_s
-        self._last_speed = fmt.rate(event.tok_s)
-        self.query_one(StatusBar).speed = self._last_speed
-
-    def _on_cancelled(self, event: ev.Cancelled, pane: ChatPane | None) -> None:
-        if pane is not None:
-            pane.prefill.hide()
-
-    def _show_notice(self, event: object, pane: ChatPane | None = None) -> None:
-        """Cache and error events: a status-bar line and a toast for the notable ones."""
-        notice = notice_for(event)
-        if notice.status is not None:
-            self.query_one(StatusBar).cache = notice.status
-        if notice.toast is not None:
-            self._toast(notice.toast, notice.title, notice.severity)
-
-    def _on_evicted(self, event: ev.Evicted, pane: ChatPane | None) -> None:
-        self._show_notice(event)
-        if event.files:
-            self._scan_saved()  # a saved session may be among them
-
-    def _on_session_freed(self, event: ev.SessionFreed, pane: ChatPane | None) -> None:
-        conv = self._conversation(event.conversation)
-        title = conv.display_title if conv is not None else event.conversation
-        self._toast(f"{one_line(title, 39)} left memory (saved to disk: {event.reason})", "Sessions")
-        self._refresh_sidebar()
-
-    def _on_chat_error(self, event: ev.ChatError, pane: ChatPane | None) -> None:
-        self._show_notice(event)
-        if pane is not None:
-            pane.log.add_notice(f"Error ({event.where}): {event.message}", error=True)
-
-    _EVENT_HANDLERS: ClassVar[dict[type, Callable[[ChatScreen, Any, ChatPane | None], None]]] = {
-        ev.TokenText: _on_token_text,
-        ev.PrefillStarted: _on_prefill_started,
-        ev.PrefillProgress: _on_prefill_progress,
-        ev.Done: _on_done,
-        ev.Cancelled: _on_cancelled,
-        ev.SessionFreed: _on_session_freed,
-        ev.ChatError: _on_chat_error,
-        ev.Evicted: _on_evicted,
-        ev.Hit: _show_notice,
-        ev.Miss: _show_notice,
-        ev.Saved: _show_notice,
-        ev.SaveFailed: _show_notice,
-        ev.Rejected: _show_notice,
-    }
+        self._show_event(message.key, message.event)  # EngineEventView: one handler per type
 
     @on(TurnEnded)
     def _turn_ended(self, message: TurnEnded) -> None:
@@ -461,58 +376,6 @@ class ChatScreen(Screen):
         self._scan_saved()
         self._toast(f"Resumed {one_line(conv.display_title, 39)} ({fmt.tokens(conv.context_tokens)} tokens,"
                     " no prefill)", "Session")
-
-    def action_rename(self) -> None:
-        if self.controller is None or self._active is None:
-            return
-        from ds4tui.screens.widgets.prompt_dialog import PromptDialog
-
-        key = self._active
-        conv = self.controller.get(key)
-
-        def done(title: str | None) -> None:
-            if title:
-                self._rename(key, title)
-
-        self.app.push_screen(PromptDialog("Rename chat:", conv.display_title, max_length=MAX_TITLE_CHARS), done)
-
-    @work(thread=True, group="files", description="rename a chat")
-    def _rename(self, key: str, title: str) -> None:
-        assert self.controller is not None
-        sink = EventBatcher(lambda event: self.post_message(self.EngineEvent(key, event)))
-        try:
-            self.controller.rename(key, title, sink)
-        except Exception as exc:  # a bad title or a file problem: shown, never a traceback
-            sink(ev.ChatError("rename", str(exc) or type(exc).__name__))
-        sink.flush()
-        self._call_from_thread(self._refresh_sidebar)
-
-    def action_settings(self) -> None:
-        if self.controller is None:
-            return
-        from ds4tui.screens.settings import SettingsScreen
-
-        def done(changes: dict | None) -> None:
-            if changes and self.controller is not None:
-                self.controller.update_config(**changes)
-                self.config = self.controller.config
-                self.notify("Settings applied (the system prompt applies to new chats).", markup=False)
-
-        self.app.push_screen(SettingsScreen(self.controller.config), done)
-
-    def action_cache_browser(self) -> None:
-        from ds4tui.screens.cache_browser import CacheBrowserScreen
-
-        if self.controller is None:
-            self.app.push_screen(CacheBrowserScreen(self.config.cache_path()))
-            return
-        store = self.controller.cache_store
-        if store is None:  # --no-disk-cache: browse the configured directory all the same
-            store = self.config.cache_path()
-        self.app.push_screen(CacheBrowserScreen(
-            store, model=self.controller.model.info, ctx_size=self.controller.ctx_size(),
-            prefill_tok_s=self._prefill_tok_s,
-        ))
 
     # -- quitting -----------------------------------------------------------------------------
 

@@ -150,3 +150,28 @@ async def test_palette_offers_the_chat_commands(tiny_llama):
         await pilot.press("enter")
         await pilot.pause()
         assert len(app.chat.controller.list()) == before + 1
+
+
+async def test_f2_renames_the_chat_and_f4_opens_the_cache_browser(tiny_llama):
+    """The dialogs glue: F2's title reaches the controller and the sidebar; F4 opens the browser
+    on the chat's own cache directory."""
+    from textual.widgets import Input
+
+    from ds4tui.screens.cache_browser import CacheBrowserScreen
+    from ds4tui.screens.widgets.prompt_dialog import PromptDialog
+    from tests.ui.browser_app import until
+
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SIZE) as pilot:
+        ended = await send(pilot, "Hello")
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, PromptDialog), "the rename dialog")
+        app.screen.query_one(Input).value = "Lisbon  plans"
+        await pilot.press("enter")
+        conv = app.chat.controller.get(ended.key)
+        await until(pilot, lambda: conv.display_title == "Lisbon plans", "the new title")
+        await until(pilot, lambda: any(str(item.entry.title) == "Lisbon plans"
+                                       for item in app.chat.query(ChatItem)), "the sidebar's new title")
+        await pilot.press("f4")
+        await until(pilot, lambda: isinstance(app.screen, CacheBrowserScreen), "the cache browser")
+        assert app.screen.store.dir == app.chat.controller.cache_store.dir

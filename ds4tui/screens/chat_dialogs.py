@@ -1,0 +1,72 @@
+"""The chat screen's dialogs: rename a chat, the settings, the cache browser.
+
+Owns: `ChatDialogs`, mixed into `ChatScreen`: the F2/F3/F4 actions, which push
+a dialog or screen and apply what it returns (the rename runs in a file worker
+and reports through the screen's `EngineEvent` messages).
+Leaves to `ChatScreen`: the key bindings, `controller`, `config`, the active
+chat and the helpers the actions call (`_refresh_sidebar`, `_call_from_thread`).
+"""
+
+from __future__ import annotations
+
+from textual import work
+
+from ds4tui.chat import events as ev
+from ds4tui.chat.conversation import MAX_TITLE_CHARS
+from ds4tui.chat.streaming import EventBatcher
+
+
+class ChatDialogs:
+    """The `ChatScreen` actions that open a dialog or another screen."""
+
+    def action_rename(self) -> None:
+        if self.controller is None or self._active is None:
+            return
+        from ds4tui.screens.widgets.prompt_dialog import PromptDialog
+
+        key = self._active
+        conv = self.controller.get(key)
+
+        def done(title: str | None) -> None:
+            if title:
+                self._rename(key, title)
+
+        self.app.push_screen(PromptDialog("Rename chat:", conv.display_title, max_length=MAX_TITLE_CHARS), done)
+
+    @work(thread=True, group="files", description="rename a chat")
+    def _rename(self, key: str, title: str) -> None:
+        assert self.controller is not None
+        sink = EventBatcher(lambda event: self.post_message(self.EngineEvent(key, event)))
+        try:
+            self.controller.rename(key, title, sink)
+        except Exception as exc:  # a bad title or a file problem: shown, never a traceback
+            sink(ev.ChatError("rename", str(exc) or type(exc).__name__))
+        sink.flush()
+        self._call_from_thread(self._refresh_sidebar)
+
+    def action_settings(self) -> None:
+        if self.controller is None:
+            return
+        from ds4tui.screens.settings import SettingsScreen
+
+        def done(changes: dict | None) -> None:
+            if changes and self.controller is not None:
+                self.controller.update_config(**changes)
+                self.config = self.controller.config
+                self.notify("Settings applied (the system prompt applies to new chats).", markup=False)
+
+        self.app.push_screen(SettingsScreen(self.controller.config), done)
+
+    def action_cache_browser(self) -> None:
+        from ds4tui.screens.cache_browser import CacheBrowserScreen
+
+        if self.controller is None:
+            self.app.push_screen(CacheBrowserScreen(self.config.cache_path()))
+            return
+        store = self.controller.cache_store
+        if store is None:  # --no-disk-cache: browse the configured directory all the same
+            store = self.config.cache_path()
+        self.app.push_screen(CacheBrowserScreen(
+            store, model=self.controller.model.info, ctx_size=self.controller.ctx_size(),
+            prefill_tok_s=self._prefill_tok_s,
+        ))
