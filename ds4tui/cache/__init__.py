@@ -5,12 +5,17 @@ checks foreign files (a ds4 cache directory) without loading a model, and the
 UI imports it cheaply. A test imports this package in a fresh interpreter and
 checks that none of those ended up in sys.modules.
 
-    kvc.py       the byte layout (header, trailers, names, tables)
     entry.py     one file decoded for people (KvEntry, inspect_file, Acceptor)
     policy.py    tunables: store length, frontiers, headroom, eviction score
-    eviction.py  superseded checkpoints and the victim order
+    eviction.py  superseded checkpoints, the victim order, the dry-run EvictionPlan
     store.py     the directory: lookup, load chain, atomic save, touch, pin, evict
+    files.py     atomic writes, in-place header edits, stale temp files
     events.py    what the store did (Saved, Hit, Miss, Rejected, Evicted, SaveFailed)
+    watch.py     changes to the directory, debounced
+    scan.py      one pass over a directory for the cache browser (entries, headers, text index)
+
+The byte layout (header, trailers, names) is `ds4tui.format.kvc`; how file text
+and sizes are shown, `ds4tui.format.display`.
 """
 
 from ds4tui.cache.entry import ANY_DS4TUI, Acceptor, KvEntry, inspect_file
