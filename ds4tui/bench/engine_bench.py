@@ -4,10 +4,17 @@ Owns the measurement, written against the engine contract only (Model,
 Session), so it serves every family. One run: a fresh session prefills a
 prompt (tokens of the repo's tiny corpus, repeated), decodes greedily, saves
 its payload to a temp file and loads it into a second fresh session, which
-must then hold the same logits. Reported numbers are medians over --repeats
-runs after one untimed warm-up (first-call allocations and lazy imports are
-not the engine's steady state). Save/load go through the page cache (no
-fsync): they measure the engine's serialization, not the disk.
+must then hold the same logits. A third session, prefilled the same way,
+decodes as many tokens through the chat's sampler at its default settings
+(temperature 0.7, top-p 0.95, min-p 0.05): greedy and sampled decode are
+timed in the same run, in alternating order, so a busy machine slows both
+alike. Reported numbers are medians over --repeats runs after one untimed
+warm-up (first-call allocations and lazy imports are not the engine's steady
+state). Save/load go through the page cache (no fsync): they measure the
+engine's serialization, not the disk.
+
+--chat-tokens N also times whole replies through the chat controller, the
+number the chat's stats line shows (ds4tui/bench/chat_decode.py).
 """
 
 from __future__ import annotations
@@ -34,12 +41,14 @@ class EngineBenchResult:
     repeats: int
     load_s: float  # loading the model (weights, tokenizer), once
     prefill_tok_s: float
-    decode_tok_s: float
+    decode_tok_s: float  # greedy: argmax per token
+    sampled_decode_tok_s: float  # the chat's default sampling per token
     payload_bytes: int  # after prompt + decode tokens
     payload_bytes_per_token: float
     save_mb_s: float
     load_mb_s: float
     restore_exact: bool  # the loaded session's logits equal the saved one's, bit for bit
+    chat: dict | None = None  # --chat-tokens: greedy vs sampled replies through the controller
 
 
 def bench_tokens(model, n: int) -> list[int]:
@@ -52,16 +61,35 @@ def bench_tokens(model, n: int) -> list[int]:
     return (ids * (n // len(ids) + 1))[:n]
 
 
-def _one_run(model, prompt: list[int], decode_tokens: int, ctx: int, tmpdir: str) -> dict:
+def _decode_s(session, n: int, choose) -> float:
+    """Seconds to pick and decode n tokens, each chosen by `choose(logits)`."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        session.decode(choose(session.logits))
+    return time.perf_counter() - t0
+
+
+def _one_run(model, prompt: list[int], decode_tokens: int, ctx: int, tmpdir: str,
+             sampled_first: bool = False) -> dict:
     import torch
 
+    from ds4tui.engine.sampling import Sampler, SamplingParams
+
+    # both through the chat's Sampler: greedy is its temperature-0 argmax
+    greedy, sampler = Sampler(SamplingParams(temperature=0.0)), Sampler(SamplingParams(seed=0))
     s = model.new_session(ctx)
     t0 = time.perf_counter()
     s.prefill(prompt)
     t1 = time.perf_counter()
-    for _ in range(decode_tokens):
-        s.decode(int(torch.argmax(s.logits)))
-    t2 = time.perf_counter()
+    # the sampled side decodes in a second session holding the same prompt (its prefill untimed)
+    other = model.new_session(ctx) if decode_tokens else s
+    if decode_tokens:
+        other.prefill(prompt)
+    sampled_s = _decode_s(other, decode_tokens, sampler) if sampled_first else 0.0
+    greedy_s = _decode_s(s, decode_tokens, greedy)
+    if not sampled_first:
+        sampled_s = _decode_s(other, decode_tokens, sampler)
+    del other
     size = s.payload_bytes()
     path = os.path.join(tmpdir, "payload.bin")
     with open(path, "wb") as f:
@@ -78,13 +106,14 @@ def _one_run(model, prompt: list[int], decode_tokens: int, ctx: int, tmpdir: str
         t6 = time.perf_counter()
     exact = restored.logits is not None and bool(torch.equal(restored.logits, s.logits))
     return {
-        "prefill_s": t1 - t0, "decode_s": t2 - t1, "save_s": t4 - t3, "load_s": t6 - t5,
+        "prefill_s": t1 - t0, "decode_s": greedy_s, "sampled_s": sampled_s, "save_s": t4 - t3, "load_s": t6 - t5,
         "bytes": size, "tokens": len(s.tokens), "exact": exact,
     }
 
 
 def measure_engine(
-    spec: str, prompt_tokens: int = 512, decode_tokens: int = 32, repeats: int = 3, ctx: int | None = None
+    spec: str, prompt_tokens: int = 512, decode_tokens: int = 32, repeats: int = 3, ctx: int | None = None,
+    chat_tokens: int = 0,
 ) -> EngineBenchResult:
     import torch
 
@@ -98,8 +127,13 @@ def measure_engine(
     runs = []
     with tempfile.TemporaryDirectory(prefix="ds4tui-bench-") as tmpdir:
         _one_run(model, prompt[: min(64, prompt_tokens)], min(2, decode_tokens), ctx, tmpdir)  # warm-up
-        for _ in range(repeats):
-            runs.append(_one_run(model, prompt, decode_tokens, ctx, tmpdir))
+        for i in range(repeats):
+            runs.append(_one_run(model, prompt, decode_tokens, ctx, tmpdir, sampled_first=bool(i % 2)))
+    chat = None
+    if chat_tokens:
+        from ds4tui.bench.chat_decode import measure_chat_decode
+
+        chat = asdict(measure_chat_decode(model, spec, chat_tokens, repeats))
 
     def med(key: str) -> float:
         return statistics.median(r[key] for r in runs)
@@ -116,19 +150,21 @@ def measure_engine(
         load_s=round(load_s, 3),
         prefill_tok_s=round(prompt_tokens / med("prefill_s"), 1),
         decode_tok_s=round(decode_tokens / med("decode_s"), 1) if decode_tokens else 0.0,
+        sampled_decode_tok_s=round(decode_tokens / med("sampled_s"), 1) if decode_tokens else 0.0,
         payload_bytes=size,
         payload_bytes_per_token=round(size / runs[-1]["tokens"], 1),
         save_mb_s=round(size / MB / med("save_s"), 1),
         load_mb_s=round(size / MB / med("load_s"), 1),
         restore_exact=all(r["exact"] for r in runs),
+        chat=chat,
     )
 
 
 def add_bench_command(subparsers) -> None:
     p = subparsers.add_parser(
         "engine", help="prefill/decode tok/s, payload bytes per token, save/load MB/s",
-        description="Prefill a prompt, decode greedily, save the session payload and load it back; "
-        "medians over --repeats runs.",
+        description="Prefill a prompt, decode greedily and with the chat's default sampling, save the "
+        "session payload and load it back; medians over --repeats runs.",
     )
     p.add_argument("--model", required=True, metavar="SPEC", help="a model name, GGUF file or checkpoint directory")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -136,6 +172,8 @@ def add_bench_command(subparsers) -> None:
     p.add_argument("--decode-tokens", type=int, default=32, metavar="N", help="tokens decoded after it (default 32)")
     p.add_argument("--repeats", type=int, default=3, metavar="N", help="timed runs (default 3)")
     p.add_argument("--ctx", type=int, metavar="N", help="session context (default: prompt + decode tokens)")
+    p.add_argument("--chat-tokens", type=int, default=0, metavar="N",
+                   help="also time N-token replies through the chat controller, greedy vs sampled (default: off)")
     p.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads (default: torch's choice)")
     p.set_defaults(func=run)
 
@@ -144,14 +182,15 @@ def run(args: argparse.Namespace) -> int:
     from ds4tui.cli.errors import CliError
     from ds4tui.engine.errors import EngineError
 
-    if args.prompt_tokens < 1 or args.decode_tokens < 0 or args.repeats < 1:
-        raise CliError("--prompt-tokens and --repeats must be >= 1, --decode-tokens >= 0")
+    if args.prompt_tokens < 1 or args.decode_tokens < 0 or args.repeats < 1 or args.chat_tokens < 0:
+        raise CliError("--prompt-tokens and --repeats must be >= 1, --decode-tokens and --chat-tokens >= 0")
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)  # a CLI run owns its process
     try:
-        r = measure_engine(args.model, args.prompt_tokens, args.decode_tokens, args.repeats, args.ctx)
+        r = measure_engine(args.model, args.prompt_tokens, args.decode_tokens, args.repeats, args.ctx,
+                           args.chat_tokens)
     except (EngineError, ValueError) as exc:
         raise CliError(str(exc)) from None
     if args.json:
@@ -160,11 +199,21 @@ def run(args: argparse.Namespace) -> int:
     rows = [
         ("model", f"{r.model} ({r.family}), {r.threads} threads, ctx {r.ctx}, load {r.load_s:.2f} s"),
         ("prefill", f"{r.prefill_tok_s:.1f} tok/s ({r.prompt_tokens} tokens)"),
-        ("decode", f"{r.decode_tok_s:.1f} tok/s ({r.decode_tokens} tokens)"),
+        ("decode", f"{r.decode_tok_s:.1f} tok/s greedy, {r.sampled_decode_tok_s:.1f} tok/s sampled"
+                   f"{_ratio(r.sampled_decode_tok_s, r.decode_tok_s)} ({r.decode_tokens} tokens)"),
         ("payload", f"{r.payload_bytes} bytes, {r.payload_bytes_per_token:.1f} bytes/token"),
         ("save", f"{r.save_mb_s:.1f} MB/s"),
         ("load", f"{r.load_mb_s:.1f} MB/s, restored logits {'exact' if r.restore_exact else 'DIFFER'}"),
     ]
+    if r.chat is not None:
+        c = r.chat
+        rows.append(("chat", f"{c['greedy_tok_s']:.1f} tok/s greedy, {c['sampled_tok_s']:.1f} tok/s sampled"
+                             f"{_ratio(c['sampled_tok_s'], c['greedy_tok_s'])} (replies of {c['greedy_tokens']:g}"
+                             f" / {c['sampled_tokens']:g} tokens, through the controller)"))
     for k, v in rows:
         print(f"{k:<8} {v}")
     return 0
+
+
+def _ratio(sampled: float, greedy: float) -> str:
+    return f" = {sampled / greedy:.0%} of greedy" if greedy > 0 else ""

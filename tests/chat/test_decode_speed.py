@@ -1,0 +1,45 @@
+"""The decode speed a reply reports (the chat's stats line) covers sampling, and the
+`bench engine` runs that put greedy and sampled decode side by side. No timing is asserted
+beyond what a deliberately slow sampler must cause."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ds4tui.bench.engine_bench import measure_engine
+from ds4tui.cli import main
+from ds4tui.engine import sampling
+from tests.chat.conftest import make_controller
+
+PAUSE_S = 0.01
+
+
+def test_reply_speed_includes_the_time_spent_sampling(tiny_llama, tmp_path, monkeypatch, recorder):
+    real = sampling.Sampler.__call__
+
+    def slow(self, logits):
+        time.sleep(PAUSE_S)
+        return real(self, logits)
+
+    monkeypatch.setattr(sampling.Sampler, "__call__", slow)
+    ctl = make_controller(tiny_llama, tmp_path, temperature=0.7, seed=1, max_tokens=6, no_disk_cache=True)
+    done = ctl.send(ctl.new_conversation().key, "Hello there", recorder)
+    assert done is not None and done.tokens > 0
+    assert done.tok_s <= 1.0 / PAUSE_S  # every generated token waited for its sampler
+
+
+def test_bench_engine_reports_greedy_and_sampled_decode(capsys):
+    r = measure_engine("tiny-llama", prompt_tokens=16, decode_tokens=4, repeats=2, chat_tokens=5)
+    assert r.decode_tok_s > 0 and r.sampled_decode_tok_s > 0
+    assert r.chat is not None and r.chat["rounds"] == 2 and r.chat["max_tokens"] == 5
+    assert r.chat["greedy_tok_s"] > 0 and r.chat["sampled_tok_s"] > 0
+    assert 0 < r.chat["greedy_tokens"] <= 5 and 0 < r.chat["sampled_tokens"] <= 5
+    args = ["bench", "engine", "--model", "tiny-llama", "--prompt-tokens", "8", "--decode-tokens", "2",
+            "--repeats", "1", "--chat-tokens", "3"]
+    assert main(args + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sampled_decode_tok_s"] > 0 and out["chat"]["sampled_tok_s"] > 0
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    assert "greedy" in table and "sampled" in table and "through the controller" in table
