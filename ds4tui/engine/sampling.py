@@ -98,7 +98,10 @@ def kept_tokens(logits, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]
 def _as_numpy(logits) -> np.ndarray:
     if isinstance(logits, np.ndarray):
         return logits.reshape(-1)
-    return logits.detach().reshape(-1).cpu().numpy()  # a CPU tensor: no copy
+    import torch
+
+    # float32 on the CPU (the engines' logits): a view, no copy
+    return logits.detach().reshape(-1).to("cpu", torch.float32).numpy()
 
 
 def _candidates(x: np.ndarray, best: float, t: float, min_p: float) -> np.ndarray:
