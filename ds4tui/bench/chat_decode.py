@@ -4,7 +4,8 @@ Part of `ds4tui bench engine --chat-tokens N`. Each reply is a ChatController tu
 fresh conversation (disk cache off), so its speed is `Done.tok_s`: exactly the number
 the chat's stats line shows under a reply (sampling, token bookkeeping and the
 streaming of text included; prefill excluded). Greedy and sampled replies alternate,
-the order flipping each round, so a busy machine slows both alike. Replies may end
+the order flipping each round, so a busy machine slows both alike; their ratio is taken
+within each round (the median of those is reported), which cancels slow drifts in load. Replies may end
 early at an end-of-turn token; the token counts are reported with the speeds.
 """
 
@@ -24,7 +25,9 @@ class ChatDecodeResult:
     sampled_tok_s: float  # the same with the config's default sampling (0.7, top-p 0.95, min-p 0.05), seeded
     greedy_tokens: float  # median reply length
     sampled_tokens: float
-    sampled_over_greedy: float
+    sampled_over_greedy: float  # median over rounds of sampled / greedy within the round
+    greedy_runs: list[float]  # Done.tok_s of each round, in order
+    sampled_runs: list[float]
 
 
 def _reply(model, spec: str, max_tokens: int, greedy: bool, seed: int):
@@ -57,5 +60,8 @@ def measure_chat_decode(model, spec: str, max_tokens: int = 200, rounds: int = 3
         greedy_tok_s=round(g, 1), sampled_tok_s=round(s, 1),
         greedy_tokens=statistics.median(d.tokens for d in greedy),
         sampled_tokens=statistics.median(d.tokens for d in sampled),
-        sampled_over_greedy=round(s / g, 3) if g > 0 else 0.0,
+        # paired by round: the two replies of a round ran back to back, under the same load
+        sampled_over_greedy=round(statistics.median(b.tok_s / a.tok_s for a, b in zip(greedy, sampled)), 3),
+        greedy_runs=[round(d.tok_s, 1) for d in greedy],
+        sampled_runs=[round(d.tok_s, 1) for d in sampled],
     )

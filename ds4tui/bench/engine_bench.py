@@ -43,6 +43,7 @@ class EngineBenchResult:
     prefill_tok_s: float
     decode_tok_s: float  # greedy: argmax per token
     sampled_decode_tok_s: float  # the chat's default sampling per token
+    sampled_over_greedy: float  # median over runs of the two speeds' ratio within the run
     payload_bytes: int  # after prompt + decode tokens
     payload_bytes_per_token: float
     save_mb_s: float
@@ -151,6 +152,8 @@ def measure_engine(
         prefill_tok_s=round(prompt_tokens / med("prefill_s"), 1),
         decode_tok_s=round(decode_tokens / med("decode_s"), 1) if decode_tokens else 0.0,
         sampled_decode_tok_s=round(decode_tokens / med("sampled_s"), 1) if decode_tokens else 0.0,
+        sampled_over_greedy=round(statistics.median(r["decode_s"] / r["sampled_s"] for r in runs), 3)
+        if decode_tokens else 0.0,
         payload_bytes=size,
         payload_bytes_per_token=round(size / runs[-1]["tokens"], 1),
         save_mb_s=round(size / MB / med("save_s"), 1),
@@ -199,21 +202,19 @@ def run(args: argparse.Namespace) -> int:
     rows = [
         ("model", f"{r.model} ({r.family}), {r.threads} threads, ctx {r.ctx}, load {r.load_s:.2f} s"),
         ("prefill", f"{r.prefill_tok_s:.1f} tok/s ({r.prompt_tokens} tokens)"),
-        ("decode", f"{r.decode_tok_s:.1f} tok/s greedy, {r.sampled_decode_tok_s:.1f} tok/s sampled"
-                   f"{_ratio(r.sampled_decode_tok_s, r.decode_tok_s)} ({r.decode_tokens} tokens)"),
+        ("decode", f"{r.decode_tok_s:.1f} tok/s greedy, {r.sampled_decode_tok_s:.1f} tok/s sampled,"
+                   f" sampled = {r.sampled_over_greedy:.0%} of greedy (median per run; {r.decode_tokens} tokens)"
+                   if r.decode_tokens else "none (--decode-tokens 0)"),
         ("payload", f"{r.payload_bytes} bytes, {r.payload_bytes_per_token:.1f} bytes/token"),
         ("save", f"{r.save_mb_s:.1f} MB/s"),
         ("load", f"{r.load_mb_s:.1f} MB/s, restored logits {'exact' if r.restore_exact else 'DIFFER'}"),
     ]
     if r.chat is not None:
         c = r.chat
-        rows.append(("chat", f"{c['greedy_tok_s']:.1f} tok/s greedy, {c['sampled_tok_s']:.1f} tok/s sampled"
-                             f"{_ratio(c['sampled_tok_s'], c['greedy_tok_s'])} (replies of {c['greedy_tokens']:g}"
-                             f" / {c['sampled_tokens']:g} tokens, through the controller)"))
+        rows.append(("chat", f"{c['greedy_tok_s']:.1f} tok/s greedy, {c['sampled_tok_s']:.1f} tok/s sampled,"
+                             f" sampled = {c['sampled_over_greedy']:.0%} of greedy (median per round; replies of"
+                             f" {c['greedy_tokens']:g} / {c['sampled_tokens']:g} tokens, through the controller)"))
     for k, v in rows:
         print(f"{k:<8} {v}")
     return 0
 
-
-def _ratio(sampled: float, greedy: float) -> str:
-    return f" = {sampled / greedy:.0%} of greedy" if greedy > 0 else ""

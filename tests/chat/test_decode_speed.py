@@ -31,9 +31,10 @@ def test_reply_speed_includes_the_time_spent_sampling(tiny_llama, tmp_path, monk
 
 def test_bench_engine_reports_greedy_and_sampled_decode(capsys):
     r = measure_engine("tiny-llama", prompt_tokens=16, decode_tokens=4, repeats=2, chat_tokens=5)
-    assert r.decode_tok_s > 0 and r.sampled_decode_tok_s > 0
+    assert r.decode_tok_s > 0 and r.sampled_decode_tok_s > 0 and r.sampled_over_greedy > 0
     assert r.chat is not None and r.chat["rounds"] == 2 and r.chat["max_tokens"] == 5
-    assert r.chat["greedy_tok_s"] > 0 and r.chat["sampled_tok_s"] > 0
+    assert r.chat["greedy_tok_s"] > 0 and r.chat["sampled_tok_s"] > 0 and r.chat["sampled_over_greedy"] > 0
+    assert len(r.chat["greedy_runs"]) == len(r.chat["sampled_runs"]) == 2
     assert 0 < r.chat["greedy_tokens"] <= 5 and 0 < r.chat["sampled_tokens"] <= 5
     args = ["bench", "engine", "--model", "tiny-llama", "--prompt-tokens", "8", "--decode-tokens", "2",
             "--repeats", "1", "--chat-tokens", "3"]
