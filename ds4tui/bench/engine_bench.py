@@ -6,9 +6,8 @@ prompt (tokens of the repo's tiny corpus, repeated), decodes greedily, saves
 its payload to a temp file and loads it into a second fresh session, which
 must then hold the same logits. A third session, prefilled the same way,
 decodes as many tokens through the chat's sampler at its default settings
-(temperature 0.7, top-p 0.95, min-p 0.05): greedy and sampled decode are
-timed in the same run, in alternating order, so a busy machine slows both
-alike. Reported numbers are medians over --repeats runs after one untimed
+(temperature 0.7, top-p 0.95, min-p 0.05), token by token in turn with the
+greedy one, so a busy machine slows both alike. Reported numbers are medians over --repeats runs after one untimed
 warm-up (first-call allocations and lazy imports are not the engine's steady
 state). Save/load go through the page cache (no fsync): they measure the
 engine's serialization, not the disk.
@@ -62,16 +61,23 @@ def bench_tokens(model, n: int) -> list[int]:
     return (ids * (n // len(ids) + 1))[:n]
 
 
-def _decode_s(session, n: int, choose) -> float:
-    """Seconds to pick and decode n tokens, each chosen by `choose(logits)`."""
-    t0 = time.perf_counter()
-    for _ in range(n):
-        session.decode(choose(session.logits))
-    return time.perf_counter() - t0
+def _decode_side_by_side(sessions: list, choosers: list, n: int) -> list[float]:
+    """Seconds each session spends picking and decoding n tokens, token by token in turn.
+
+    Interleaving single tokens (the order flipping every token) exposes both sides to
+    the same moments of a busy machine, which whole-run alternation does not.
+    """
+    spent = [0.0] * len(sessions)
+    for i in range(n):
+        for k in (range(len(sessions)) if i % 2 == 0 else reversed(range(len(sessions)))):
+            session = sessions[k]
+            t0 = time.perf_counter()
+            session.decode(choosers[k](session.logits))
+            spent[k] += time.perf_counter() - t0
+    return spent
 
 
-def _one_run(model, prompt: list[int], decode_tokens: int, ctx: int, tmpdir: str,
-             sampled_first: bool = False) -> dict:
+def _one_run(model, prompt: list[int], decode_tokens: int, ctx: int, tmpdir: str) -> dict:
     import torch
 
     from ds4tui.engine.sampling import Sampler, SamplingParams
@@ -82,15 +88,13 @@ def _one_run(model, prompt: list[int], decode_tokens: int, ctx: int, tmpdir: str
     t0 = time.perf_counter()
     s.prefill(prompt)
     t1 = time.perf_counter()
-    # the sampled side decodes in a second session holding the same prompt (its prefill untimed)
-    other = model.new_session(ctx) if decode_tokens else s
+    greedy_s = sampled_s = 0.0
     if decode_tokens:
+        # the sampled side decodes in a second session holding the same prompt (prefill untimed)
+        other = model.new_session(ctx)
         other.prefill(prompt)
-    sampled_s = _decode_s(other, decode_tokens, sampler) if sampled_first else 0.0
-    greedy_s = _decode_s(s, decode_tokens, greedy)
-    if not sampled_first:
-        sampled_s = _decode_s(other, decode_tokens, sampler)
-    del other
+        greedy_s, sampled_s = _decode_side_by_side([s, other], [greedy, sampler], decode_tokens)
+        del other
     size = s.payload_bytes()
     path = os.path.join(tmpdir, "payload.bin")
     with open(path, "wb") as f:
@@ -128,8 +132,8 @@ def measure_engine(
     runs = []
     with tempfile.TemporaryDirectory(prefix="ds4tui-bench-") as tmpdir:
         _one_run(model, prompt[: min(64, prompt_tokens)], min(2, decode_tokens), ctx, tmpdir)  # warm-up
-        for i in range(repeats):
-            runs.append(_one_run(model, prompt, decode_tokens, ctx, tmpdir, sampled_first=bool(i % 2)))
+        for _ in range(repeats):
+            runs.append(_one_run(model, prompt, decode_tokens, ctx, tmpdir))
     chat = None
     if chat_tokens:
         from ds4tui.bench.chat_decode import measure_chat_decode
