@@ -46,6 +46,11 @@ def test_prefill_progress_bar(snap_compare, tiny_llama):
         await pilot.press("enter")
         await app.wait_for(ChatScreen.EngineEvent, lambda m: isinstance(m.event, ev.PrefillProgress))
         app.clear_notifications()
+        # The long message's layout (and the transcript's scrollbar) may land a refresh later
+        # on a busy machine: let every pending layout and animation finish first.
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()
+        await pilot.pause()
 
     try:
         assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
