@@ -1,30 +1,77 @@
-/* ds4k.h: what the kernel sources share (internal; Python sees only the ds4k_* exports).
+/* ds4k.h: what the kernel sources share (internal; Python sees only the exports of dispatch.c).
  *
  * Weight types use GGML's ids, so a GGUF tensor's type maps through unchanged. A weight
- * is row-major [rows, cols]; quant types pack 32 weights per block along a row.
+ * is row-major [rows, cols]; quant types pack 32 (or 256 for K-quants) weights per block
+ * along a row, so a block never spans two rows.
+ *
+ * Build layout: isa.c (which includes dequant.c, qgemv.c, qgemm.c and llama_step.c) is
+ * compiled once per instruction set, with DS4K_ISA = 0 (portable C), 1 (AVX2+FMA+F16C) or
+ * 2 (AVX-512 F/BW/VL on top), each into its own ds4k_ops table; pool.c and dispatch.c are
+ * compiled once without vector flags, and dispatch.c picks a table at run time.
  */
 #ifndef DS4K_H
 #define DS4K_H
 
 #include <stdint.h>
+#include <string.h>
 
 #define DS4K_F32 0
 #define DS4K_F16 1
+#define DS4K_Q4_0 2
 #define DS4K_Q4_1 3
+#define DS4K_Q5_0 6
+#define DS4K_Q5_1 7
 #define DS4K_Q8_0 8
+#define DS4K_Q4_K 12
+#define DS4K_Q5_K 13
+#define DS4K_Q6_K 14
+#define DS4K_BF16 30
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define DS4K_AVX2 1
-#include <immintrin.h>
-#else
-#define DS4K_AVX2 0
-#endif
+/* Weights per block and bytes per block of a type; 0 for a type the kernels do not read. */
+static inline int ds4k_block_weights(int type) {
+    switch (type) {
+    case DS4K_F32: case DS4K_F16: case DS4K_BF16: return 1;
+    case DS4K_Q4_0: case DS4K_Q4_1: case DS4K_Q5_0: case DS4K_Q5_1: case DS4K_Q8_0: return 32;
+    case DS4K_Q4_K: case DS4K_Q5_K: case DS4K_Q6_K: return 256;
+    default: return 0;
+    }
+}
 
-#include <string.h>
+static inline int ds4k_block_bytes(int type) {
+    switch (type) {
+    case DS4K_F32: return 4;
+    case DS4K_F16: case DS4K_BF16: return 2;
+    case DS4K_Q4_0: return 18;
+    case DS4K_Q4_1: return 20;
+    case DS4K_Q5_0: return 22;
+    case DS4K_Q5_1: return 24;
+    case DS4K_Q8_0: return 34;
+    case DS4K_Q4_K: return 144;
+    case DS4K_Q5_K: return 176;
+    case DS4K_Q6_K: return 210;
+    default: return 0;
+    }
+}
 
-/* f16 helpers shared by the kernels. The scalar conversion is exact for every
- * f16 (subnormals renormalized, inf/nan kept); ds4k_h2f uses the F16C instruction
- * when the vector build has it (same results). */
+/* Bytes per row of `cols` weights; 0 for an unknown type or a row that is not whole blocks. */
+static inline int64_t ds4k_row_bytes(int type, int64_t cols) {
+    int qk = ds4k_block_weights(type);
+    if (qk == 0 || cols <= 0 || cols % qk) return 0;
+    return cols / qk * ds4k_block_bytes(type);
+}
+
+/* One matrix, or one row-stacked part of a fused one (a fused QKV whose V rows have another
+ * type than Q and K, as in Q4_K_M files, is three parts). rows == 0: no part. */
+typedef struct {
+    const void *w;
+    int32_t type;
+    int32_t rows;
+} ds4k_mat;
+
+#define DS4K_MAX_PARTS 3
+
+/* f16 / bf16 -> f32. The scalar conversion is exact for every f16 (subnormals renormalized,
+ * inf/nan kept), as numpy's astype(float32) is. */
 static inline uint16_t ds4k_rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
 static inline float ds4k_f16_to_f32(uint16_t h) {
@@ -47,15 +94,17 @@ static inline float ds4k_f16_to_f32(uint16_t h) {
     return f;
 }
 
-static inline float ds4k_h2f(const uint8_t *p) {
-#if DS4K_AVX2
-    return _cvtsh_ss(ds4k_rd16(p));
-#else
-    return ds4k_f16_to_f32(ds4k_rd16(p));
-#endif
+static inline float ds4k_bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
+static inline float ds4k_h2f(const uint8_t *p) { return ds4k_f16_to_f32(ds4k_rd16(p)); }
+
 #define DS4K_HIDDEN __attribute__((visibility("hidden")))
+#define DS4K_EXPORT __attribute__((visibility("default")))
 
 /* Runs fn(ctx, c) for every c in [0, nchunks) on up to nth threads (the caller included).
  * Which thread runs a chunk never changes a result: callers split work into chunks whose
@@ -63,8 +112,39 @@ static inline float ds4k_h2f(const uint8_t *p) {
 typedef void (*ds4k_chunk_fn)(void *ctx, int64_t chunk);
 DS4K_HIDDEN void ds4k_run_chunks(ds4k_chunk_fn fn, void *ctx, int64_t nchunks, int nth);
 
-/* y[rows] = W[rows, cols] x[cols]; 0 on success, -1 for an unsupported type or shape. */
-DS4K_HIDDEN int ds4k_gemv(int type, const void *w, const float *x, float *y, int64_t rows,
-                          int64_t cols, int nth);
+/* The llama model table llama_step.c reads (mirrored by llama_step.py's ctypes classes). */
+typedef struct {
+    const float *attn_norm, *ffn_norm; /* [H] */
+    ds4k_mat qkv[DS4K_MAX_PARTS];      /* [(Hq + 2 Hkv) D, H] in row parts: q rows, k rows, v rows */
+    ds4k_mat o;                        /* [H, Hq D] */
+    ds4k_mat w13[DS4K_MAX_PARTS];      /* [2 F, H] in row parts: gate rows, up rows */
+    ds4k_mat w2;                       /* [H, F] */
+} ds4k_layer;
+
+typedef struct {
+    int32_t n_layers, hidden, inter, n_heads, n_kv_heads, head_dim, vocab, rope_rows;
+    float eps;
+    const float *embed;               /* fp32 [vocab, H] */
+    const float *norm;                /* [H] */
+    ds4k_mat head;                    /* [vocab, H] */
+    const float *rope_cos, *rope_sin; /* [rope_rows, D/2] */
+    const ds4k_layer *layers;
+} ds4k_llama;
+
+/* One instruction set's entry points (isa.c fills one per build; dispatch.c picks one). */
+typedef struct {
+    int (*gemv)(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int nth);
+    int (*gemm)(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int64_t n, int nth);
+    int (*dequant)(int type, const void *w, float *out, int64_t rows, int64_t cols);
+    int (*llama_step)(const ds4k_llama *m, float *kv, int64_t ctx, int64_t pos, int32_t token,
+                      float *logits, float *ws, int nth);
+    int64_t (*llama_workspace)(const ds4k_llama *m, int64_t ctx);
+} ds4k_ops;
+
+DS4K_HIDDEN extern const ds4k_ops ds4k_ops_scalar;
+#if defined(__x86_64__)
+DS4K_HIDDEN extern const ds4k_ops ds4k_ops_avx2;
+DS4K_HIDDEN extern const ds4k_ops ds4k_ops_avx512;
+#endif
 
 #endif

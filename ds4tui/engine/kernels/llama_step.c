@@ -1,10 +1,11 @@
 /* llama_step.c: one llama decode step (batch 1) in a single call: embedding row to logits.
  *
  * Owns: the math of llama.py's forward for one token at position pos, against the same
- * weights (raw GGUF blocks or fp32, through ds4k_gemv), the same RoPE tables (half-split
+ * weights (raw GGUF blocks or fp32, through gemv in qgemv.c), the same RoPE tables (half-split
  * rotation, rows already un-permuted by the loader) and the session's own KV buffer
  * [layers, 2 (K, V), Hkv, ctx, D] (the new K/V rows are written in place). Leaves to
- * callers (llama_step.py): building the model table, checks, serializing calls.
+ * callers (llama_step.py): building the model table (ds4k.h), checks, serializing calls.
+ * Compiled once per ISA by isa.c; the vector paths below are AVX2 in both vector builds.
  *
  * Why one call: the math per token is ~135M multiply-adds, ~4 ms; the same step as ~600
  * torch ops costs ~3 ms of dispatch on top. One C call also releases the GIL for the
@@ -16,35 +17,16 @@
  * only on pos, so results do not depend on the thread count.
  */
 
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-
-#include "ds4k.h"
-
 #define ATT_BLOCK 256
 #define MAX_GROUP 16
 #define MAX_HEAD_DIM 256
 
-typedef struct {
-    const float *attn_norm, *ffn_norm; /* [H] */
-    const void *wqkv;                  /* [(Hq + 2 Hkv) D, H]: q rows, k rows, v rows */
-    const void *wo;                    /* [H, Hq D] */
-    const void *w13;                   /* [2 F, H]: gate rows, up rows */
-    const void *w2;                    /* [H, F] */
-    int32_t t_qkv, t_o, t_13, t_2;     /* ds4k.h types */
-} ds4k_layer;
-
-typedef struct {
-    int32_t n_layers, hidden, inter, n_heads, n_kv_heads, head_dim, vocab, rope_rows;
-    float eps;
-    int32_t t_head;
-    const float *embed;               /* fp32 [vocab, H] */
-    const float *norm;                /* [H] */
-    const void *head;                 /* [vocab, H] of t_head */
-    const float *rope_cos, *rope_sin; /* [rope_rows, D/2] */
-    const ds4k_layer *layers;
-} ds4k_llama;
+/* How many parts a fused matrix has: those before the first empty one. */
+static int nparts_of(const ds4k_mat *parts) {
+    int n = 0;
+    while (n < DS4K_MAX_PARTS && parts[n].rows > 0) n++;
+    return n;
+}
 
 /* ---------------------------------------------------------------- vector math */
 
@@ -271,7 +253,7 @@ static void attention(const ds4k_llama *m, float *att, const float *q, const flo
 /* ---------------------------------------------------------------- the step */
 
 /* Floats of workspace ds4k_llama_step needs for a session of `ctx` positions. */
-int64_t ds4k_llama_workspace(const ds4k_llama *m, int64_t ctx) {
+static int64_t llama_workspace(const ds4k_llama *m, int64_t ctx) {
     const int64_t h = m->hidden, d = m->head_dim, hq = m->n_heads, hkv = m->n_kv_heads;
     const int64_t nblk = (ctx + ATT_BLOCK - 1) / ATT_BLOCK;
     int64_t wide = (hq + 2 * hkv) * d;
@@ -282,8 +264,8 @@ int64_t ds4k_llama_workspace(const ds4k_llama *m, int64_t ctx) {
 /* Run `token` at position pos: writes its K/V rows into kv (valid for positions < pos on
  * entry), and logits [vocab] unless logits is NULL (then the last layer stops after its
  * K/V, as llama.py does). Returns 0, or -1 for bad arguments or shapes. */
-int ds4k_llama_step(const ds4k_llama *m, float *kv, int64_t ctx, int64_t pos, int32_t token,
-                    float *logits, float *ws, int nth) {
+static int llama_step(const ds4k_llama *m, float *kv, int64_t ctx, int64_t pos, int32_t token,
+                      float *logits, float *ws, int nth) {
     const int hdim = m->hidden, d = m->head_dim, hq = m->n_heads, hkv = m->n_kv_heads, f = m->inter;
     if (pos < 0 || pos >= ctx || pos >= m->rope_rows || token < 0 || token >= m->vocab) return -1;
     if (hkv <= 0 || hq % hkv || hq / hkv > MAX_GROUP || d > MAX_HEAD_DIM || d % 2) return -1;
@@ -300,7 +282,7 @@ int ds4k_llama_step(const ds4k_llama *m, float *kv, int64_t ctx, int64_t pos, in
         const ds4k_layer *L = &m->layers[i];
         float *kc = kv + (int64_t)i * 2 * plane, *vc = kc + plane;
         rms_norm(hb, x, L->attn_norm, hdim, m->eps);
-        if (ds4k_gemv(L->t_qkv, L->wqkv, hb, wide, (int64_t)(hq + 2 * hkv) * d, hdim, nth)) return -1;
+        if (gemv(L->qkv, nparts_of(L->qkv), hb, wide, hdim, nth)) return -1;
         for (int h = 0; h < hq + hkv; h++) rope(wide + h * d, cos_row, sin_row, d);
         for (int h = 0; h < hkv; h++) {
             memcpy(kc + ((int64_t)h * ctx + pos) * d, wide + (hq + h) * d, sizeof(float) * (size_t)d);
@@ -309,14 +291,14 @@ int ds4k_llama_step(const ds4k_llama *m, float *kv, int64_t ctx, int64_t pos, in
         if (i == m->n_layers - 1 && logits == NULL) return 0;
         for (int e = 0; e < hq * d; e++) wide[e] *= scale; /* llama.py scales q, not scores */
         attention(m, att, wide, kc, vc, ctx, pos + 1, part, nth);
-        if (ds4k_gemv(L->t_o, L->wo, att, tmp, hdim, hq * d, nth)) return -1;
+        if (gemv(&L->o, 1, att, tmp, (int64_t)hq * d, nth)) return -1;
         for (int e = 0; e < hdim; e++) x[e] += tmp[e];
         rms_norm(hb, x, L->ffn_norm, hdim, m->eps);
-        if (ds4k_gemv(L->t_13, L->w13, hb, wide, 2 * (int64_t)f, hdim, nth)) return -1;
+        if (gemv(L->w13, nparts_of(L->w13), hb, wide, hdim, nth)) return -1;
         swiglu(act, wide, wide + f, f);
-        if (ds4k_gemv(L->t_2, L->w2, act, tmp, hdim, f, nth)) return -1;
+        if (gemv(&L->w2, 1, act, tmp, f, nth)) return -1;
         for (int e = 0; e < hdim; e++) x[e] += tmp[e];
     }
     rms_norm(hb, x, m->norm, hdim, m->eps);
-    return ds4k_gemv(m->t_head, m->head, hb, logits, m->vocab, hdim, nth);
+    return gemv(&m->head, 1, hb, logits, hdim, nth);
 }

@@ -1,34 +1,38 @@
 """FastDecoder: llama decode (one token at a time) through the fused C step in llama_step.c.
 
-Owns: the ctypes mirror of llama_step.c's model table, choosing per matrix between the
-GGUF's raw blocks (Q4_1, Q8_0, F16: exact to the file) and the model's fp32 weight, the
-step's workspace, and `step()`, which matches `LlamaModel.forward` for one token up to
-float rounding order. Leaves to the model: when to use it (engine/llama/model.py sends batch-1
-forwards here when a decoder exists; prefill is torch, with qgemm.py products for short chunks) and the fallback: without
-the compiled library `make_fast_decoder` returns None and the torch forward runs.
+Owns: the ctypes mirror of ds4k.h's model table, choosing per matrix between the GGUF's raw
+blocks (any type of quants.BLOCK_TYPES, possibly in row parts of different types) and the
+model's fp32 weight, the step's workspace, and `step()`, which matches the llama forward
+for one token up to float rounding order. Leaves to the model: when to use it (batch-1
+forwards; prefill is torch, with qgemm.py products for short chunks) and the fallback:
+without the compiled library `make_fast_decoder` returns None and the torch forward runs.
 
-Every pointer the C table holds belongs to a tensor this object keeps a reference to, so
-the table stays valid for the decoder's lifetime; the tensors are never written.
+Input is a config and tensors, never a model object: `make_fast_decoder(cfg, tensors, rope,
+raw)` with the weights by their internal names (see `FastDecoder.__init__`). Every pointer the C
+table holds belongs to a tensor this object keeps a reference to, so the table stays valid
+for the decoder's lifetime; the tensors are never written.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 
 from ds4tui.engine.kernels import qgemv
+from ds4tui.engine.kernels.qgemv import MAX_PARTS, Mat, Part, QuantMatrix
 
 # Weight types the step reads as raw blocks; anything else decodes from the fp32 copy.
-RAW_TYPES = ("q4_1", "q8_0", "f16")
+RAW_TYPES = qgemv.quants.BLOCK_TYPES
+
+_Parts = Mat * MAX_PARTS
 
 
 class _Layer(ctypes.Structure):
     _fields_ = [
         ("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p),
-        ("wqkv", ctypes.c_void_p), ("wo", ctypes.c_void_p), ("w13", ctypes.c_void_p), ("w2", ctypes.c_void_p),
-        ("t_qkv", ctypes.c_int32), ("t_o", ctypes.c_int32), ("t_13", ctypes.c_int32), ("t_2", ctypes.c_int32),
+        ("qkv", _Parts), ("o", Mat), ("w13", _Parts), ("w2", Mat),
     ]
 
 
@@ -37,8 +41,8 @@ class _Llama(ctypes.Structure):
         ("n_layers", ctypes.c_int32), ("hidden", ctypes.c_int32), ("inter", ctypes.c_int32),
         ("n_heads", ctypes.c_int32), ("n_kv_heads", ctypes.c_int32), ("head_dim", ctypes.c_int32),
         ("vocab", ctypes.c_int32), ("rope_rows", ctypes.c_int32),
-        ("eps", ctypes.c_float), ("t_head", ctypes.c_int32),
-        ("embed", ctypes.c_void_p), ("norm", ctypes.c_void_p), ("head", ctypes.c_void_p),
+        ("eps", ctypes.c_float),
+        ("embed", ctypes.c_void_p), ("norm", ctypes.c_void_p), ("head", Mat),
         ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p),
         ("layers", ctypes.POINTER(_Layer)),
     ]
@@ -58,60 +62,71 @@ def _bind(lib: ctypes.CDLL) -> None:
 
 
 class FastDecoder:
-    """Batch-1 decode for one llama-family model; shared by its sessions (calls are serialized)."""
+    """Batch-1 decode for one llama-layout model; shared by its sessions (calls are serialized)."""
 
     def __init__(self, cfg, tensors: Mapping[str, torch.Tensor], rope: tuple[torch.Tensor, torch.Tensor],
-                 raw: Mapping[str, tuple[str, torch.Tensor]], lib: ctypes.CDLL) -> None:
-        """cfg: a LlamaConfig; tensors: the model's fp32 weights by internal name (see
-        engine/llama/config.py); rope: the (cos, sin) tables [positions, head_dim / 2].
-        raw: internal weight name ("layers.{i}.wqkv", ..., "lm_head" or "embed" for a tied
-        head) -> (type, uint8 [rows, row_bytes] blocks) for the weights kept as file blocks."""
+                 raw: Mapping[str, Part | Sequence[Part]], lib: ctypes.CDLL) -> None:
+        """cfg: a LlamaConfig (num_layers, hidden_size, intermediate_size, num_heads,
+        num_kv_heads, head_dim, vocab_size, rms_norm_eps, tie_word_embeddings).
+        tensors: fp32 CPU tensors by internal name (engine/llama/config.py): "embed" [V, H],
+        "norm" [H], "lm_head" [V, H] unless tied, and per layer i
+        "layers.{i}.attn_norm"/"ffn_norm" [H], "wqkv" [(Hq + 2 Hkv) D, H] (q rows, k rows
+        un-permuted to HF's half-split order, v rows), "wo" [H, Hq D], "w13" [2F, H] (gate
+        rows, up rows), "w2" [H, F]. rope: the (cos, sin) tables [positions, D/2].
+        raw: matrix name ("layers.{i}.wqkv", ..., "lm_head", or "embed" for a tied head) ->
+        the file's blocks, (type, uint8 [rows, row_bytes]) or a list of row parts."""
         _bind(lib)
         self._lib = lib
         self.cfg = cfg
-        self._keep: list[torch.Tensor] = []  # every tensor the table points into
+        self._keep: list[object] = []  # every tensor/matrix the table points into
         self._weights: list[torch.Tensor] = []  # the matrices among them
         self.types: dict[str, str] = {}  # weight name -> type the step reads (for reports)
 
         def ptr(t: torch.Tensor) -> int:
-            if t.device.type != "cpu" or not t.is_contiguous():
-                raise ValueError("FastDecoder needs contiguous CPU tensors")
+            if t.device.type != "cpu" or not t.is_contiguous() or t.dtype != torch.float32:
+                raise ValueError("FastDecoder needs contiguous CPU float32 tensors")
             self._keep.append(t)
             return t.data_ptr()
 
-        def weight(name: str, dense: torch.Tensor) -> tuple[int, int]:
+        def matrix(name: str, dense: torch.Tensor) -> QuantMatrix:
             rows, cols = dense.shape
             entry = raw.get(name)
-            if entry is not None and entry[0] in RAW_TYPES:
-                qtype, blocks = entry
-                if blocks.dtype != torch.uint8 or tuple(blocks.shape) != (rows, qgemv.row_bytes(qtype, cols)):
-                    raise ValueError(f"{name}: {qtype} blocks {tuple(blocks.shape)} do not fit [{rows}, {cols}]")
-                self.types[name] = qtype
-                self._weights.append(blocks)
-                return ptr(blocks), qgemv.TYPE_IDS[qtype]
-            if dense.dtype != torch.float32:
-                raise ValueError(f"{name}: expected float32, got {dense.dtype}")
-            self.types[name] = "f32"
-            self._weights.append(dense)
-            return ptr(dense), qgemv.TYPE_IDS["f32"]
+            if entry is not None and all(t in RAW_TYPES for t, _ in qgemv.as_parts(entry)):
+                m = QuantMatrix.from_parts(entry, cols)
+                if m.rows != rows:
+                    raise ValueError(f"{name}: blocks of {m.rows} rows do not fit [{rows}, {cols}]")
+                self.types[name] = "+".join(t for t, _ in m.parts)
+                self._weights.extend(b for _, b in m.parts)
+            else:
+                ptr(dense)
+                m = QuantMatrix.from_parts(("f32", dense.contiguous().view(torch.uint8).reshape(rows, cols * 4)), cols)
+                self.types[name] = "f32"
+                self._weights.append(dense)
+            self._keep.append(m)
+            return m
 
         layers = (_Layer * cfg.num_layers)()
         for i in range(cfg.num_layers):
             p = f"layers.{i}."
-            wqkv, t_qkv = weight(p + "wqkv", tensors[p + "wqkv"])
-            wo, t_o = weight(p + "wo", tensors[p + "wo"])
-            w13, t_13 = weight(p + "w13", tensors[p + "w13"])
-            w2, t_2 = weight(p + "w2", tensors[p + "w2"])
-            layers[i] = _Layer(ptr(tensors[p + "attn_norm"]), ptr(tensors[p + "ffn_norm"]),
-                               wqkv, wo, w13, w2, t_qkv, t_o, t_13, t_2)
+            L = layers[i]
+            L.attn_norm, L.ffn_norm = ptr(tensors[p + "attn_norm"]), ptr(tensors[p + "ffn_norm"])
+            matrix(p + "wqkv", tensors[p + "wqkv"]).fill_mats(L.qkv)
+            matrix(p + "w13", tensors[p + "w13"]).fill_mats(L.w13)
+            for field, name in (("o", "wo"), ("w2", "w2")):
+                m = matrix(p + name, tensors[p + name])
+                if len(m.parts) != 1:
+                    raise ValueError(f"{p}{name}: one part expected, got {len(m.parts)}")
+                setattr(L, field, m._mats[0])
         head_name = "embed" if cfg.tie_word_embeddings else "lm_head"
-        head, t_head = weight(head_name, tensors[head_name])
+        head = matrix(head_name, tensors[head_name])
+        if len(head.parts) != 1:
+            raise ValueError(f"{head_name}: one part expected, got {len(head.parts)}")
         cos, sin = rope
         self._layers = layers
         self._table = _Llama(
             cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
-            cfg.head_dim, cfg.vocab_size, cos.shape[0], cfg.rms_norm_eps, t_head,
-            ptr(tensors["embed"]), ptr(tensors["norm"]), head, ptr(cos), ptr(sin),
+            cfg.head_dim, cfg.vocab_size, cos.shape[0], cfg.rms_norm_eps,
+            ptr(tensors["embed"]), ptr(tensors["norm"]), head._mats[0], ptr(cos), ptr(sin),
             ctypes.cast(layers, ctypes.POINTER(_Layer)),
         )
         self._ws = torch.empty(0)
@@ -148,8 +163,9 @@ class FastDecoder:
 
 
 def make_fast_decoder(cfg, tensors: Mapping[str, torch.Tensor], rope: tuple[torch.Tensor, torch.Tensor],
-                      raw: Mapping[str, tuple[str, torch.Tensor]] | None) -> FastDecoder | None:
-    """A FastDecoder over these weights, or None when the kernels run on the torch backend."""
+                      raw: Mapping[str, Part | Sequence[Part]] | None) -> FastDecoder | None:
+    """A FastDecoder (arguments as for FastDecoder), or None when the kernels run on the
+    torch backend or the shapes are outside what llama_step.c handles."""
     lib = qgemv.library()
     if lib is None or not supported(cfg):
         return None
@@ -159,4 +175,4 @@ def make_fast_decoder(cfg, tensors: Mapping[str, torch.Tensor], rope: tuple[torc
 def supported(cfg) -> bool:
     """Shapes llama_step.c handles (its MAX_GROUP, MAX_HEAD_DIM and qgemv.c's MAX_COLS)."""
     return (cfg.head_dim % 2 == 0 and cfg.head_dim <= 256 and cfg.num_heads // cfg.num_kv_heads <= 16
-            and max(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim) <= 65536)
+            and max(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim) <= qgemv.GEMV_MAX_COLS)

@@ -162,4 +162,4 @@ void ds4k_run_chunks(ds4k_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
     }
 }
 
-void ds4k_set_spin_ns(long ns) { atomic_store(&spin_ns, ns < 0 ? 0 : ns); }
+DS4K_EXPORT void ds4k_set_spin_ns(long ns) { atomic_store(&spin_ns, ns < 0 ? 0 : ns); }

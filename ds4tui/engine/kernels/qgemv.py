@@ -1,31 +1,32 @@
-"""Quantized batch-1 GEMV over GGUF blocks: build, load and call the C kernels, with a torch fallback.
+"""Build, load and call the C kernels; `QuantMatrix`, a weight kept as the file's GGUF blocks.
 
-Owns: the Q4_1 / Q8_0 block formats on the torch side (`dequantize`, the reference
-semantics), compiling the C sources (qgemv.c, pool.c, llama_step.c, qgemm.c) on first use,
-choosing a backend, the lock that serializes kernel calls, and `QuantMatrix`, a weight
-kept as the file's raw blocks whose `matvec` computes y = W x for one fp32 vector.
-Leaves to callers: which weights take this path (decode at batch 1; prefill chunks of up to
-256 rows use qgemm.py, longer ones an fp32 torch GEMM) and keeping the fp32 copy they need for prefill. llama_step.py drives the
-fused decode step through `library()`.
+Owns: compiling the C sources on first use, choosing the instruction set variant, the
+lock that serializes kernel calls, and `QuantMatrix` (y = W x for one vector, Y = X W^T for
+a few rows, W in any type of quants.py, possibly in row parts of different types).
+Leaves to callers: which weights take this path (decode at batch 1 and products of up to
+256 rows; longer prefill chunks use an fp32 torch GEMM). llama_step.py drives the fused
+decode step through `library()`.
 
-Backends, best first (`backend()` names the active one):
-- "avx2": the sources built with -mavx2 -mfma -mf16c; chosen only when /proc/cpuinfo
-  lists avx2, fma and f16c.
-- "scalar": the same source built without vector flags (any CPU with a C compiler).
-- "torch": no compiler or the build failed: dequantize once, then fp32 `mv`.
-All three compute the same numbers up to float summation order.
+Variants (`backend()` names the active one):
+- "avx512", "avx2", "scalar": one library holds the kernels built three times (isa.c with
+  AVX-512 F/BW/VL, with AVX2+FMA+F16C, and with no vector flags); the library picks the
+  widest one the CPU supports at run time (`__builtin_cpu_supports`).
+- "torch": no compiler or the build failed: dequantize once (gguf), then fp32 `mv`.
+All compute the same numbers up to float summation order; `variants()` lists those this CPU
+runs and `use_variant(name)` switches for a block of code (tests compare each to scalar).
 
 The library is compiled with the system C compiler (`$CC`, else `cc`) on first use
-(docs/perf.md, "Backends") into `data_dir()/kernels/<hash of sources, flags, compiler>-<variant>/`, written to a
-temporary name and renamed, so concurrent first uses never load a half-written file; builds
-of older sources are pruned after a day. First use rather than `pip install`: the CPU check
-happens on the machine that runs it, editable installs need no build step, and a machine
-without a compiler still runs (torch backend). `DS4TUI_KERNELS=torch`
-(or `scalar`, `avx2`) forces a backend, for tests and benchmarks.
+(objects in parallel; docs/perf.md, "Backends") into `data_dir()/kernels/<hash of sources, flags, compiler>/`,
+written to a temporary name and renamed, so concurrent first uses never load a half-written
+file; builds of older sources are pruned after a day. First use rather than `pip install`:
+editable installs need no build step, and a machine without a compiler still runs (torch
+backend). `DS4TUI_KERNELS=auto|avx512|avx2|scalar|torch` forces a variant (a forced one the
+CPU lacks gives the torch backend, with the reason in `backend_reason()`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -35,25 +36,27 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Iterator, Sequence
 
 import torch
 
 from ds4tui import paths
+from ds4tui.engine.kernels import quants
+from ds4tui.engine.kernels.quants import TYPE_IDS, dequantize, quantize, row_bytes  # noqa: F401 (re-exported)
 
-QK = 32  # weights per block, both formats
-BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}  # f16 d [+ f16 m] + payload
-# Type ids as in GGML (and ds4k.h): a GGUF tensor's type maps through unchanged.
-TYPE_IDS = {"f32": 0, "f16": 1, "q4_1": 3, "q8_0": 8}
-ABI = 2  # must equal ds4k_abi() in qgemv.c
+ABI = 3  # must equal ds4k_abi() in dispatch.c
+ISAS = ("scalar", "avx2", "avx512")  # index = the C side's ISA number
 
 _DIR = Path(__file__).parent
-_SOURCES = [_DIR / "qgemv.c", _DIR / "pool.c", _DIR / "llama_step.c", _DIR / "qgemm.c"]
-_HEADERS = [_DIR / "ds4k.h"]
-_VARIANT_FLAGS = {
-    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+_ISA_SOURCES = ["isa.c", "dequant.c", "qgemv.c", "qgemm.c", "llama_step.c"]
+_HEADERS = ["ds4k.h", "simd.h"]
+_ISA_FLAGS = {
     "scalar": [],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
 }
-_COMMON_FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-D_GNU_SOURCE"]
+# -ffp-contract=off: dequant.c must round each product and sum on its own, like numpy.
+_COMMON_FLAGS = ["-O3", "-std=c11", "-fPIC", "-D_GNU_SOURCE", "-ffp-contract=off"]
 
 _lock = threading.Lock()  # guards loading
 # Serializes calls into the library: its thread pool runs one job at a time.
@@ -63,106 +66,59 @@ _backend: str | None = None
 _why: str = ""
 
 
-# ---------------------------------------------------------------- formats (reference semantics)
+class Mat(ctypes.Structure):
+    """ds4k_mat: one matrix or one row part of a fused one."""
 
-
-def row_bytes(qtype: str, cols: int) -> int:
-    if qtype == "f32" or qtype == "f16":
-        if cols <= 0:
-            raise ValueError(f"row length {cols} is not positive")
-        return cols * (4 if qtype == "f32" else 2)
-    if qtype not in BLOCK_BYTES:
-        raise ValueError(f"unsupported weight type {qtype!r} (have {sorted(TYPE_IDS)})")
-    if cols <= 0 or cols % QK:
-        raise ValueError(f"row length {cols} is not a positive multiple of {QK}")
-    return cols // QK * BLOCK_BYTES[qtype]
-
-
-def dequantize(blocks: torch.Tensor, qtype: str, cols: int) -> torch.Tensor:
-    """fp32 [rows, cols] from raw blocks uint8 [rows, row_bytes]: the values GGUF defines."""
-    rb = row_bytes(qtype, cols)
-    if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != rb:
-        raise ValueError(f"expected uint8 [rows, {rb}] blocks, got {blocks.dtype} {tuple(blocks.shape)}")
-    rows = blocks.shape[0]
-    if qtype in ("f32", "f16"):
-        return blocks.view(torch.float32 if qtype == "f32" else torch.float16).float()
-    nb = cols // QK
-    b = blocks.reshape(rows, nb, BLOCK_BYTES[qtype])  # [rows, nb, block]
-    d = b[..., 0:2].contiguous().view(torch.float16).float()  # [rows, nb, 1]
-    if qtype == "q4_1":
-        m = b[..., 2:4].contiguous().view(torch.float16).float()
-        qs = b[..., 4:]  # [rows, nb, 16]: low nibbles are weights 0..15, high ones 16..31
-        q = torch.cat([qs & 15, qs >> 4], dim=-1).float()  # [rows, nb, 32]
-        w = d * q + m
-    else:
-        q = b[..., 2:].contiguous().view(torch.int8).float()  # [rows, nb, 32]
-        w = q * d
-    return w.reshape(rows, cols)
-
-
-def quantize(w: torch.Tensor, qtype: str) -> torch.Tensor:
-    """Blocks uint8 [rows, row_bytes] for fp32 w [rows, cols], rounding like ggml's reference
-    quantizers (for tests and tiny models: real weights keep the file's own blocks)."""
-    rows, cols = w.shape
-    rb = row_bytes(qtype, cols)
-    if qtype in ("f32", "f16"):
-        return w.to(torch.float32 if qtype == "f32" else torch.float16).contiguous().view(torch.uint8).reshape(rows, rb)
-    x = w.float().reshape(rows, cols // QK, QK)  # [rows, nb, 32]
-    if qtype == "q8_0":
-        d = x.abs().amax(-1, keepdim=True) / 127.0
-        q = torch.where(d > 0, x / d, torch.zeros_like(x)).round().clamp(-128, 127).to(torch.int8)
-        parts = [d.half().view(torch.uint8), q.view(torch.uint8)]
-    else:
-        lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
-        d = (hi - lo) / 15.0
-        q = torch.where(d > 0, (x - lo) / d, torch.zeros_like(x)).round().clamp(0, 15).to(torch.uint8)
-        packed = q[..., :16] | (q[..., 16:] << 4)  # low nibbles: weights 0..15
-        parts = [d.half().view(torch.uint8), lo.half().view(torch.uint8), packed]
-    return torch.cat(parts, dim=-1).reshape(rows, rb)
+    _fields_ = [("w", ctypes.c_void_p), ("type", ctypes.c_int32), ("rows", ctypes.c_int32)]
 
 
 # ---------------------------------------------------------------- building and loading
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
 
 
-def _build(variant: str, cc: str) -> Path:
-    """Compile the kernels for `variant` unless a build of these exact sources/flags/compiler exists."""
-    flags = _COMMON_FLAGS + _VARIANT_FLAGS[variant]
-    src = b"".join(p.read_bytes() for p in _SOURCES + _HEADERS)
+def _objects(cc: str) -> list[tuple[list[str], str]]:
+    """(compile command without -o, object name) for each object of the library."""
+    base = [cc, *_COMMON_FLAGS, f"-I{_DIR}", "-c"]
+    objs = [([*base, str(_DIR / "pool.c")], "pool.o"), ([*base, str(_DIR / "dispatch.c")], "dispatch.o")]
+    for n, isa in enumerate(ISAS):
+        flags = [f"-DDS4K_ISA={n}", f"-DDS4K_OPS_NAME=ds4k_ops_{isa}", *_ISA_FLAGS[isa]]
+        objs.append(([*base, *flags, str(_DIR / "isa.c")], f"isa_{isa}.o"))
+    return objs
+
+
+def _build(cc: str) -> Path:
+    """Compile the library unless a build of these exact sources/flags/compiler exists."""
+    src = b"".join((_DIR / p).read_bytes() for p in [*_ISA_SOURCES, "pool.c", "dispatch.c", *_HEADERS])
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(src + repr((flags, cc, version)).encode()).hexdigest()[:16]
-    out_dir = paths.data_dir() / "kernels" / f"{key}-{variant}"
+    objs = _objects(cc)
+    key = hashlib.sha256(src + repr(([o[0][1:] for o in objs], version)).encode()).hexdigest()[:16]
+    out_dir = paths.data_dir() / "kernels" / key
     lib = out_dir / "libds4k.so"
     if lib.is_file():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".build-", suffix=".so")
-    os.close(fd)
+    work = Path(tempfile.mkdtemp(dir=out_dir, prefix=".build-"))
     try:
-        proc = subprocess.run(
-            [cc, *flags, f"-I{_DIR}", "-o", tmp, *map(str, _SOURCES), "-lpthread", "-lm"],
-            capture_output=True, text=True, timeout=300,
-        )
+        procs = [(subprocess.Popen([*cmd, "-o", str(work / name)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True), name) for cmd, name in objs]
+        errors = []
+        for proc, name in procs:
+            _, err = proc.communicate(timeout=300)
+            if proc.returncode != 0:
+                errors.append(f"{name}: {err.strip()[-400:]}")
+        if errors:
+            raise RuntimeError(f"{cc} failed: {'; '.join(errors)}")
+        tmp = work / "libds4k.so"
+        proc = subprocess.run([cc, "-shared", "-o", str(tmp), *(str(work / n) for _, n in objs), "-lpthread", "-lm"],
+                              capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-400:]}")
+            raise RuntimeError(f"{cc} failed to link: {proc.stderr.strip()[-400:]}")
         os.replace(tmp, lib)  # atomic: a concurrent builder's identical file is fine too
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        shutil.rmtree(work, ignore_errors=True)
     _prune_old_builds(out_dir)
     return lib
 
@@ -182,17 +138,22 @@ def _prune_old_builds(keep: Path) -> None:
             pass
 
 
-def _load(lib_path: Path, variant: str) -> ctypes.CDLL:
+def _load(lib_path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(lib_path))  # CDLL releases the GIL during calls
-    lib.ds4k_abi.restype = ctypes.c_int
-    lib.ds4k_isa.restype = ctypes.c_int
+    for name in ("ds4k_abi", "ds4k_isa", "ds4k_best_isa"):
+        getattr(lib, name).restype = ctypes.c_int
     if lib.ds4k_abi() != ABI:
         raise RuntimeError(f"{lib_path}: ABI {lib.ds4k_abi()} != {ABI}")
-    if lib.ds4k_isa() != (1 if variant == "avx2" else 0):
-        raise RuntimeError(f"{lib_path}: built without the {variant} paths")
-    lib.ds4k_gemv_typed.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                    ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
-    lib.ds4k_gemv_typed.restype = ctypes.c_int
+    lib.ds4k_set_isa.argtypes = [ctypes.c_int]
+    lib.ds4k_set_isa.restype = ctypes.c_int
+    lib.ds4k_gemv.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                              ctypes.c_int]
+    lib.ds4k_gemv.restype = ctypes.c_int
+    lib.ds4k_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                              ctypes.c_int64, ctypes.c_int]
+    lib.ds4k_gemm.restype = ctypes.c_int
+    lib.ds4k_dequant.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+    lib.ds4k_dequant.restype = ctypes.c_int
     lib.ds4k_set_spin_ns.argtypes = [ctypes.c_long]
     lib.ds4k_set_spin_ns.restype = None
     return lib
@@ -201,8 +162,8 @@ def _load(lib_path: Path, variant: str) -> ctypes.CDLL:
 def _init() -> None:
     global _lib, _backend, _why
     forced = os.environ.get("DS4TUI_KERNELS", "auto").strip().lower() or "auto"
-    if forced not in ("auto", "avx2", "scalar", "torch"):
-        raise ValueError(f"DS4TUI_KERNELS={forced!r}: expected auto, avx2, scalar or torch")
+    if forced not in ("auto", "torch", *ISAS):
+        raise ValueError(f"DS4TUI_KERNELS={forced!r}: expected auto, {', '.join(reversed(ISAS))} or torch")
     if forced == "torch":
         _backend, _why = "torch", "forced by DS4TUI_KERNELS=torch"
         return
@@ -210,20 +171,17 @@ def _init() -> None:
     if cc is None:
         _backend, _why = "torch", "no C compiler (cc/gcc/clang) on PATH"
         return
-    flags = _cpu_flags()
-    variants = [forced] if forced != "auto" else (["avx2", "scalar"] if {"avx2", "fma", "f16c"} <= flags else ["scalar"])
-    errors = []
-    for variant in variants:
-        if variant == "avx2" and not {"avx2", "fma", "f16c"} <= flags:
-            errors.append("avx2: CPU lacks avx2/fma/f16c")
-            continue
-        try:
-            _lib, _backend = _load(_build(variant, cc), variant), variant
-            _why = f"{variant} build of the ds4k kernels"
-            return
-        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-            errors.append(f"{variant}: {exc}")
-    _backend, _why = "torch", "; ".join(errors)
+    try:
+        lib = _load(_build(cc))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        _backend, _why = "torch", f"kernel build failed: {exc}"
+        return
+    best = lib.ds4k_best_isa()
+    if forced != "auto" and lib.ds4k_set_isa(ISAS.index(forced)) != 0:
+        _backend, _why = "torch", f"DS4TUI_KERNELS={forced}: this CPU runs only {', '.join(ISAS[: best + 1])}"
+        return
+    _lib, _backend = lib, ISAS[lib.ds4k_isa()]
+    _why = f"{_backend} kernels ({'forced by DS4TUI_KERNELS' if forced != 'auto' else 'the widest this CPU runs'})"
 
 
 def _ensure() -> None:
@@ -234,14 +192,14 @@ def _ensure() -> None:
 
 
 def backend() -> str:
-    """The active backend: "avx2", "scalar" or "torch" (building the library if needed)."""
+    """The active variant: "avx512", "avx2", "scalar" or "torch" (building the library if needed)."""
     _ensure()
     assert _backend is not None
     return _backend
 
 
 def backend_reason() -> str:
-    """Why this backend: the build used, or the errors that ruled the others out."""
+    """Why this backend: the variant chosen, or the errors that ruled the library out."""
     _ensure()
     return _why
 
@@ -250,6 +208,31 @@ def library() -> ctypes.CDLL | None:
     """The loaded kernel library, or None on the torch backend."""
     _ensure()
     return _lib
+
+
+def variants() -> list[str]:
+    """The library variants this CPU runs, narrowest first ([] on the torch backend)."""
+    lib = library()
+    return [] if lib is None else list(ISAS[: lib.ds4k_best_isa() + 1])
+
+
+@contextlib.contextmanager
+def use_variant(name: str) -> Iterator[None]:
+    """Run the kernels as variant `name` inside the block (tests: every variant vs scalar)."""
+    global _backend
+    lib = library()
+    if lib is None or name not in variants():
+        raise ValueError(f"variant {name!r} is not available here (have {variants()})")
+    before = _backend
+    with kernel_lock:
+        lib.ds4k_set_isa(ISAS.index(name))
+        _backend = name
+    try:
+        yield
+    finally:
+        with kernel_lock:
+            lib.ds4k_set_isa(ISAS.index(before))
+            _backend = before
 
 
 def set_spin_us(us: int) -> None:
@@ -263,46 +246,112 @@ def num_threads() -> int:
     return max(1, min(torch.get_num_threads(), os.cpu_count() or 1))
 
 
+def dequantize_c(blocks: torch.Tensor, qtype: str, cols: int) -> torch.Tensor:
+    """`quants.dequantize` computed by the active C variant (bit-identical; tests check it)."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the C kernels are not available (torch backend)")
+    rb = row_bytes(qtype, cols)
+    if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != rb:
+        raise ValueError(f"expected uint8 [rows, {rb}] blocks, got {blocks.dtype} {tuple(blocks.shape)}")
+    blocks = blocks.contiguous()
+    out = torch.empty(blocks.shape[0], cols, dtype=torch.float32)
+    with kernel_lock:
+        rc = lib.ds4k_dequant(TYPE_IDS[qtype], blocks.data_ptr(), out.data_ptr(), blocks.shape[0], cols)
+    if rc != 0:
+        raise RuntimeError(f"ds4k_dequant rejected {qtype} [{blocks.shape[0]}, {cols}]")
+    return out
+
+
 # ---------------------------------------------------------------- the weight holder
+
+Part = tuple[str, torch.Tensor]  # (type, uint8 blocks [rows, row_bytes])
+MAX_PARTS = 3  # ds4k.h's DS4K_MAX_PARTS
+GEMM_MAX_COLS = 8192  # qgemm.c's GEMM_MAX_COLS
+GEMV_MAX_COLS = 65536  # qgemv.c's GEMV_MAX_COLS
+
+
+def as_parts(entry: Part | Sequence[Part]) -> list[Part]:
+    """A raw-weights entry, (type, blocks) or a list of them, as a list of parts."""
+    if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str):
+        return [entry]
+    return list(entry)
 
 
 class QuantMatrix:
-    """A [rows, cols] weight kept as GGUF blocks (uint8 [rows, row_bytes], CPU, contiguous).
+    """A [rows, cols] weight kept as GGUF blocks: one or more row parts, each (type, uint8
+    [rows_i, row_bytes], CPU), stacked by rows (a fused QKV whose V rows have another type).
 
-    `matvec(x, out)` is y = W x for one fp32 vector, exact to `dequantize(blocks) @ x` up to
-    summation order. Row slices of the blocks (fused QKV, permuted RoPE rows) are plain
-    row operations on `blocks`, since a block never spans two rows.
+    `matvec(x)` is y = W x and `matmul(X)` is X W^T, both equal to `dequantize() @ x` up to
+    summation order. A block never spans two rows, so row slices are plain row operations.
     """
 
-    __slots__ = ("blocks", "qtype", "rows", "cols", "_type_id", "_ptr", "_dense")
+    __slots__ = ("parts", "rows", "cols", "_mats", "_dense")
 
     def __init__(self, blocks: torch.Tensor, qtype: str, cols: int) -> None:
-        rb = row_bytes(qtype, cols)
-        if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != rb:
-            raise ValueError(f"expected uint8 [rows, {rb}] blocks for {qtype}, got {blocks.dtype} {tuple(blocks.shape)}")
-        if blocks.device.type != "cpu":
-            raise ValueError("QuantMatrix blocks must live on the CPU")
-        self.blocks = blocks.contiguous()
-        self.qtype, self.rows, self.cols = qtype, blocks.shape[0], cols
-        _ensure()
-        self._type_id = TYPE_IDS[qtype]
-        self._ptr = self.blocks.data_ptr()
+        self._setup([(qtype, blocks)], cols)
+
+    @classmethod
+    def from_parts(cls, parts: Part | Sequence[Part], cols: int) -> "QuantMatrix":
+        self = cls.__new__(cls)
+        self._setup(as_parts(parts), cols)
+        return self
+
+    def _setup(self, parts: list[Part], cols: int) -> None:
+        if not 1 <= len(parts) <= MAX_PARTS:
+            raise ValueError(f"a QuantMatrix has 1..{MAX_PARTS} parts, got {len(parts)}")
+        checked = []
+        for qtype, blocks in parts:
+            rb = row_bytes(qtype, cols)
+            if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != rb:
+                raise ValueError(f"expected uint8 [rows, {rb}] blocks for {qtype}, got {blocks.dtype} {tuple(blocks.shape)}")
+            if blocks.device.type != "cpu":
+                raise ValueError("QuantMatrix blocks must live on the CPU")
+            checked.append((qtype, blocks.contiguous()))
+        self.parts, self.cols = checked, cols
+        self.rows = sum(b.shape[0] for _, b in checked)
+        self._mats = (Mat * MAX_PARTS)(*(Mat(b.data_ptr(), TYPE_IDS[t], b.shape[0]) for t, b in checked))
         self._dense: torch.Tensor | None = None
+        _ensure()
 
     @classmethod
     def cat(cls, parts: list["QuantMatrix"]) -> "QuantMatrix":
-        """Rows of several matrices of the same type and width, stacked (fused projections)."""
-        qtype, cols = parts[0].qtype, parts[0].cols
-        if any(p.qtype != qtype or p.cols != cols for p in parts):
-            raise ValueError("QuantMatrix.cat needs one quant type and one row length")
-        return cls(torch.cat([p.blocks for p in parts], dim=0), qtype, cols)
+        """Rows of several matrices of one width, stacked (fused projections); parts of one
+        type are merged into one."""
+        cols = parts[0].cols
+        if any(p.cols != cols for p in parts):
+            raise ValueError("QuantMatrix.cat needs one row length")
+        merged: list[Part] = []
+        for qtype, blocks in (part for m in parts for part in m.parts):
+            if merged and merged[-1][0] == qtype:
+                merged[-1] = (qtype, torch.cat([merged[-1][1], blocks]))
+            else:
+                merged.append((qtype, blocks))
+        return cls.from_parts(merged, cols)
+
+    @property
+    def qtype(self) -> str:
+        """The type, or "mixed" when the parts differ."""
+        types = {t for t, _ in self.parts}
+        return types.pop() if len(types) == 1 else "mixed"
+
+    @property
+    def blocks(self) -> torch.Tensor:
+        if len(self.parts) != 1:
+            raise ValueError("a multi-part QuantMatrix has no single block tensor")
+        return self.parts[0][1]
 
     @property
     def nbytes(self) -> int:
-        return self.blocks.numel()
+        return sum(b.numel() for _, b in self.parts)
 
     def dequantize(self) -> torch.Tensor:
-        return dequantize(self.blocks, self.qtype, self.cols)
+        return torch.cat([dequantize(b, t, self.cols) for t, b in self.parts])
+
+    def _fallback(self) -> torch.Tensor:
+        if self._dense is None:
+            self._dense = self.dequantize()  # torch backend: pay fp32 memory once
+        return self._dense
 
     def matvec(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """y [rows] = W x for x fp32 with cols elements (any shape, contiguous)."""
@@ -312,14 +361,35 @@ class QuantMatrix:
             out = torch.empty(self.rows, dtype=torch.float32)
         elif out.dtype != torch.float32 or out.numel() != self.rows or not out.is_contiguous():
             raise ValueError(f"out must be a contiguous float32 tensor of {self.rows} elements")
-        if _lib is None:
-            if self._dense is None:
-                self._dense = self.dequantize()  # fallback: pay fp32 memory once
-            torch.mv(self._dense, x.view(-1), out=out.view(-1))
+        if _lib is None or self.cols > GEMV_MAX_COLS:
+            torch.mv(self._fallback(), x.view(-1), out=out.view(-1))
             return out
         with kernel_lock:
-            rc = _lib.ds4k_gemv_typed(self._type_id, self._ptr, x.data_ptr(), out.data_ptr(),
-                                      self.rows, self.cols, num_threads())
+            rc = _lib.ds4k_gemv(self._mats, len(self.parts), x.data_ptr(), out.data_ptr(), self.cols, num_threads())
         if rc != 0:
-            raise RuntimeError(f"ds4k_gemv_typed rejected a {self.qtype} [{self.rows}, {self.cols}] call")
+            raise RuntimeError(f"ds4k_gemv rejected a {self.qtype} [{self.rows}, {self.cols}] product")
         return out
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [n, cols] float32 -> [n, rows] float32 (qgemm.c: meant for n up to a few hundred)."""
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.cols:
+            raise ValueError(f"x must be float32 [n, {self.cols}], got {x.dtype} {tuple(x.shape)}")
+        x = x.contiguous()
+        if _lib is None or self.cols > GEMM_MAX_COLS or self.cols % 8 or x.shape[0] == 0:
+            return x @ self._fallback().T
+        y = torch.empty((x.shape[0], self.rows), dtype=torch.float32)
+        with kernel_lock:
+            rc = _lib.ds4k_gemm(self._mats, len(self.parts), x.data_ptr(), y.data_ptr(), self.cols, x.shape[0],
+                                num_threads())
+        if rc != 0:
+            raise RuntimeError(f"ds4k_gemm rejected a {self.qtype} [{self.rows}, {self.cols}] product")
+        return y
+
+    def fill_mats(self, dest) -> None:
+        """Copy this matrix's parts into a ctypes array of DS4K_MAX_PARTS Mat (the step's table)."""
+        for i in range(MAX_PARTS):
+            dest[i] = self._mats[i]
+
+
+__all__ = ["QuantMatrix", "Mat", "backend", "backend_reason", "library", "variants", "use_variant", "quants",
+           "dequantize", "dequantize_c", "quantize", "row_bytes", "TYPE_IDS", "kernel_lock", "num_threads"]

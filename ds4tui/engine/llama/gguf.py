@@ -31,7 +31,8 @@ import torch
 
 from ds4tui import paths
 from ds4tui.engine.text.hf_tokenizer import ChatMLTemplate, HFTokenizer
-from ds4tui.engine.kernels.raw_weights import gguf_raw_blocks, split_raw
+from ds4tui.engine.kernels.quants import BLOCK_TYPES, QuantMix, gguf_name
+from ds4tui.engine.kernels.raw_weights import gguf_quant_mix, gguf_raw_blocks, split_raw
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
 from ds4tui.engine.llama.model import LlamaModel
 from ds4tui.engine.llama.weights import chat_for, eos_ids_for, file_sha256, make_info
@@ -39,7 +40,8 @@ from ds4tui.engine.errors import WeightsError
 
 # Bump when the converted layout or the conversion changes: old copies are then rebuilt.
 # 3: the copy also holds the file's raw weight blocks for the fused decode step.
-CONVERT_VERSION = 3
+# 4: blocks of every kernel type, as row parts ("raw.<name>.<k>"); the quant mix in meta.json.
+CONVERT_VERSION = 4
 _CONVERT_LOCK = threading.Lock()
 
 # GGUF token_type values (llama.cpp's llama_token_type).
@@ -98,7 +100,9 @@ def load_converted(out: Path, meta: dict, name: str) -> LlamaModel:
     info = make_info(name, cfg, "gguf:" + meta["gguf_sha256"], int(meta["quant_bits"]))
     chat = ChatMLTemplate(meta.get("default_system_prompt"))
     raw = split_raw(tensors, meta.get("raw_types") or {})  # decode kernels read the file's blocks
-    return LlamaModel(cfg, tensors, info, HFTokenizer(tok, meta["eos_ids"]), chat, str(out), raw=raw)
+    model = LlamaModel(cfg, tensors, info, HFTokenizer(tok, meta["eos_ids"]), chat, str(out), raw=raw)
+    model.quant_mix = QuantMix.from_dict(meta.get("quant_mix"))  # for the info line and `bench engine`
+    return model
 
 
 def convert_gguf(path: Path, sha: str, out: Path) -> None:
@@ -165,6 +169,7 @@ def convert_gguf(path: Path, sha: str, out: Path) -> None:
             "default_system_prompt": chat.default_system_prompt,
             "chat_template": template,
             "raw_types": raw_types,
+            "quant_mix": gguf_quant_mix(reader.tensors).as_dict(),
         }
         (tmp / "meta.json").write_text(json.dumps(info, indent=1))
         if _read_meta(out, sha) is None:  # else another process finished first: keep its copy
@@ -207,7 +212,8 @@ def gguf_tensors_to_internal(cfg: LlamaConfig, by_name: dict, source: str) -> di
         try:
             arr = dequantize(t.data, t.tensor_type)  # float32, (out, in) order: F.linear's layout
         except NotImplementedError:
-            raise WeightsError(f"{source}: tensor {name} has unsupported type {t.tensor_type.name}") from None
+            raise WeightsError(f"{source}: tensor {name} has type {t.tensor_type.name}, which gguf cannot "
+                               f"dequantize (the C kernels read {', '.join(map(gguf_name, BLOCK_TYPES))})") from None
         # A copy: F32/F16 tensors come back as read-only views of the memory-mapped file.
         return np.array(arr, dtype=np.float32, order="C", copy=True)
 

@@ -36,7 +36,7 @@ CHUNK_SIZE = 512
 class Linear:
     """y = x W^T with W float32 [out, in]: the only place a layer multiplies by a weight.
 
-    `blocks`, when set (LlamaModel attaches the GGUF's Q4_1/Q8_0 blocks), takes the
+    `blocks`, when set (LlamaModel attaches the GGUF's own blocks), takes the
     products the forward marks `small` (at most _SMALL_ROWS rows while the C kernels run):
     a short prefill (the new message after a disk-cache restore) then reads 5x fewer
     weight bytes than the fp32 copy, the same values up to summation order.
@@ -85,6 +85,9 @@ def check_tensors(cfg: LlamaConfig, tensors: Mapping[str, torch.Tensor], source:
 class LlamaModel(Model):
     """Weights (float32, shared read-only by every session) and the forward pass."""
 
+    # kernels.quants.QuantMix of the source GGUF (set by its loader), for reports; None otherwise.
+    quant_mix = None
+
     def __init__(
         self,
         cfg: LlamaConfig,
@@ -95,8 +98,8 @@ class LlamaModel(Model):
         source: str,
         raw: Mapping[str, tuple[str, torch.Tensor]] | None = None,
     ) -> None:
-        """raw: weights also kept as the file's blocks, {name: (type, uint8 blocks)}, for the
-        fused decode step (kernels/raw_weights.py); absent ones decode from the fp32 copy."""
+        """raw: weights also kept as the file's blocks, {name: (type, uint8 blocks) or a list of
+        such row parts}, for the C kernels (kernels/raw_weights.py); absent ones use the fp32 copy."""
         check_tensors(cfg, tensors, source)
         self.cfg = cfg
         self.info = info

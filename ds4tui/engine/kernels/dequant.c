@@ -1,0 +1,129 @@
+/* dequant.c: GGUF blocks -> fp32, exactly the values gguf.quants.dequantize computes.
+ *
+ * Owns: dequant_row (one row of any ds4k type; qgemm.c dequantizes its tiles with it) and
+ * dequant (whole matrices, exported for tests and fallbacks). Every product and sum is
+ * one float32 operation in the order gguf's numpy code applies them (no FMA contraction:
+ * the build passes -ffp-contract=off), so results are bit-identical on every ISA.
+ *
+ * Block layouts (GGML's, all little-endian; d, m, dmin are f16):
+ *   Q4_0  d, qs[16]                 w_j = d * (q_j - 8); q_j = qs[j] & 15 (j < 16), qs[j-16] >> 4
+ *   Q4_1  d, m, qs[16]              w_j = d * q_j + m
+ *   Q5_0  d, qh[4], qs[16]          q_j |= bit j of qh << 4; w_j = d * (q_j - 16)
+ *   Q5_1  d, m, qh[4], qs[16]       q_j |= bit j of qh << 4; w_j = d * q_j + m
+ *   Q8_0  d, qs[32] (int8)          w_j = d * qs[j]
+ *   Q4_K  d, dmin, scales[12], qs[128]: 8 sub-blocks of 32 with 6-bit scale sc_i and min
+ *         m_i; sub-block 2c / 2c+1 are the low / high nibbles of qs[32c .. 32c+31];
+ *         w = (d sc_i) q - (dmin m_i)
+ *   Q5_K  d, dmin, scales[12], qh[32], qs[128]: as Q4_K, plus bit i of qh[l] as bit 4 of
+ *         element l of sub-block i
+ *   Q6_K  ql[128], qh[64], scales[16] (int8), d: element e = 128h + 32s + l (h < 2, s < 4,
+ *         l < 32) has low 4 bits from ql[64h + 32(s & 1) + l] (>> 4 when s >= 2), high 2 bits
+ *         (qh[32h + l] >> 2s) & 3; w = (d scales[e / 16]) (q - 32)
+ */
+
+/* The 6-bit scale and min of sub-block i of a Q4_K/Q5_K block (GGML's get_scale_min_k4). */
+static inline void k4_scale_min(const uint8_t *s, int i, uint8_t *sc, uint8_t *mn) {
+    if (i < 4) {
+        *sc = s[i] & 63;
+        *mn = s[i + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[i + 4] & 15) | ((s[i - 4] >> 6) << 4));
+        *mn = (uint8_t)((s[i + 4] >> 4) | ((s[i] >> 6) << 4));
+    }
+}
+
+static void dequant_row(int type, const uint8_t *p, int64_t cols, float *out) {
+    switch (type) {
+    case DS4K_F32: memcpy(out, p, (size_t)cols * 4); return;
+    case DS4K_F16:
+        for (int64_t c = 0; c < cols; c++) out[c] = h2f(p + 2 * c);
+        return;
+    case DS4K_BF16:
+        for (int64_t c = 0; c < cols; c++) out[c] = ds4k_bf16_to_f32(ds4k_rd16(p + 2 * c));
+        return;
+    default: break;
+    }
+    const int qk = ds4k_block_weights(type), bs = ds4k_block_bytes(type);
+    for (int64_t b = 0; b < cols / qk; b++, p += bs, out += qk) {
+        switch (type) {
+        case DS4K_Q4_0: {
+            float d = h2f(p);
+            for (int j = 0; j < 16; j++) {
+                out[j] = d * (float)((p[2 + j] & 15) - 8);
+                out[j + 16] = d * (float)((p[2 + j] >> 4) - 8);
+            }
+            break;
+        }
+        case DS4K_Q4_1: {
+            float d = h2f(p), m = h2f(p + 2);
+            for (int j = 0; j < 16; j++) {
+                out[j] = d * (float)(p[4 + j] & 15) + m;
+                out[j + 16] = d * (float)(p[4 + j] >> 4) + m;
+            }
+            break;
+        }
+        case DS4K_Q5_0: case DS4K_Q5_1: {
+            const int has_m = type == DS4K_Q5_1, off = has_m ? 4 : 2;
+            float d = h2f(p), m = has_m ? h2f(p + 2) : 0.0f;
+            uint32_t qh;
+            memcpy(&qh, p + off, 4);
+            const uint8_t *qs = p + off + 4;
+            for (int j = 0; j < 16; j++) {
+                int lo = (qs[j] & 15) | (int)(((qh >> j) & 1) << 4);
+                int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+                if (has_m) {
+                    out[j] = d * (float)lo + m;
+                    out[j + 16] = d * (float)hi + m;
+                } else {
+                    out[j] = d * (float)(lo - 16);
+                    out[j + 16] = d * (float)(hi - 16);
+                }
+            }
+            break;
+        }
+        case DS4K_Q8_0: {
+            float d = h2f(p);
+            for (int j = 0; j < 32; j++) out[j] = (float)(int8_t)p[2 + j] * d;
+            break;
+        }
+        case DS4K_Q4_K: case DS4K_Q5_K: {
+            const int five = type == DS4K_Q5_K;
+            float d = h2f(p), dmin = h2f(p + 2);
+            const uint8_t *sc12 = p + 4, *qh = p + 16, *qs = p + (five ? 48 : 16);
+            for (int i = 0; i < 8; i++) {
+                uint8_t sc, mn;
+                k4_scale_min(sc12, i, &sc, &mn);
+                float ds = d * (float)sc, dm = dmin * (float)mn;
+                const uint8_t *q = qs + 32 * (i / 2);
+                for (int l = 0; l < 32; l++) {
+                    int v = i & 1 ? q[l] >> 4 : q[l] & 15;
+                    if (five) v |= ((qh[l] >> i) & 1) << 4;
+                    out[32 * i + l] = ds * (float)v - dm;
+                }
+            }
+            break;
+        }
+        case DS4K_Q6_K: {
+            const uint8_t *ql = p, *qh = p + 128;
+            const int8_t *sc = (const int8_t *)(p + 192);
+            float d = h2f(p + 208);
+            for (int e = 0; e < 256; e++) {
+                int h = e / 128, s = (e / 32) % 4, l = e % 32;
+                uint8_t lo = ql[64 * h + 32 * (s & 1) + l];
+                int v = (s >= 2 ? lo >> 4 : lo & 15) | (((qh[32 * h + l] >> (2 * s)) & 3) << 4);
+                out[e] = (d * (float)sc[e / 16]) * (float)(v - 32);
+            }
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+/* out[rows, cols] = the weights of `rows` rows of `type`; 0, or -1 for a bad type/shape. */
+static int dequant(int type, const void *w, float *out, int64_t rows, int64_t cols) {
+    int64_t rb = ds4k_row_bytes(type, cols);
+    if (rb == 0 || rows < 0) return -1;
+    for (int64_t r = 0; r < rows; r++) dequant_row(type, (const uint8_t *)w + r * rb, cols, out + r * cols);
+    return 0;
+}

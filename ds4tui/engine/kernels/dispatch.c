@@ -1,0 +1,91 @@
+/* dispatch.c: the library's exported entry points, routed to one ISA's kernels.
+ *
+ * Owns: which ds4k_ops table runs (isa.c builds one per instruction set), chosen at load
+ * as the widest the CPU supports (__builtin_cpu_supports) and changeable with
+ * ds4k_set_isa, which refuses a set the CPU lacks. Leaves to callers (qgemv.py): argument
+ * checks, the DS4TUI_KERNELS override and serializing calls (a switch between calls is safe;
+ * during one it is not).
+ */
+
+#include <stdint.h>
+
+#include "ds4k.h"
+
+enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+
+static int cpu_has(int isa) {
+    if (isa == ISA_SCALAR) return 1;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    /* F16C has no __builtin_cpu_supports name in older compilers; every AVX2 CPU has it. */
+    if (isa == ISA_AVX2) return avx2;
+    if (isa == ISA_AVX512)
+        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl");
+#endif
+    return 0;
+}
+
+static const ds4k_ops *table(int isa) {
+#if defined(__x86_64__)
+    if (isa == ISA_AVX512) return &ds4k_ops_avx512;
+    if (isa == ISA_AVX2) return &ds4k_ops_avx2;
+#endif
+    return &ds4k_ops_scalar;
+}
+
+static int active = -1;
+DS4K_EXPORT int ds4k_best_isa(void);
+
+static const ds4k_ops *ops(void) {
+    if (active < 0) active = ds4k_best_isa();
+    return table(active);
+}
+
+/* The widest ISA this CPU runs: 2 AVX-512, 1 AVX2+FMA, 0 portable C. */
+DS4K_EXPORT int ds4k_best_isa(void) {
+    for (int isa = ISA_AVX512; isa > ISA_SCALAR; isa--)
+        if (cpu_has(isa)) return isa;
+    return ISA_SCALAR;
+}
+
+/* Use `isa` from now on; -1 (and no change) when the CPU cannot run it. */
+DS4K_EXPORT int ds4k_set_isa(int isa) {
+    if (isa < ISA_SCALAR || isa > ISA_AVX512 || !cpu_has(isa)) return -1;
+    active = isa;
+    return 0;
+}
+
+DS4K_EXPORT int ds4k_isa(void) {
+    (void)ops();
+    return active;
+}
+
+/* Bumped when an entry point changes signature or meaning; qgemv.py checks it. */
+DS4K_EXPORT int ds4k_abi(void) { return 3; }
+
+DS4K_EXPORT int ds4k_row_bytes_of(int type, int64_t cols) { return (int)ds4k_row_bytes(type, cols); }
+
+/* y[rows] = W x, W the parts stacked by rows (each ds4k_mat: blocks, type, rows). */
+DS4K_EXPORT int ds4k_gemv(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int nth) {
+    return ops()->gemv(parts, nparts, x, y, cols, nth);
+}
+
+/* Y[n, rows] = X[n, cols] W^T. */
+DS4K_EXPORT int ds4k_gemm(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int64_t n,
+                          int nth) {
+    return ops()->gemm(parts, nparts, x, y, cols, n, nth);
+}
+
+/* out[rows, cols] = the weights, bit-identical to gguf.quants.dequantize. */
+DS4K_EXPORT int ds4k_dequant(int type, const void *w, float *out, int64_t rows, int64_t cols) {
+    return ops()->dequant(type, w, out, rows, cols);
+}
+
+DS4K_EXPORT int64_t ds4k_llama_workspace(const ds4k_llama *m, int64_t ctx) { return ops()->llama_workspace(m, ctx); }
+
+DS4K_EXPORT int ds4k_llama_step(const ds4k_llama *m, float *kv, int64_t ctx, int64_t pos, int32_t token,
+                                float *logits, float *ws, int nth) {
+    return ops()->llama_step(m, kv, ctx, pos, token, logits, ws, nth);
+}

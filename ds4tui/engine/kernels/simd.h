@@ -1,0 +1,158 @@
+/* simd.h: the small vector vocabulary the kernels are written in, one definition per ISA.
+ *
+ * vf is 16 floats: one __m512 (DS4K_ISA 2), two __m256 (1) or a plain array (0, portable C
+ * the compiler may vectorize itself). vb is 16 bytes: __m128i, or an array. A block kernel
+ * written once against these (unpack nibbles into a vb, widen to a vf, FMA against x) runs
+ * on every ISA; only the lane count per instruction differs. Every ISA computes the same
+ * products up to float summation order.
+ */
+#ifndef DS4K_SIMD_H
+#define DS4K_SIMD_H
+
+#include "ds4k.h"
+
+#ifndef DS4K_ISA
+#define DS4K_ISA 0
+#endif
+
+#if DS4K_ISA >= 1
+#include <immintrin.h>
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "DS4K_ISA >= 1 needs -mavx2 -mfma -mf16c"
+#endif
+#endif
+#if DS4K_ISA >= 2 && (!defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__))
+#error "DS4K_ISA 2 needs -mavx512f -mavx512bw -mavx512vl"
+#endif
+
+/* AVX2 helpers used by llama_step.c and qgemm.c in both vector builds. */
+#if DS4K_ISA >= 1
+#define DS4K_AVX2 1
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#else
+#define DS4K_AVX2 0
+#endif
+
+/* ---------------------------------------------------------------- vb: 16 bytes */
+#if DS4K_ISA >= 1
+typedef __m128i vb;
+static inline vb vb_load(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
+static inline vb vb_lo4(vb v) { return _mm_and_si128(v, _mm_set1_epi8(0x0f)); }
+static inline vb vb_hi4(vb v) { return _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f)); }
+static inline vb vb_or(vb a, vb b) { return _mm_or_si128(a, b); }
+static inline vb vb_sub(vb v, int8_t k) { return _mm_sub_epi8(v, _mm_set1_epi8(k)); }
+/* byte j = ((v_j >> s) & mask) << 4, for the high bits of 5- and 6-bit quants */
+static inline vb vb_bits_hi(vb v, int s, int mask) {
+    return _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(v, _mm_cvtsi32_si128(s)), _mm_set1_epi8((char)mask)), 4);
+}
+/* byte j = bit j of `bits` ? 16 : 0 */
+static inline vb vb_from_bits16(uint32_t bits) {
+    const __m128i sel = _mm_set_epi8(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m128i bit = _mm_set_epi8((char)128, 64, 32, 16, 8, 4, 2, 1, (char)128, 64, 32, 16, 8, 4, 2, 1);
+    __m128i b = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(bits & 0xffff)), sel);
+    return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(b, bit), bit), _mm_set1_epi8(16));
+}
+#else
+typedef struct { uint8_t b[16]; } vb;
+static inline vb vb_load(const uint8_t *p) { vb v; memcpy(v.b, p, 16); return v; }
+static inline vb vb_lo4(vb v) { for (int i = 0; i < 16; i++) v.b[i] &= 15; return v; }
+static inline vb vb_hi4(vb v) { for (int i = 0; i < 16; i++) v.b[i] >>= 4; return v; }
+static inline vb vb_or(vb a, vb b) { for (int i = 0; i < 16; i++) a.b[i] |= b.b[i]; return a; }
+static inline vb vb_sub(vb v, int8_t k) { for (int i = 0; i < 16; i++) v.b[i] = (uint8_t)(v.b[i] - k); return v; }
+static inline vb vb_bits_hi(vb v, int s, int mask) {
+    for (int i = 0; i < 16; i++) v.b[i] = (uint8_t)(((v.b[i] >> s) & mask) << 4);
+    return v;
+}
+static inline vb vb_from_bits16(uint32_t bits) {
+    vb v;
+    for (int i = 0; i < 16; i++) v.b[i] = (uint8_t)(((bits >> i) & 1) << 4);
+    return v;
+}
+#endif
+
+/* ---------------------------------------------------------------- vf: 16 floats */
+#if DS4K_ISA >= 2
+typedef __m512 vf;
+static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
+static inline vf vf_set1(float a) { return _mm512_set1_ps(a); }
+static inline vf vf_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline float vf_sum(vf a) { return _mm512_reduce_add_ps(a); }
+static inline vf vf_u8(vb q) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)); }
+static inline vf vf_i8(vb q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)); }
+static inline vf vf_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline vf vf_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+#elif DS4K_ISA == 1
+typedef struct { __m256 a, b; } vf;
+static inline vf vf_zero(void) { vf r = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return r; }
+static inline vf vf_set1(float x) { vf r = {_mm256_set1_ps(x), _mm256_set1_ps(x)}; return r; }
+static inline vf vf_load(const float *p) { vf r = {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; return r; }
+static inline vf vf_fma(vf x, vf y, vf c) {
+    vf r = {_mm256_fmadd_ps(x.a, y.a, c.a), _mm256_fmadd_ps(x.b, y.b, c.b)};
+    return r;
+}
+static inline vf vf_mul(vf x, vf y) { vf r = {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; return r; }
+static inline vf vf_add(vf x, vf y) { vf r = {_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)}; return r; }
+static inline float vf_sum(vf x) { return hsum8(_mm256_add_ps(x.a, x.b)); }
+static inline vf vf_u8(vb q) {
+    vf r = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(q, q)))};
+    return r;
+}
+static inline vf vf_i8(vb q) {
+    vf r = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q, q)))};
+    return r;
+}
+static inline vf vf_f16(const uint16_t *p) {
+    vf r = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
+    return r;
+}
+static inline __m256 bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+static inline vf vf_bf16(const uint16_t *p) { vf r = {bf16x8(p), bf16x8(p + 8)}; return r; }
+#else
+typedef struct { float v[16]; } vf;
+static inline vf vf_zero(void) { vf r; for (int i = 0; i < 16; i++) r.v[i] = 0.0f; return r; }
+static inline vf vf_set1(float a) { vf r; for (int i = 0; i < 16; i++) r.v[i] = a; return r; }
+static inline vf vf_load(const float *p) { vf r; memcpy(r.v, p, sizeof r.v); return r; }
+static inline vf vf_fma(vf a, vf b, vf c) { for (int i = 0; i < 16; i++) c.v[i] += a.v[i] * b.v[i]; return c; }
+static inline vf vf_mul(vf a, vf b) { for (int i = 0; i < 16; i++) a.v[i] *= b.v[i]; return a; }
+static inline vf vf_add(vf a, vf b) { for (int i = 0; i < 16; i++) a.v[i] += b.v[i]; return a; }
+static inline float vf_sum(vf a) {
+    for (int w = 8; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) a.v[i] += a.v[i + w];
+    return a.v[0];
+}
+static inline vf vf_u8(vb q) { vf r; for (int i = 0; i < 16; i++) r.v[i] = (float)q.b[i]; return r; }
+static inline vf vf_i8(vb q) { vf r; for (int i = 0; i < 16; i++) r.v[i] = (float)(int8_t)q.b[i]; return r; }
+static inline vf vf_f16(const uint16_t *p) {
+    vf r;
+    for (int i = 0; i < 16; i++) r.v[i] = ds4k_f16_to_f32(p[i]);
+    return r;
+}
+static inline vf vf_bf16(const uint16_t *p) {
+    vf r;
+    for (int i = 0; i < 16; i++) r.v[i] = ds4k_bf16_to_f32(p[i]);
+    return r;
+}
+#endif
+
+/* f16 -> f32 of one value with the F16C instruction where the build has it (same result). */
+static inline float h2f(const uint8_t *p) {
+#if DS4K_ISA >= 1
+    return _cvtsh_ss(ds4k_rd16(p));
+#else
+    return ds4k_h2f(p);
+#endif
+}
+
+#endif
