@@ -1,4 +1,5 @@
-"""The C kernels: GEMV per weight type and the fused llama decode step, against torch references."""
+"""The C kernels: dequantization, GEMV and block GEMM per weight type and per ISA variant, and the
+fused llama decode step, against gguf.quants and torch references."""
 
 from __future__ import annotations
 
@@ -9,100 +10,188 @@ import sys
 import textwrap
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from ds4tui.engine.kernels import qgemv
+from ds4tui.engine.kernels import qgemv, quants
 from ds4tui.engine.kernels.llama_step import FastDecoder
+from ds4tui.engine.kernels.qgemv import QuantMatrix
 from ds4tui.engine.llama.model import LlamaConfig, LlamaModel
 from ds4tui.engine.llama.weights import hf_to_internal, make_info
 from ds4tui.engine.loader import load_model
 from ds4tui.engine.llama.tiny import CONFIG, random_llama_weights
 
-TYPES = ["q4_1", "q8_0", "f16", "f32"]
-# SmolLM2's attention shape (head_dim 64, 3 query heads per KV head) at toy width, so the
-# step's 64-wide register paths run; 2 layers.
-WIDE = dict(CONFIG, hidden_size=192, intermediate_size=256, num_attention_heads=3, num_key_value_heads=1)
+BLOCK_TYPES = list(quants.BLOCK_TYPES)
+TYPES = BLOCK_TYPES + ["f32"]
+# Every variant this CPU runs; the scalar one is the reference for the others.
+VARIANTS = qgemv.variants()
+# SmolLM2's head_dim (64) at toy width, rows and columns multiples of 256 so that every
+# type (K-quants included) fits; 4 query heads per KV head; 2 layers.
+WIDE = dict(CONFIG, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=1)
+# A Q4_K_M-like mix: V, up and down rows in Q6_K, the rest Q4_K (fused matrices in two parts).
+MIX = "q4_k_m"
 
 
-def random_blocks(qtype: str, rows: int, cols: int, seed: int) -> torch.Tensor:
-    """Arbitrary bytes (every nibble/int8 value occurs), with sane f16 scales and minimums."""
+def random_blocks(qtype: str, rows: int, cols: int, seed: int, scale: float = 0.05) -> torch.Tensor:
+    """Valid random blocks: arbitrary quant bytes and sub-block scales (every value occurs),
+    finite f16 block scales chosen so that weights are of order `scale`."""
     gen = torch.Generator().manual_seed(seed)
-    if qtype in ("f32", "f16"):
-        return qgemv.quantize(torch.randn(rows, cols, generator=gen), qtype)
-    b = torch.randint(0, 256, (rows, cols // 32, qgemv.BLOCK_BYTES[qtype]), generator=gen, dtype=torch.uint8)
-    scales = 2 if qtype == "q4_1" else 1  # d (and m) lead each block
-    f16 = (torch.randn(rows, cols // 32, scales, generator=gen) * 0.05).half()
-    b[..., : 2 * scales] = f16.view(torch.uint8).reshape(rows, cols // 32, 2 * scales)
+    _, qk, bs = quants.TYPES[qtype]
+    if qk == 1:
+        return quants.quantize(torch.randn(rows, cols, generator=gen) * scale, qtype)
+    nb = cols // qk
+    b = torch.randint(0, 256, (rows, nb, bs), generator=gen, dtype=torch.uint8)
+
+    def f16(s: float, sign: float = 1.0) -> torch.Tensor:
+        v = (torch.rand(rows, nb, 1, generator=gen) * s * sign).half()
+        return v.view(torch.uint8).reshape(rows, nb, 2)
+
+    if qtype in ("q4_0", "q5_0", "q8_0"):
+        b[..., 0:2] = f16(scale / 8)
+    elif qtype in ("q4_1", "q5_1"):
+        b[..., 0:2], b[..., 2:4] = f16(scale / 8), f16(scale, -1.0)  # d, m
+    elif qtype in ("q4_k", "q5_k"):
+        b[..., 0:2], b[..., 2:4] = f16(scale / 300), f16(scale / 60)  # d, dmin
+    elif qtype == "q6_k":
+        b[..., 208:210] = f16(scale / 1000)
     return b.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("qtype", ["q4_1", "q8_0"])
-def test_dequantize_is_ggufs_reference(qtype):
-    w = np.random.default_rng(1).standard_normal((5, 96)).astype(np.float32)
-    gtype = Q.Q4_1 if qtype == "q4_1" else Q.Q8_0
-    blocks = gguf.quants.quantize(w, gtype)  # ggml's own rounding
-    ours = qgemv.dequantize(torch.from_numpy(np.ascontiguousarray(blocks)), qtype, 96)
-    assert torch.equal(ours, torch.from_numpy(gguf.quants.dequantize(blocks, gtype)))
-    # our quantizer (tests, tiny models) rounds the same way
-    assert torch.equal(qgemv.quantize(torch.from_numpy(w), qtype), torch.from_numpy(blocks.view(np.uint8)))
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("qtype", TYPES)
-def test_matvec_equals_dequantized_matmul(qtype):
+def test_c_dequantization_is_ggufs_bit_for_bit(qtype, variant):
+    blocks = random_blocks(qtype, 7, 512, seed=1)
+    want = quants.dequantize(blocks, qtype, 512)  # gguf.quants.dequantize itself
+    with qgemv.use_variant(variant):
+        got = qgemv.dequantize_c(blocks, qtype, 512)
+    assert torch.equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("qtype", ["f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"])
+def test_quantize_is_ggufs_and_round_trips(qtype):
+    w = torch.randn(3, 64, generator=torch.Generator().manual_seed(2)) * 0.1
+    back = quants.dequantize(quants.quantize(w, qtype), qtype, 64)
+    tol = {"f16": 1e-3, "bf16": 1e-2, "q8_0": 1e-2}.get(qtype, 0.1)
+    assert (back - w).abs().max() <= tol * w.abs().max()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_matvec_and_matmul_equal_the_dequantized_product(qtype, variant):
     # 301 rows: an odd tail after the row pairs, and several pool chunks.
-    rows, cols = 301, 256
-    m = qgemv.QuantMatrix(random_blocks(qtype, rows, cols, seed=2), qtype, cols)
-    x = torch.randn(cols, generator=torch.Generator().manual_seed(3))
-    w = m.dequantize()
-    want = (w.double() @ x.double()).float()
-    got = m.matvec(x)
-    bound = 1e-5 * (w.abs() @ x.abs()).max().item()  # rounding order, scaled to the terms' size
-    assert (got - want).abs().max().item() <= bound
-    out = torch.empty(rows)
-    assert m.matvec(x, out) is out and torch.equal(out, got)
+    rows, cols = 301, 512
+    m = QuantMatrix(random_blocks(qtype, rows, cols, seed=2), qtype, cols)
+    w = m.dequantize().double()
+    x = torch.randn(5, cols, generator=torch.Generator().manual_seed(3))
+    with qgemv.use_variant(variant):
+        y = m.matvec(x[0])
+        out = torch.empty(rows)
+        assert m.matvec(x[0], out) is out and torch.equal(out, y)
+        ys = m.matmul(x)
+    scale = (x.abs().double() @ w.abs().T).max()  # magnitude of the summed terms
+    assert ((y.double() - w @ x[0].double()).abs().max() / scale).item() < 1e-6
+    assert ((ys.double() - x.double() @ w.T).abs().max() / scale).item() < 1e-6
     with pytest.raises(ValueError):
-        m.matvec(x[:-1])
+        m.matvec(x[0, :-1])
 
 
-def test_results_do_not_depend_on_the_thread_count():
-    m = qgemv.QuantMatrix(random_blocks("q4_1", 1000, 576, seed=4), "q4_1", 576)
-    x = torch.randn(576)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_row_parts_of_different_types_stack(variant):
+    """A fused matrix in parts (Q4_K q/k rows, Q6_K v rows): the same as its dequantized rows."""
+    cols = 256
+    parts = [("q4_k", random_blocks("q4_k", 40, cols, 4)), ("q6_k", random_blocks("q6_k", 9, cols, 5)),
+             ("q8_0", random_blocks("q8_0", 3, cols, 6))]
+    m = QuantMatrix.from_parts(parts, cols)
+    assert (m.rows, m.qtype) == (52, "mixed")
+    w = torch.cat([quants.dequantize(b, t, cols) for t, b in parts]).double()
+    x = torch.randn(3, cols)
+    with qgemv.use_variant(variant):
+        y, ys = m.matvec(x[0]), m.matmul(x)
+    scale = (x.abs().double() @ w.abs().T).max()
+    assert ((y.double() - w @ x[0].double()).abs().max() / scale).item() < 1e-6
+    assert ((ys.double() - x.double() @ w.T).abs().max() / scale).item() < 1e-6
+    merged = QuantMatrix.cat([QuantMatrix(parts[0][1][:20], "q4_k", cols), QuantMatrix(parts[0][1][20:], "q4_k", cols),
+                              QuantMatrix(parts[1][1], "q6_k", cols)])
+    assert [t for t, _ in merged.parts] == ["q4_k", "q6_k"]  # same-type neighbours merged
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_results_do_not_depend_on_the_thread_count(variant):
+    m = qgemv.QuantMatrix(random_blocks("q4_k", 1000, 512, seed=4), "q4_k", 512)
+    x = torch.randn(23, 512)
     before = torch.get_num_threads()
+    results = []
     try:
-        torch.set_num_threads(1)
-        one = m.matvec(x)
-        torch.set_num_threads(2)
-        two = m.matvec(x)
+        with qgemv.use_variant(variant):
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                results.append((m.matvec(x[0]), m.matmul(x)))
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(one, two)
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
-def test_backend_is_the_best_this_machine_allows():
-    flags = qgemv._cpu_flags()
+def test_the_widest_variant_this_cpu_runs_is_chosen():
+    flags = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
     if qgemv._compiler() is None or os.environ.get("DS4TUI_KERNELS", "auto") != "auto":
-        expected = {"torch", "scalar", "avx2"}
-    elif {"avx2", "fma", "f16c"} <= flags:
-        expected = {"avx2"}
+        pytest.skip("a forced or compiler-less backend is tested by test_forced_variants_compute_the_same")
+    if {"avx512f", "avx512bw", "avx512vl", "avx2", "fma"} <= flags:
+        expected = "avx512"
+    elif {"avx2", "fma"} <= flags:
+        expected = "avx2"
     else:
-        expected = {"scalar"}
-    assert qgemv.backend() in expected, qgemv.backend_reason()
+        expected = "scalar"
+    assert qgemv.backend() == expected, qgemv.backend_reason()
+    assert VARIANTS[-1] == expected and VARIANTS[0] == "scalar"
+    with pytest.raises(ValueError):
+        with qgemv.use_variant("avx1024"):
+            pass
+
+
+def test_quant_mix_names_fast_and_fallback_tensors():
+    mix = quants.quant_mix([("Q4_K", 512), ("Q4_K", 2048), ("Q6_K", 512), ("Q4_K", 576), ("IQ4_NL", 64),
+                            ("F32", 64), ("Q8_0", 64)])
+    assert mix.fast == {"Q4_K": 2, "Q6_K": 1, "F32": 1, "Q8_0": 1}
+    assert mix.fallback == {"Q4_K": 1, "IQ4_NL": 1}  # 576 is not whole 256-blocks
+    assert mix.summary() == "Q4_K x2, F32 x1, Q6_K x1, Q8_0 x1 (C kernels); IQ4_NL x1, Q4_K x1 (fp32 fallback)"
+    assert quants.QuantMix.from_dict(mix.as_dict()) == mix
+
+
+def _wide_raw(tensors: dict, qtype: str, seed: int) -> dict:
+    """Replace every matrix (the embedding aside) by random `qtype` blocks' values; return the raw entries."""
+    raw = {}
+    for k, (name, t) in enumerate(sorted(tensors.items())):
+        if t.dim() != 2 or name == "embed" or qtype == "f32":
+            continue
+        rows, cols = t.shape
+        if qtype == MIX and name.endswith(("wqkv", "w13")):
+            split = rows - WIDE["hidden_size"] // WIDE["num_attention_heads"] if name.endswith("wqkv") else rows // 2
+            parts = [("q4_k", random_blocks("q4_k", split, cols, seed + k)),
+                     ("q6_k", random_blocks("q6_k", rows - split, cols, seed + k + 1000))]
+        else:
+            kind = "q6_k" if qtype == MIX and name.endswith("w2") else "q4_k" if qtype == MIX else qtype
+            parts = [(kind, random_blocks(kind, rows, cols, seed + k))]
+        raw[name] = parts
+        tensors[name] = torch.cat([quants.dequantize(b, kt, cols) for kt, b in parts])
+    return raw
 
 
 def wide_model(tokenizer, chat, qtype: str, seed: int = 11) -> LlamaModel:
     """A random WIDE-config model whose fp32 weights are exactly its `qtype` blocks' values."""
     cfg = LlamaConfig.from_hf(WIDE)
     tensors = hf_to_internal(cfg, random_llama_weights(WIDE, seed=seed), "test")
-    raw = {}
-    for name, t in list(tensors.items()):
-        if t.dim() == 2 and name != "embed":
-            blocks = qgemv.quantize(t, qtype)
-            raw[name] = (qtype, blocks)
-            tensors[name] = qgemv.dequantize(blocks, qtype, t.shape[1])
+    raw = _wide_raw(tensors, qtype, seed)
     info = make_info(f"wide-{qtype}", cfg, f"test-{qtype}", 32)
     return LlamaModel(cfg, tensors, info, tokenizer, chat, "test", raw=raw)
 
@@ -112,32 +201,51 @@ def tiny():
     return load_model("tiny-llama")
 
 
-@pytest.mark.parametrize("qtype", TYPES)
-def test_fused_step_matches_the_torch_forward(tiny, qtype):
-    model = wide_model(tiny.tokenizer, tiny.chat, qtype)
-    assert isinstance(model.fast, FastDecoder)
-    assert set(model.fast.types.values()) == ({"f32"} if qtype == "f32" else {qtype})
-    cfg, ctx, start, n = model.cfg, 320, 248, 264  # positions 248..263 cross the 256-row block
+def _step_vs_torch(model, ctx=320, start=248, n=264, variant=None):
+    """Decode positions start..n-1 with the C step and with the torch forward; return the
+    worst relative logit difference and both KV buffers."""
+    cfg = model.cfg
     gen = torch.Generator().manual_seed(5)
     tokens = torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist()
     ref = model.new_session(ctx)
     ref.prefill(tokens[:start])  # torch fp32 prefill writes the first rows for both
     kv_ref, kv_fast = ref.kv, ref.kv.clone()
-    fast, worst = model.fast, 0.0
-    with torch.inference_mode():
+    fast, worst, logits = model.fast, 0.0, []
+    with torch.inference_mode(), qgemv.use_variant(variant or qgemv.backend()):
         for pos in range(start, n):
             got = fast.step(kv_fast, tokens[pos], pos, want_logits=pos % 3 == 0 or pos == n - 1)
             model.fast = None  # the torch forward, same weights
             want = model.forward(kv_ref, [tokens[pos]], pos, want_logits=got is not None)
             model.fast = fast
             if got is not None:
+                logits.append(got)
                 worst = max(worst, (got - want).abs().max().item() / want.abs().max().item())
+    return worst, kv_fast, kv_ref, logits
+
+
+@pytest.mark.parametrize("qtype", TYPES + [MIX])
+def test_fused_step_matches_the_torch_forward(tiny, qtype):
+    model = wide_model(tiny.tokenizer, tiny.chat, qtype)
+    assert isinstance(model.fast, FastDecoder)
+    want_types = {"f32"} if qtype == "f32" else {"q4_k+q6_k", "q4_k", "q6_k"} if qtype == MIX else {qtype}
+    assert set(model.fast.types.values()) == want_types
+    worst, kv_fast, kv_ref, _ = _step_vs_torch(model)  # positions 248..263 cross the 256-row block
     assert worst < 2e-5
-    assert torch.allclose(kv_fast[..., start:n, :], kv_ref[..., start:n, :], atol=1e-4, rtol=1e-4)
+    assert torch.allclose(kv_fast[..., 248:264, :], kv_ref[..., 248:264, :], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS[1:])
+def test_every_variant_steps_like_the_scalar_one(tiny, variant):
+    model = wide_model(tiny.tokenizer, tiny.chat, MIX)
+    _, kv_s, _, logits_s = _step_vs_torch(model, ctx=280, start=250, n=262, variant="scalar")
+    _, kv_v, _, logits_v = _step_vs_torch(model, ctx=280, start=250, n=262, variant=variant)
+    for a, b in zip(logits_s, logits_v):
+        assert (a - b).abs().max() <= 1e-5 * a.abs().max()
+    assert torch.allclose(kv_s[..., :262, :], kv_v[..., :262, :], atol=1e-5, rtol=1e-5)  # rows past 262: unwritten
 
 
 def test_fused_step_is_thread_count_independent(tiny):
-    model = wide_model(tiny.tokenizer, tiny.chat, "q4_1")
+    model = wide_model(tiny.tokenizer, tiny.chat, MIX)
     cfg = model.cfg
     before = torch.get_num_threads()
     results = []
@@ -172,13 +280,13 @@ FALLBACK_SCRIPT = textwrap.dedent(
     from ds4tui.engine.loader import load_model
     from tests.engine.kernels.test_kernels import random_blocks, wide_model
     print(qgemv.backend())
-    for qtype in ("q4_1", "q8_0", "f16", "f32"):
-        m = qgemv.QuantMatrix(random_blocks(qtype, 33, 64, seed=6), qtype, 64)
-        x = torch.randn(64)
+    for qtype in ("q4_k", "q8_0", "f16", "f32"):
+        m = qgemv.QuantMatrix(random_blocks(qtype, 33, 256, seed=6), qtype, 256)
+        x = torch.randn(256)
         w = m.dequantize()
         assert (m.matvec(x) - w @ x).abs().max() <= 1e-5 * (w.abs() @ x.abs()).max(), qtype
     tiny = load_model("tiny-llama")
-    model = wide_model(tiny.tokenizer, tiny.chat, "q4_1")
+    model = wide_model(tiny.tokenizer, tiny.chat, "q4_k_m")
     s = model.new_session(64)
     s.prefill([5, 6, 7])
     got = [s.decode(t).clone() for t in (8, 9)]
@@ -193,7 +301,7 @@ FALLBACK_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.parametrize("forced", ["scalar", "torch"])
-def test_forced_backends_compute_the_same(forced, tmp_path):
+def test_forced_variants_compute_the_same(forced, tmp_path):
     if forced == "scalar" and qgemv._compiler() is None:
         pytest.fail("no C compiler: the scalar build cannot be tested")  # fails, never hides
     env = dict(os.environ, DS4TUI_KERNELS=forced)
@@ -209,14 +317,14 @@ def test_no_compiler_falls_back_to_torch(monkeypatch, tmp_path):
     monkeypatch.setattr(qgemv, "_backend", None)
     monkeypatch.setattr(qgemv, "_lib", None)
     assert qgemv.backend() == "torch" and "no C compiler" in qgemv.backend_reason()
-    m = qgemv.QuantMatrix(random_blocks("q8_0", 9, 64, seed=7), "q8_0", 64)
-    x = torch.randn(64)
+    m = qgemv.QuantMatrix(random_blocks("q6_k", 9, 256, seed=7), "q6_k", 256)
+    x = torch.randn(256)
     assert torch.allclose(m.matvec(x), m.dequantize() @ x, atol=1e-5)
     monkeypatch.undo()  # the real library again for the other tests
     assert qgemv.backend() != "torch" or qgemv._compiler() is None
 
 
-def test_gguf_blocks_reach_the_step(tiny, tmp_path, monkeypatch):
+def _tiny_gguf_model(tmp_path, monkeypatch, per_tensor, qtype=Q.Q4_1):
     from tests.engine.llama.test_gguf import write_tiny_gguf
 
     from ds4tui.engine.llama.gguf import load_llama_gguf
@@ -224,18 +332,35 @@ def test_gguf_blocks_reach_the_step(tiny, tmp_path, monkeypatch):
 
     hf_dir = ensure_tiny_llama()
     monkeypatch.setenv("DS4TUI_DATA_DIR", str(tmp_path / "data"))
-    path = tmp_path / "tiny-q4_1.gguf"
-    write_tiny_gguf(hf_dir, path, Q.Q4_1)
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(hf_dir, path, qtype, per_tensor)
+    return path, load_llama_gguf
+
+
+# Every 32-block type in one file: fused q/k/v and gate/up in parts of different types.
+MIXED = {"attn_q": Q.Q4_0, "attn_k": Q.Q4_0, "attn_v": Q.Q5_1, "attn_output": Q.Q8_0, "ffn_gate": Q.Q5_0,
+         "ffn_up": Q.BF16, "ffn_down": Q.F16}
+
+
+@pytest.mark.parametrize("per_tensor", [{}, MIXED], ids=["q4_1", "mixed"])
+def test_gguf_blocks_reach_the_step(tmp_path, monkeypatch, per_tensor):
+    path, load_llama_gguf = _tiny_gguf_model(tmp_path, monkeypatch, per_tensor)
+    want = {"layers.0.wqkv": "q4_0+q5_1", "layers.0.wo": "q8_0", "layers.0.w13": "q5_0+bf16", "layers.0.w2": "f16",
+            "lm_head": "q4_1"} if per_tensor else {"layers.0.wqkv": "q4_1", "lm_head": "q4_1"}
     for _ in range(2):  # the conversion, then the converted copy
         model = load_llama_gguf(path, "tiny-gguf")
-        assert set(model.fast.types.values()) == {"q4_1"}
+        assert {k: model.fast.types[k] for k in want} == want
+        assert model.quant_mix.fallback == {}
+        assert sum(model.quant_mix.fast.values()) == 2 * 7 + 2  # 7 per layer, embedding, head
         prompt = model.tokenizer.encode(model.chat.render([{"role": "user", "content": "Hi there"}]))
         a = model.new_session(128)
-        a.prefill(prompt)
+        a.prefill(prompt)  # short: the block GEMM (qgemm.c)
         fast = model.fast
         model.fast = None
         b = model.new_session(128)
         b.prefill(prompt)
+        model.fast = fast
+        assert (a.logits - b.logits).abs().max() <= 1e-4 * b.logits.abs().max()
         for _ in range(5):
             tok = int(a.logits.argmax())
             assert tok == int(b.logits.argmax())
@@ -244,7 +369,39 @@ def test_gguf_blocks_reach_the_step(tiny, tmp_path, monkeypatch):
             model.fast = fast
             # a wrong q/k row order in the blocks would be off by O(1)
             assert (la - lb).abs().max() <= 1e-4 * lb.abs().max()
-        model.fast = fast
+
+
+def _iq4_nl(arr):
+    """Valid random IQ4_NL blocks (a type gguf dequantizes but the kernels do not read)."""
+    rows, cols = arr.shape
+    rng = np.random.default_rng(0)
+    b = rng.integers(0, 256, (rows, cols // 32, 18), dtype=np.uint8)
+    b[..., 0:2] = (rng.random((rows, cols // 32, 1)) * 0.001).astype(np.float16).view(np.uint8)
+    return b.reshape(rows, -1), Q.IQ4_NL
+
+
+def test_a_type_the_kernels_do_not_read_falls_back_to_fp32(tmp_path, monkeypatch):
+    path, load_llama_gguf = _tiny_gguf_model(tmp_path, monkeypatch, {"ffn_down": _iq4_nl})
+    model = load_llama_gguf(path, "tiny-gguf")
+    assert model.fast.types["layers.0.w2"] == "f32" and model.fast.types["layers.0.wqkv"] == "q4_1"
+    assert model.quant_mix.fallback == {"IQ4_NL": 2}
+    assert model.quant_mix.summary().endswith("IQ4_NL x2 (fp32 fallback)")
+    s = model.new_session(32)
+    s.prefill([5, 6, 7])
+    assert torch.isfinite(s.decode(8)).all()
+
+
+def test_a_type_gguf_cannot_dequantize_is_a_one_line_error(tmp_path, monkeypatch):
+    from ds4tui.engine.errors import WeightsError
+
+    def int8(arr):
+        return np.zeros(arr.shape, dtype=np.int8), Q.I8
+
+    path, load_llama_gguf = _tiny_gguf_model(tmp_path, monkeypatch, {"ffn_down": int8})
+    with pytest.raises(WeightsError) as exc:
+        load_llama_gguf(path, "tiny-gguf")
+    msg = str(exc.value)
+    assert "\n" not in msg and "blk.0.ffn_down.weight" in msg and "I8" in msg and "Q4_K" in msg
 
 
 @pytest.mark.real_model
@@ -254,6 +411,7 @@ def test_smollm2_decodes_through_the_file_blocks():
     model = load_model(DEFAULT_MODEL)
     fast = model.fast
     assert fast is not None and fast.types["layers.0.wqkv"] == "q4_1" and fast.types["embed"] == "q8_0"
+    assert model.quant_mix.summary() == "Q4_1 x210, Q8_0 x1 (C kernels)"
     text = model.chat.render([{"role": "user", "content": "What is the capital of France?"}])
     a = model.new_session(128)
     a.prefill(model.tokenizer.encode(text))

@@ -1,4 +1,4 @@
-"""qgemm.c: small-batch products over Q4_1/Q8_0 blocks, and the short prefill that uses them."""
+"""qgemm.c: small-batch products over GGUF blocks, and the short prefill that uses them."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from tests.engine.kernels.test_kernels import random_blocks, wide_model
 pytestmark = pytest.mark.skipif(qgemv.library() is None, reason="needs the compiled kernels (torch backend here)")
 
 
-@pytest.mark.parametrize("qtype", ["q4_1", "q8_0"])
-@pytest.mark.parametrize("rows,cols,n", [(37, 96, 1), (37, 96, 5), (130, 576, 23), (4, 32, 7)])
+@pytest.mark.parametrize("qtype", ["q4_1", "q8_0", "q4_k", "bf16"])
+@pytest.mark.parametrize("rows,cols,n", [(37, 256, 1), (37, 256, 5), (130, 768, 23), (4, 256, 7)])
 def test_gemm_equals_the_dequantized_matmul(qtype, rows, cols, n):
     blocks = random_blocks(qtype, rows, cols, seed=rows + n)
     w = qgemv.dequantize(blocks, qtype, cols)
@@ -26,9 +26,9 @@ def test_gemm_equals_the_dequantized_matmul(qtype, rows, cols, n):
 
 
 def test_gemm_does_not_depend_on_the_thread_count():
-    blocks = random_blocks("q4_1", 1000, 576, seed=4)
-    m = qgemm.make_blocks(("q4_1", blocks), torch.empty(1000, 576))
-    x = torch.randn(23, 576)
+    blocks = random_blocks("q4_1", 1000, 512, seed=4)
+    m = qgemm.make_blocks(("q4_1", blocks), torch.empty(1000, 512))
+    x = torch.randn(23, 512)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -44,13 +44,15 @@ def test_gemm_rejects_bad_arguments():
     blocks = random_blocks("q8_0", 8, 64, seed=1)
     with pytest.raises(ValueError):
         qgemm.make_blocks(("q8_0", blocks), torch.empty(8, 96))  # blocks do not fit the shape
+    with pytest.raises(ValueError):
+        qgemm.make_blocks(("q8_0", blocks), torch.empty(9, 64))
     m = qgemm.make_blocks(("q8_0", blocks), torch.empty(8, 64))
     with pytest.raises(ValueError):
         m.matmul(torch.randn(3, 32))
-    assert qgemm.make_blocks(("f16", blocks), torch.empty(8, 64)) is None  # fp32/f16 stay torch
+    assert qgemm.make_blocks(("f32", blocks), torch.empty(8, 64)) is None  # fp32 stays torch
 
 
-@pytest.mark.parametrize("qtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("qtype", ["q4_1", "q8_0", "q4_k_m"])
 def test_short_prefill_through_the_blocks_matches_fp32(qtype):
     tiny = load_model("tiny-llama")
     model = wide_model(tiny.tokenizer, tiny.chat, qtype)

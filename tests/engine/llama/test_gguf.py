@@ -29,7 +29,9 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_gguf(hf_dir, path, qtype: Q) -> None:
+def write_tiny_gguf(hf_dir, path, qtype: Q, per_tensor: dict | None = None) -> None:
+    """per_tensor: GGUF short name ("attn_v", "ffn_down", ...) -> a type for those tensors,
+    or a function (float32 array) -> (raw array, type) that writes them itself."""
     from safetensors.numpy import load_file
 
     cfg = json.loads((hf_dir / "config.json").read_text())
@@ -62,12 +64,16 @@ def write_tiny_gguf(hf_dir, path, qtype: Q) -> None:
 
     def put(name: str, arr: np.ndarray) -> None:
         arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if arr.ndim == 1 or qtype == Q.F32:
+        kind = (per_tensor or {}).get(name.split(".")[-2], qtype)
+        if callable(kind):
+            raw, kind = kind(arr)
+            w.add_tensor(name, raw, raw_dtype=kind)
+        elif arr.ndim == 1 or kind == Q.F32:
             w.add_tensor(name, arr)
-        elif qtype == Q.F16:
+        elif kind == Q.F16:
             w.add_tensor(name, arr.astype(np.float16))
         else:
-            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+            w.add_tensor(name, gguf.quants.quantize(arr, kind), raw_dtype=kind)
 
     put("token_embd.weight", hf["model.embed_tokens.weight"])
     put("output_norm.weight", hf["model.norm.weight"])
