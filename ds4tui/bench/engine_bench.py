@@ -48,6 +48,8 @@ class EngineBenchResult:
     save_mb_s: float
     load_mb_s: float
     restore_exact: bool  # the loaded session's logits equal the saved one's, bit for bit
+    kernels: str  # the C kernel variant (avx512, avx2, scalar) or "torch"
+    weights: str  # the quant mix: which tensor types the C kernels read, which fall back to fp32
     chat: dict | None = None  # --chat-tokens: greedy vs sampled replies through the controller
 
 
@@ -144,6 +146,9 @@ def measure_engine(
         return statistics.median(r[key] for r in runs)
 
     size = runs[-1]["bytes"]
+    from ds4tui.engine.kernels import qgemv
+
+    mix = getattr(model, "quant_mix", None)  # set by the GGUF loader
     return EngineBenchResult(
         model=model.info.name,
         family=model.info.family,
@@ -163,6 +168,8 @@ def measure_engine(
         save_mb_s=round(size / MB / med("save_s"), 1),
         load_mb_s=round(size / MB / med("load_s"), 1),
         restore_exact=all(r["exact"] for r in runs),
+        kernels=qgemv.backend() if getattr(model, "fast", None) is not None else "torch",
+        weights=mix.summary() if mix is not None else "fp32 (not a GGUF)",
         chat=chat,
     )
 
@@ -205,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     rows = [
         ("model", f"{r.model} ({r.family}), {r.threads} threads, ctx {r.ctx}, load {r.load_s:.2f} s"),
+        ("weights", f"{r.weights}; kernels: {r.kernels}"),
         ("prefill", f"{r.prefill_tok_s:.1f} tok/s ({r.prompt_tokens} tokens)"),
         ("decode", f"{r.decode_tok_s:.1f} tok/s greedy, {r.sampled_decode_tok_s:.1f} tok/s sampled,"
                    f" sampled = {r.sampled_over_greedy:.0%} of greedy (median per run; {r.decode_tokens} tokens)"

@@ -7,7 +7,7 @@ building the byte-level BPE tokenizer from the GGUF vocab, and the converted cac
 Why a converted cache: `GGUFReader` spends seconds parsing the 49k tokenizer strings
 and dequantizing takes seconds more, on every start (docs/perf.md, "GGUF start-up and
 the converted copy"). The first load therefore writes
-`data_dir()/converted/<sha256[:16]>/` = model.safetensors (fp32, the internal fused
+`data_dir()/converted/<sha256[:16]>-v<version>/` = model.safetensors (fp32, the internal fused
 layout of engine/llama/config.py) + tokenizer.json + meta.json (written last, in a temp dir renamed
 into place); later loads memory-map that copy. The key is the GGUF's SHA-256, which
 `file_sha256` memoizes by (path, size, mtime) so a start does not hash 98 MB.
@@ -50,7 +50,9 @@ TOKEN_USER_DEFINED = 4
 
 
 def converted_dir(sha256: str) -> Path:
-    return paths.data_dir() / "converted" / sha256[:16]
+    """Named by the GGUF's hash and the conversion version, so copies of two versions (two
+    checkouts sharing the data dir) coexist instead of replacing each other on every load."""
+    return paths.data_dir() / "converted" / f"{sha256[:16]}-v{CONVERT_VERSION}"
 
 
 def load_llama_gguf(path: str | Path, name: str) -> LlamaModel:

@@ -16,6 +16,7 @@ def test_measure_engine_on_tiny_dsv4():
     assert r.payload_bytes == expected_size(tiny().cfg, 68)
     assert r.payload_bytes_per_token == round(r.payload_bytes / 68, 1)
     assert min(r.prefill_tok_s, r.decode_tok_s, r.save_mb_s, r.load_mb_s) > 0
+    assert r.kernels == "torch" and r.weights == "fp32 (not a GGUF)"  # the V4 engine runs no C kernels
 
 
 def test_bench_engine_cli(capsys):

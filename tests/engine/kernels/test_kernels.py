@@ -412,6 +412,10 @@ def test_smollm2_decodes_through_the_file_blocks():
     fast = model.fast
     assert fast is not None and fast.types["layers.0.wqkv"] == "q4_1" and fast.types["embed"] == "q8_0"
     assert model.quant_mix.summary() == "Q4_1 x210, Q8_0 x1 (C kernels)"
+    from ds4tui.bench.engine_bench import measure_engine
+
+    r = measure_engine(DEFAULT_MODEL, prompt_tokens=4, decode_tokens=2, repeats=1)
+    assert (r.weights, r.kernels) == ("Q4_1 x210, Q8_0 x1 (C kernels)", qgemv.backend())
     text = model.chat.render([{"role": "user", "content": "What is the capital of France?"}])
     a = model.new_session(128)
     a.prefill(model.tokenizer.encode(text))
