@@ -25,55 +25,91 @@
 #endif
 #define GEMV_MAX_COLS 65536 /* x block sums live on the stack: 2048 per-32 sums max */
 
-/* ---------------------------------------------------------------- block kernels
- * blk_<type>(p, x, xs, acc, off): adds one block's sum_j w_j x_j to acc (vector part) and
- * off (scalar part); x, xs point at the block's first weight / first per-32 sum. */
+/* ---------------------------------------------------------------- 32-weight blocks
+ * quants_<type>(p, lo, hi): the block's quants 0..15 and 16..31 as floats (signed types
+ * offset in the byte domain first: q - 8, q - 16). The row-pair loop converts both rows'
+ * f16 scale (and min) with one instruction and keeps both rows' min terms in one vector. */
 
-#define DOT32_U8(lo, hi, x) vf_fma(vf_u8(hi), vf_load((x) + 16), vf_mul(vf_u8(lo), vf_load(x)))
-#define DOT32_I8(lo, hi, x) vf_fma(vf_i8(hi), vf_load((x) + 16), vf_mul(vf_i8(lo), vf_load(x)))
-
-static inline void blk_q4_0(const uint8_t *p, const float *x, const float *xs, vf *acc, float *off) {
-    (void)xs, (void)off;
+static inline void quants_q4_0(const uint8_t *p, vf *lo, vf *hi) {
     vb v = vb_load(p + 2);
-    *acc = vf_fma(vf_set1(h2f(p)), DOT32_I8(vb_sub(vb_lo4(v), 8), vb_sub(vb_hi4(v), 8), x), *acc);
+    *lo = vf_i8(vb_sub(vb_lo4(v), 8)), *hi = vf_i8(vb_sub(vb_hi4(v), 8));
 }
 
-static inline void blk_q4_1(const uint8_t *p, const float *x, const float *xs, vf *acc, float *off) {
+static inline void quants_q4_1(const uint8_t *p, vf *lo, vf *hi) {
     vb v = vb_load(p + 4);
-    *acc = vf_fma(vf_set1(h2f(p)), DOT32_U8(vb_lo4(v), vb_hi4(v), x), *acc);
-    *off += h2f(p + 2) * xs[0];
+    *lo = vf_u8(vb_lo4(v)), *hi = vf_u8(vb_hi4(v));
 }
 
-static inline void blk_q5_0(const uint8_t *p, const float *x, const float *xs, vf *acc, float *off) {
-    (void)xs, (void)off;
+static inline void quants_q5_0(const uint8_t *p, vf *lo, vf *hi) {
     uint32_t qh;
     memcpy(&qh, p + 2, 4);
     vb v = vb_load(p + 6);
-    vb lo = vb_sub(vb_or(vb_lo4(v), vb_from_bits16(qh)), 16);
-    vb hi = vb_sub(vb_or(vb_hi4(v), vb_from_bits16(qh >> 16)), 16);
-    *acc = vf_fma(vf_set1(h2f(p)), DOT32_I8(lo, hi, x), *acc);
+    *lo = vf_i8(vb_sub(vb_or(vb_lo4(v), vb_from_bits16(qh)), 16));
+    *hi = vf_i8(vb_sub(vb_or(vb_hi4(v), vb_from_bits16(qh >> 16)), 16));
 }
 
-static inline void blk_q5_1(const uint8_t *p, const float *x, const float *xs, vf *acc, float *off) {
+static inline void quants_q5_1(const uint8_t *p, vf *lo, vf *hi) {
     uint32_t qh;
     memcpy(&qh, p + 4, 4);
     vb v = vb_load(p + 8);
-    vb lo = vb_or(vb_lo4(v), vb_from_bits16(qh)), hi = vb_or(vb_hi4(v), vb_from_bits16(qh >> 16));
-    *acc = vf_fma(vf_set1(h2f(p)), DOT32_U8(lo, hi, x), *acc);
-    *off += h2f(p + 2) * xs[0];
+    *lo = vf_u8(vb_or(vb_lo4(v), vb_from_bits16(qh))), *hi = vf_u8(vb_or(vb_hi4(v), vb_from_bits16(qh >> 16)));
 }
 
-static inline void blk_q8_0(const uint8_t *p, const float *x, const float *xs, vf *acc, float *off) {
-    (void)xs, (void)off;
-    *acc = vf_fma(vf_set1(h2f(p)), DOT32_I8(vb_load(p + 2), vb_load(p + 18), x), *acc);
-}
+static inline void quants_q8_0(const uint8_t *p, vf *lo, vf *hi) { *lo = vf_i8_mem(p + 2), *hi = vf_i8_mem(p + 18); }
+
+#if DS4K_ISA >= 1
+#define MINS_DECL __m128 mm = _mm_setzero_ps() /* lanes 1, 3: the two rows' sum of m * sum(x) */
+#define MINS_ADD(b) mm = _mm_fmadd_ps(dm, _mm_set1_ps(xs[b]), mm)
+#define MINS_ROW(k) f4_at(mm, (k) ? 3 : 1)
+#else
+#define MINS_DECL float mm[4] = {0.0f, 0.0f, 0.0f, 0.0f}
+#define MINS_ADD(b) (mm[1] += f4_at(dm, 1) * xs[b], mm[3] += f4_at(dm, 3) * xs[b])
+#define MINS_ROW(k) (mm[(k) ? 3 : 1])
+#endif
+
+/* rows [r0, r1) of a matrix of nb 32-weight blocks of BYTES bytes per row */
+#define BLOCK32_ROWS(NAME, QUANTS, BYTES, HAS_M)                                              \
+    static void NAME(const uint8_t *w, int64_t nb, const float *x, const float *xs, float *y, \
+                     int64_t r0, int64_t r1) {                                                \
+        const int64_t rb = nb * (BYTES);                                                      \
+        (void)xs;                                                                             \
+        for (int64_t r = r0; r < r1; r += 2) {                                                \
+            const int two = r + 1 < r1; /* an odd last row pairs with itself */                \
+            const uint8_t *p = w + r * rb, *q = two ? p + rb : p;                             \
+            va a0 = va_zero(), a1 = va_zero();                                                \
+            MINS_DECL;                                                                        \
+            for (int64_t b = 0; b < nb; b++, p += (BYTES), q += (BYTES)) {                    \
+                __builtin_prefetch(p + PF_DIST);                                              \
+                __builtin_prefetch(q + PF_DIST);                                              \
+                const vf x0 = vf_load(x + 32 * b), x1 = vf_load(x + 32 * b + 16);             \
+                const f4 dm = f16x4(p, q);                                                    \
+                vf lo, hi;                                                                    \
+                QUANTS(p, &lo, &hi);                                                          \
+                a0 = va_scale_add(f4_at(dm, 0), va_dot32(lo, hi, x0, x1), a0);                \
+                QUANTS(q, &lo, &hi);                                                          \
+                a1 = va_scale_add(f4_at(dm, 2), va_dot32(lo, hi, x0, x1), a1);                \
+                if (HAS_M) MINS_ADD(b);                                                       \
+            }                                                                                 \
+            y[r] = va_sum(a0) + (HAS_M ? MINS_ROW(0) : 0.0f);                                 \
+            if (two) y[r + 1] = va_sum(a1) + (HAS_M ? MINS_ROW(1) : 0.0f);                    \
+        }                                                                                     \
+    }
+
+BLOCK32_ROWS(q4_0_rows, quants_q4_0, 18, 0)
+BLOCK32_ROWS(q4_1_rows, quants_q4_1, 20, 1)
+BLOCK32_ROWS(q5_0_rows, quants_q5_0, 22, 0)
+BLOCK32_ROWS(q5_1_rows, quants_q5_1, 24, 1)
+BLOCK32_ROWS(q8_0_rows, quants_q8_0, 34, 0)
+
+/* ---------------------------------------------------------------- 256-weight K-quant blocks
+ * blk_<type>(p, x, xs, acc, off): adds one superblock's sum_j w_j x_j to acc (vector part)
+ * and off (min part); x, xs point at its first weight / first per-32 sum of x. */
 
 /* Q4_K and Q5_K: 8 sub-blocks of 32 with their own scale and min. */
-static inline void blk_qk45(const uint8_t *p, const float *x, const float *xs, vf *acc, float *off, int five) {
+static inline void blk_qk45(const uint8_t *p, const float *x, const float *xs, va *acc, float *off, int five) {
     const float d = h2f(p), dmin = h2f(p + 2);
     const uint8_t *s = p + 4, *qs = p + (five ? 48 : 16);
-    vb h0, h1;
-    if (five) h0 = vb_load(p + 16), h1 = vb_load(p + 32);
+    vb h0 = vb_load(p + 16), h1 = vb_load(p + 32); /* qh when five, unused otherwise */
     float o = 0.0f;
     for (int c = 0; c < 4; c++) {
         vb v0 = vb_load(qs + 32 * c), v1 = vb_load(qs + 32 * c + 16);
@@ -83,22 +119,24 @@ static inline void blk_qk45(const uint8_t *p, const float *x, const float *xs, v
             if (five) a = vb_or(a, vb_bits_hi(h0, i, 1)), b = vb_or(b, vb_bits_hi(h1, i, 1));
             uint8_t sc, mn;
             k4_scale_min(s, i, &sc, &mn);
-            *acc = vf_fma(vf_set1(d * (float)sc), DOT32_U8(a, b, x + 32 * i), *acc);
+            const float *xi = x + 32 * i;
+            *acc = va_scale_add(d * (float)sc, va_dot32(vf_u8(a), vf_u8(b), vf_load(xi), vf_load(xi + 16)), *acc);
             o += (float)mn * xs[i];
         }
     }
     *off -= dmin * o;
 }
 
-static inline void blk_q4_k(const uint8_t *p, const float *x, const float *xs, vf *acc, float *off) {
+static inline void blk_q4_k(const uint8_t *p, const float *x, const float *xs, va *acc, float *off) {
     blk_qk45(p, x, xs, acc, off, 0);
 }
 
-static inline void blk_q5_k(const uint8_t *p, const float *x, const float *xs, vf *acc, float *off) {
+static inline void blk_q5_k(const uint8_t *p, const float *x, const float *xs, va *acc, float *off) {
     blk_qk45(p, x, xs, acc, off, 1);
 }
 
-static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, vf *acc, float *off) {
+/* Q6_K: 16 groups of 16 with their own int8 scale. */
+static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, va *acc, float *off) {
     (void)xs, (void)off;
     const int8_t *sc = (const int8_t *)(p + 192);
     const float d = h2f(p + 208);
@@ -114,49 +152,38 @@ static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, v
             b = vb_sub(vb_or(b, vb_bits_hi(q1, 2 * s, 3)), 32);
             const float *xe = x + 128 * h + 32 * s;
             const int si = 8 * h + 2 * s;
-            *acc = vf_fma(vf_set1(d * (float)sc[si]), vf_mul(vf_i8(a), vf_load(xe)), *acc);
-            *acc = vf_fma(vf_set1(d * (float)sc[si + 1]), vf_mul(vf_i8(b), vf_load(xe + 16)), *acc);
+            *acc = va_scale_add(d * (float)sc[si], va_dot16(vf_i8(a), vf_load(xe)), *acc);
+            *acc = va_scale_add(d * (float)sc[si + 1], va_dot16(vf_i8(b), vf_load(xe + 16)), *acc);
         }
     }
 }
 
-/* rows [r0, r1) of a block-quantized matrix; nb blocks of QKB weights and BYTES bytes per row */
-#define BLOCK_ROWS(NAME, BLK, QKB, BYTES)                                                     \
+/* rows [r0, r1) of a matrix of nb 256-weight superblocks of BYTES bytes per row */
+#define BLOCK256_ROWS(NAME, BLK, BYTES)                                                       \
     static void NAME(const uint8_t *w, int64_t nb, const float *x, const float *xs, float *y, \
                      int64_t r0, int64_t r1) {                                                \
         const int64_t rb = nb * (BYTES);                                                      \
-        int64_t r = r0;                                                                       \
-        for (; r + 2 <= r1; r += 2) {                                                         \
+        for (int64_t r = r0; r < r1; r += 2) {                                                \
+            const int two = r + 1 < r1;                                                       \
             const uint8_t *p = w + r * rb, *q = p + rb;                                       \
-            vf a0 = vf_zero(), a1 = vf_zero();                                                \
+            va a0 = va_zero(), a1 = va_zero();                                                \
             float o0 = 0.0f, o1 = 0.0f;                                                       \
             for (int64_t b = 0; b < nb; b++, p += (BYTES), q += (BYTES)) {                    \
-                __builtin_prefetch(p + PF_DIST);                                              \
-                __builtin_prefetch(q + PF_DIST);                                              \
-                BLK(p, x + b * (QKB), xs + b * ((QKB) / 32), &a0, &o0);                       \
-                BLK(q, x + b * (QKB), xs + b * ((QKB) / 32), &a1, &o1);                       \
+                for (int k = 0; k < (BYTES); k += 64) {                                       \
+                    __builtin_prefetch(p + k + PF_DIST);                                      \
+                    if (two) __builtin_prefetch(q + k + PF_DIST);                             \
+                }                                                                             \
+                BLK(p, x + 256 * b, xs + 8 * b, &a0, &o0);                                    \
+                if (two) BLK(q, x + 256 * b, xs + 8 * b, &a1, &o1);                           \
             }                                                                                 \
-            y[r] = vf_sum(a0) + o0;                                                           \
-            y[r + 1] = vf_sum(a1) + o1;                                                       \
-        }                                                                                     \
-        for (; r < r1; r++) { /* odd last row */                                              \
-            const uint8_t *p = w + r * rb;                                                    \
-            vf a0 = vf_zero();                                                                \
-            float o0 = 0.0f;                                                                  \
-            for (int64_t b = 0; b < nb; b++, p += (BYTES))                                    \
-                BLK(p, x + b * (QKB), xs + b * ((QKB) / 32), &a0, &o0);                       \
-            y[r] = vf_sum(a0) + o0;                                                           \
+            y[r] = va_sum(a0) + o0;                                                           \
+            if (two) y[r + 1] = va_sum(a1) + o1;                                              \
         }                                                                                     \
     }
 
-BLOCK_ROWS(q4_0_rows, blk_q4_0, 32, 18)
-BLOCK_ROWS(q4_1_rows, blk_q4_1, 32, 20)
-BLOCK_ROWS(q5_0_rows, blk_q5_0, 32, 22)
-BLOCK_ROWS(q5_1_rows, blk_q5_1, 32, 24)
-BLOCK_ROWS(q8_0_rows, blk_q8_0, 32, 34)
-BLOCK_ROWS(q4_k_rows, blk_q4_k, 256, 144)
-BLOCK_ROWS(q5_k_rows, blk_q5_k, 256, 176)
-BLOCK_ROWS(q6_k_rows, blk_q6_k, 256, 210)
+BLOCK256_ROWS(q4_k_rows, blk_q4_k, 144)
+BLOCK256_ROWS(q5_k_rows, blk_q5_k, 176)
+BLOCK256_ROWS(q6_k_rows, blk_q6_k, 210)
 
 /* ---------------------------------------------------------------- F32 / F16 / BF16 rows */
 

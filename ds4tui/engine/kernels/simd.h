@@ -146,6 +146,73 @@ static inline vf vf_bf16(const uint16_t *p) {
 }
 #endif
 
+/* ---------------------------------------------------------------- va: a native-width sum
+ * Block kernels reduce a 32-weight dot product to one register (__m512 or __m256) before
+ * scaling it: on AVX2 that is one scale FMA per block instead of two. */
+#if DS4K_ISA >= 2
+typedef __m512 va;
+static inline va va_zero(void) { return _mm512_setzero_ps(); }
+static inline float va_sum(va a) { return _mm512_reduce_add_ps(a); }
+static inline va va_scale_add(float d, va s, va acc) { return _mm512_fmadd_ps(_mm512_set1_ps(d), s, acc); }
+/* sum of q_j x_j over 32 (or 16) weights: lo/hi are quants 0..15 / 16..31, x0/x1 the x halves */
+static inline va va_dot32(vf lo, vf hi, vf x0, vf x1) { return _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0)); }
+static inline va va_dot16(vf q, vf x) { return _mm512_mul_ps(q, x); }
+#elif DS4K_ISA == 1
+typedef __m256 va;
+static inline va va_zero(void) { return _mm256_setzero_ps(); }
+static inline float va_sum(va a) { return hsum8(a); }
+static inline va va_scale_add(float d, va s, va acc) { return _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc); }
+static inline va va_dot32(vf lo, vf hi, vf x0, vf x1) {
+    __m256 s = _mm256_mul_ps(lo.a, x0.a);
+    s = _mm256_fmadd_ps(lo.b, x0.b, s);
+    s = _mm256_fmadd_ps(hi.a, x1.a, s);
+    return _mm256_fmadd_ps(hi.b, x1.b, s);
+}
+static inline va va_dot16(vf q, vf x) { return _mm256_fmadd_ps(q.b, x.b, _mm256_mul_ps(q.a, x.a)); }
+#else
+typedef vf va;
+static inline va va_zero(void) { return vf_zero(); }
+static inline float va_sum(va a) { return vf_sum(a); }
+static inline va va_scale_add(float d, va s, va acc) { return vf_fma(vf_set1(d), s, acc); }
+static inline va va_dot32(vf lo, vf hi, vf x0, vf x1) { return vf_fma(hi, x1, vf_mul(lo, x0)); }
+static inline va va_dot16(vf q, vf x) { return vf_mul(q, x); }
+#endif
+
+/* The f16 pairs at p and q (d and m of two blocks) as {d_p, m_p, d_q, m_q}: one conversion
+ * for both rows of a row pair. */
+#if DS4K_ISA >= 1
+typedef __m128 f4;
+static inline f4 f16x4(const uint8_t *p, const uint8_t *q) {
+    uint32_t a, b;
+    memcpy(&a, p, 4);
+    memcpy(&b, q, 4);
+    return _mm_cvtph_ps(_mm_set_epi32(0, 0, (int)b, (int)a));
+}
+static inline float f4_at(f4 v, int k) {
+    return _mm_cvtss_f32(k == 0 ? v : k == 1 ? _mm_movehdup_ps(v) : k == 2 ? _mm_movehl_ps(v, v) : _mm_shuffle_ps(v, v, 3));
+}
+#else
+typedef struct { float v[4]; } f4;
+static inline f4 f16x4(const uint8_t *p, const uint8_t *q) {
+    f4 r = {{ds4k_h2f(p), ds4k_h2f(p + 2), ds4k_h2f(q), ds4k_h2f(q + 2)}};
+    return r;
+}
+static inline float f4_at(f4 v, int k) { return v.v[k]; }
+#endif
+
+/* 16 int8 at p as floats, widened straight from memory. */
+static inline vf vf_i8_mem(const uint8_t *p) {
+#if DS4K_ISA >= 2
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#elif DS4K_ISA == 1
+    vf r = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8))))};
+    return r;
+#else
+    return vf_i8(vb_load(p));
+#endif
+}
+
 /* f16 -> f32 of one value with the F16C instruction where the build has it (same result). */
 static inline float h2f(const uint8_t *p) {
 #if DS4K_ISA >= 1
