@@ -20,6 +20,7 @@
 #define ATT_BLOCK 256
 #define MAX_GROUP 16
 #define MAX_HEAD_DIM 256
+#define ATT_INLINE_WORK 32768 /* query x key multiply-adds below which attention runs on the caller */
 
 /* How many parts a fused matrix has: those before the first empty one. */
 static int nparts_of(const ds4k_mat *parts) {
@@ -228,7 +229,10 @@ static void attention(const ds4k_llama *m, float *att, const float *q, const flo
                       const float *v, int64_t ctx, int64_t n, float *part, int nth) {
     const int hkv = m->n_kv_heads, g = m->n_heads / m->n_kv_heads, d = m->head_dim;
     att_job j = {q, k, v, ctx, n, (n + ATT_BLOCK - 1) / ATT_BLOCK, g, d, part};
-    ds4k_run_chunks(att_chunk, &j, hkv * j.nblk, nth);
+    /* At a short context the whole attention is a few microseconds: waking the pool for it
+     * costs more than it saves (the chunks, hence the results, are the same either way). */
+    const int small = n * hkv * d * g < ATT_INLINE_WORK;
+    ds4k_run_chunks(att_chunk, &j, hkv * j.nblk, small ? 1 : nth);
     for (int h = 0; h < hkv; h++) {
         for (int gi = 0; gi < g; gi++) {
             float *o = att + (h * g + gi) * d;
