@@ -36,7 +36,7 @@ def main() -> int:
     import torch
 
     from ds4tui.engine.kernels import qgemv, quants
-    from tests.engine.test_kernels import random_blocks
+    from tests.engine.kernels.test_kernels import random_blocks
 
     torch.set_num_threads(args.threads)
     variants = qgemv.variants()
