@@ -105,6 +105,9 @@ static void gemm_chunk(void *ctx, int64_t c) {
  * unsupported type or shape. */
 static int gemm(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int64_t n, int nth) {
     if (nparts < 1 || nparts > DS4K_MAX_PARTS || n <= 0 || cols <= 0 || cols % 8 || cols > GEMM_MAX_COLS) return -1;
+    /* One row (the head of a prefill): the GEMV reads each block once without a tile, 1.5-2.6x
+     * faster here (a [49152, 576] Q8_0 head: 2.3 -> 1.5 ms, Q4_K: 2.9 -> 1.1 ms, 1 thread). */
+    if (n == 1) return gemv(parts, nparts, x, y, cols, nth);
     gemm_job job = {.parts = parts, .x = x, .y = y, .cols = cols, .n = n};
     for (int k = 0; k < nparts; k++) {
         if (ds4k_row_bytes(parts[k].type, cols) == 0 || parts[k].rows <= 0 || parts[k].w == NULL) return -1;
