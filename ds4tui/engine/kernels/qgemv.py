@@ -30,6 +30,7 @@ import contextlib
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -79,11 +80,16 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
 
 
+def _isas() -> tuple[str, ...]:
+    """The variants to build: the vector ones only for x86-64 (dispatch.c knows the same)."""
+    return ISAS if platform.machine().lower() in ("x86_64", "amd64") else ISAS[:1]
+
+
 def _objects(cc: str) -> list[tuple[list[str], str]]:
     """(compile command without -o, object name) for each object of the library."""
     base = [cc, *_COMMON_FLAGS, f"-I{_DIR}", "-c"]
     objs = [([*base, str(_DIR / "pool.c")], "pool.o"), ([*base, str(_DIR / "dispatch.c")], "dispatch.o")]
-    for n, isa in enumerate(ISAS):
+    for n, isa in enumerate(_isas()):
         flags = [f"-DDS4K_ISA={n}", f"-DDS4K_OPS_NAME=ds4k_ops_{isa}", *_ISA_FLAGS[isa]]
         objs.append(([*base, *flags, str(_DIR / "isa.c")], f"isa_{isa}.o"))
     return objs

@@ -436,3 +436,13 @@ def test_smollm2_decodes_through_the_file_blocks():
         model.fast = fast
     assert worst < 1e-3, worst  # measured ~5e-5: the same dequantized values, other rounding order
     assert "Paris" in model.tokenizer.decode(out)
+
+
+def test_other_architectures_build_only_the_portable_variant(monkeypatch):
+    import platform
+
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    names = [name for _, name in qgemv._objects("cc")]
+    assert names == ["pool.o", "dispatch.o", "isa_scalar.o"]
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    assert [name for _, name in qgemv._objects("cc")][2:] == ["isa_scalar.o", "isa_avx2.o", "isa_avx512.o"]
