@@ -43,16 +43,18 @@ static inline void quants_q4_1(const uint8_t *p, vf *lo, vf *hi) {
 static inline void quants_q5_0(const uint8_t *p, vf *lo, vf *hi) {
     uint32_t qh;
     memcpy(&qh, p + 2, 4);
-    vb v = vb_load(p + 6);
-    *lo = vf_i8(vb_sub(vb_or(vb_lo4(v), vb_from_bits16(qh)), 16));
-    *hi = vf_i8(vb_sub(vb_or(vb_hi4(v), vb_from_bits16(qh >> 16)), 16));
+    vb v = vb_load(p + 6), h0, h1;
+    vb_from_bits32(qh, &h0, &h1);
+    *lo = vf_i8(vb_sub(vb_or(vb_lo4(v), h0), 16));
+    *hi = vf_i8(vb_sub(vb_or(vb_hi4(v), h1), 16));
 }
 
 static inline void quants_q5_1(const uint8_t *p, vf *lo, vf *hi) {
     uint32_t qh;
     memcpy(&qh, p + 4, 4);
-    vb v = vb_load(p + 8);
-    *lo = vf_u8(vb_or(vb_lo4(v), vb_from_bits16(qh))), *hi = vf_u8(vb_or(vb_hi4(v), vb_from_bits16(qh >> 16)));
+    vb v = vb_load(p + 8), h0, h1;
+    vb_from_bits32(qh, &h0, &h1);
+    *lo = vf_u8(vb_or(vb_lo4(v), h0)), *hi = vf_u8(vb_or(vb_hi4(v), h1));
 }
 
 static inline void quants_q8_0(const uint8_t *p, vf *lo, vf *hi) { *lo = vf_i8_mem(p + 2), *hi = vf_i8_mem(p + 18); }

@@ -52,6 +52,9 @@ static inline vb vb_bits_hi(vb v, int s, int mask) {
 }
 /* byte j = bit j of `bits` ? 16 : 0 */
 static inline vb vb_from_bits16(uint32_t bits) {
+#if DS4K_ISA >= 2
+    return _mm_and_si128(_mm_movm_epi8((__mmask16)(bits & 0xffff)), _mm_set1_epi8(16)); /* AVX512BW+VL */
+#endif
     const __m128i sel = _mm_set_epi8(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m128i bit = _mm_set_epi8((char)128, 64, 32, 16, 8, 4, 2, 1, (char)128, 64, 32, 16, 8, 4, 2, 1);
     __m128i b = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(bits & 0xffff)), sel);
@@ -74,6 +77,20 @@ static inline vb vb_from_bits16(uint32_t bits) {
     return v;
 }
 #endif
+
+/* lo byte j = bit j of `bits` ? 16 : 0, hi byte j = bit 16 + j ? 16 : 0 (Q5_0/Q5_1 high bits) */
+static inline void vb_from_bits32(uint32_t bits, vb *lo, vb *hi) {
+#if DS4K_ISA == 1 /* one 256-bit expansion instead of two 128-bit ones */
+    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), sel);
+    __m256i r = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit), _mm256_set1_epi8(16));
+    *lo = _mm256_castsi256_si128(r), *hi = _mm256_extracti128_si256(r, 1);
+#else
+    *lo = vb_from_bits16(bits), *hi = vb_from_bits16(bits >> 16);
+#endif
+}
 
 /* ---------------------------------------------------------------- vf: 16 floats */
 #if DS4K_ISA >= 2
