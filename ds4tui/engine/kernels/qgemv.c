@@ -107,26 +107,62 @@ BLOCK32_ROWS(q8_0_rows, quants_q8_0, 34, 0)
  * blk_<type>(p, x, xs, acc, off): adds one superblock's sum_j w_j x_j to acc (vector part)
  * and off (min part); x, xs point at its first weight / first per-32 sum of x. */
 
-/* Q4_K and Q5_K: 8 sub-blocks of 32 with their own scale and min. */
+/* Q4_K and Q5_K: 8 sub-blocks of 32 with their own 6-bit scale and min. The vector builds
+ * unpack all 16 with word operations, scale them in one vector and fold the min terms
+ * (dmin * m_i * sum of x over sub-block i) into the accumulator with one FMA. */
 static inline void blk_qk45(const uint8_t *p, const float *x, const float *xs, va *acc, float *off, int five) {
     const float d = h2f(p), dmin = h2f(p + 2);
     const uint8_t *s = p + 4, *qs = p + (five ? 48 : 16);
     vb h0 = vb_load(p + 16), h1 = vb_load(p + 32); /* qh when five, unused otherwise */
+#if DS4K_ISA >= 1
+    (void)off;
+    uint32_t a, b, c;
+    memcpy(&a, s, 4), memcpy(&b, s + 4, 4), memcpy(&c, s + 8, 4);
+    const __m128i packed = _mm_set_epi32((int)(((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u)),
+                                         (int)(b & 0x3f3f3f3fu),
+                                         (int)((c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u)),
+                                         (int)(a & 0x3f3f3f3fu)); /* sc 0..7, m 0..7 */
+    const __m256 scd = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed)));
+    const __m256 mnd = _mm256_mul_ps(_mm256_set1_ps(dmin),
+                                     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(packed, packed))));
+#if DS4K_ISA >= 2
+    *acc = _mm512_fnmadd_ps(_mm512_zextps256_ps512(mnd), _mm512_zextps256_ps512(_mm256_loadu_ps(xs)), *acc);
+    const __m512 scd16 = _mm512_zextps256_ps512(scd);
+#define SCALE_OF(i) _mm512_permutexvar_ps(_mm512_set1_epi32(i), scd16)
+#else
+    *acc = _mm256_fnmadd_ps(mnd, _mm256_loadu_ps(xs), *acc);
+#define SCALE_OF(i) _mm256_permutevar8x32_ps(scd, _mm256_set1_epi32(i))
+#endif
+#else
     float o = 0.0f;
-    for (int c = 0; c < 4; c++) {
-        vb v0 = vb_load(qs + 32 * c), v1 = vb_load(qs + 32 * c + 16);
+#endif
+    for (int c4 = 0; c4 < 4; c4++) {
+        vb v0 = vb_load(qs + 32 * c4), v1 = vb_load(qs + 32 * c4 + 16);
         for (int half = 0; half < 2; half++) {
-            const int i = 2 * c + half;
-            vb a = half ? vb_hi4(v0) : vb_lo4(v0), b = half ? vb_hi4(v1) : vb_lo4(v1);
-            if (five) a = vb_or(a, vb_bits_hi(h0, i, 1)), b = vb_or(b, vb_bits_hi(h1, i, 1));
+            const int i = 2 * c4 + half;
+            vb qa = half ? vb_hi4(v0) : vb_lo4(v0), qb = half ? vb_hi4(v1) : vb_lo4(v1);
+            if (five) qa = vb_or(qa, vb_bits_hi(h0, i, 1)), qb = vb_or(qb, vb_bits_hi(h1, i, 1));
+            const float *xi = x + 32 * i;
+            const va dot = va_dot32(vf_u8(qa), vf_u8(qb), vf_load(xi), vf_load(xi + 16));
+#if DS4K_ISA >= 1
+#if DS4K_ISA >= 2
+            *acc = _mm512_fmadd_ps(SCALE_OF(i), dot, *acc);
+#else
+            *acc = _mm256_fmadd_ps(SCALE_OF(i), dot, *acc);
+#endif
+#else
             uint8_t sc, mn;
             k4_scale_min(s, i, &sc, &mn);
-            const float *xi = x + 32 * i;
-            *acc = va_scale_add(d * (float)sc, va_dot32(vf_u8(a), vf_u8(b), vf_load(xi), vf_load(xi + 16)), *acc);
+            *acc = va_scale_add(d * (float)sc, dot, *acc);
             o += (float)mn * xs[i];
+#endif
         }
     }
+#if DS4K_ISA >= 1
+#undef SCALE_OF
+#else
     *off -= dmin * o;
+#endif
 }
 
 static inline void blk_q4_k(const uint8_t *p, const float *x, const float *xs, va *acc, float *off) {
@@ -137,11 +173,25 @@ static inline void blk_q5_k(const uint8_t *p, const float *x, const float *xs, v
     blk_qk45(p, x, xs, acc, off, 1);
 }
 
-/* Q6_K: 16 groups of 16 with their own int8 scale. */
+/* Q6_K: 16 groups of 16 with their own int8 scale (the vector builds scale all 16 at once
+ * and pick each with a permute). */
 static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, va *acc, float *off) {
     (void)xs, (void)off;
     const int8_t *sc = (const int8_t *)(p + 192);
     const float d = h2f(p + 208);
+#if DS4K_ISA >= 2
+    const __m512 scd = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                            _mm_loadu_si128((const __m128i *)sc))));
+#define SCALE_OF(k) _mm512_permutexvar_ps(_mm512_set1_epi32(k), scd)
+#define ADD_SCALED(k, dot) (*acc = _mm512_fmadd_ps(SCALE_OF(k), dot, *acc))
+#elif DS4K_ISA == 1
+    const __m256 scd[2] = {
+        _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc)))),
+        _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8)))))};
+#define ADD_SCALED(k, dot) (*acc = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(scd[(k) / 8], _mm256_set1_epi32((k) % 8)), dot, *acc))
+#else
+#define ADD_SCALED(k, dot) (*acc = va_scale_add(d * (float)sc[k], dot, *acc))
+#endif
     for (int h = 0; h < 2; h++) {
         const uint8_t *ql = p + 64 * h, *qh = p + 128 + 32 * h;
         vb l0 = vb_load(ql), l1 = vb_load(ql + 16), l2 = vb_load(ql + 32), l3 = vb_load(ql + 48);
@@ -154,10 +204,12 @@ static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, v
             b = vb_sub(vb_or(b, vb_bits_hi(q1, 2 * s, 3)), 32);
             const float *xe = x + 128 * h + 32 * s;
             const int si = 8 * h + 2 * s;
-            *acc = va_scale_add(d * (float)sc[si], va_dot16(vf_i8(a), vf_load(xe)), *acc);
-            *acc = va_scale_add(d * (float)sc[si + 1], va_dot16(vf_i8(b), vf_load(xe + 16)), *acc);
+            ADD_SCALED(si, va_dot16(vf_i8(a), vf_load(xe)));
+            ADD_SCALED(si + 1, va_dot16(vf_i8(b), vf_load(xe + 16)));
         }
     }
+#undef SCALE_OF
+#undef ADD_SCALED
 }
 
 /* rows [r0, r1) of a matrix of nb 256-weight superblocks of BYTES bytes per row */
