@@ -5,12 +5,12 @@
  * shapes take this path; long prefill chunks stay torch fp32 GEMMs, batch-1 decode is the
  * fused step. Compiled once per ISA by isa.c.
  *
- * Why: a 23-token prefill multiplies by every weight once. From the fp32 copy that is
- * 490 MB of weight traffic for ~3 GMAC (SmolLM2), and torch's fp32 GEMM at such a small M
- * ran ~115 ms of a 210 ms forward on 2 cores. The file's blocks are 5x smaller: each group
- * of 4 rows is dequantized once (dequant.c, bit-exact to gguf) into an L1-resident fp32
- * tile, then multiplied against every activation row (4 rows x 3 activations per register
- * tile: 12 FMA chains, 7 loads per 12 FMAs), so the FMA ports, not DRAM, are the limit.
+ * Why: a short prefill multiplies by every weight once. From the fp32 copy that is 4-8x the
+ * weight traffic of the file's blocks, and torch's fp32 GEMM at such a small M is memory
+ * bound (docs/perf.md, "Short prefills"). So each group of 4 rows is dequantized once
+ * (dequant.c, bit-exact to gguf) into an L1-resident fp32 tile, then multiplied against
+ * every activation row (4 rows x 3 activations per register tile: 12 FMA chains, 7 loads
+ * per 12 FMAs), so the FMA ports, not DRAM, are the limit.
  *
  * Results equal dequantize(W) @ x up to float summation order (the same values as the fp32
  * copy, which is the dequantized file). Chunk bounds depend on the shape only, so results
@@ -105,8 +105,8 @@ static void gemm_chunk(void *ctx, int64_t c) {
  * unsupported type or shape. */
 static int gemm(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int64_t n, int nth) {
     if (nparts < 1 || nparts > DS4K_MAX_PARTS || n <= 0 || cols <= 0 || cols % 8 || cols > GEMM_MAX_COLS) return -1;
-    /* One row (the head of a prefill): the GEMV reads each block once without a tile, 1.5-2.6x
-     * faster here (a [49152, 576] Q8_0 head: 2.3 -> 1.5 ms, Q4_K: 2.9 -> 1.1 ms, 1 thread). */
+    /* One row (the head of a prefill): the GEMV reads each block once, without building a
+     * tile (docs/perf.md, "Quant types and run-time ISA variants"). */
     if (n == 1) return gemv(parts, nparts, x, y, cols, nth);
     gemm_job job = {.parts = parts, .x = x, .y = y, .cols = cols, .n = n};
     for (int k = 0; k < nparts; k++) {

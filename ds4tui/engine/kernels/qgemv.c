@@ -16,7 +16,8 @@
  * with the per-32 sums of x computed once per call, not once per row. Signed types
  * subtract their offset in the byte domain (exact). Rows go in pairs: the x loads are
  * shared and two accumulator chains hide FMA latency. Software prefetch ahead of each row
- * stream: without it the hardware prefetcher left a 30 MB Q8_0 head at ~5 GB/s from DRAM.
+ * stream: the hardware prefetcher alone left the Q8_0 head far below DRAM speed (docs/perf.md,
+ * "How decode got there", item 2).
  * Block layouts: dequant.c.
  */
 
@@ -325,9 +326,9 @@ static void gemv_chunk(void *ctx, int64_t c) {
 }
 
 /* A matrix is cut into an even number of equal chunks of at most this many bytes. Large
- * chunks keep each thread on long sequential runs, which the hardware prefetcher needs:
- * decode measured 79 / 109 / 146 tok/s with 4 / 12 / 128 KB chunks (2 threads, SmolLM2).
- * Bounds depend on the shape only, never on the thread count (see ds4k.h). */
+ * chunks keep each thread on long sequential runs, which the hardware prefetcher needs
+ * (docs/perf.md, "How decode got there", item 5). Bounds depend on the shape only, never on
+ * the thread count (see ds4k.h). */
 #define CHUNK_BYTES 131072
 
 /* y = [parts stacked by rows] x; 0 on success, -1 for an unsupported type or shape. */
