@@ -33,6 +33,7 @@ from ds4tui.format.kvc import (
 )
 from ds4tui.cache.policy import ScoreParts
 from ds4tui.format.display import safe_text
+from ds4tui.cache.safe_open import NotRegularFile, open_regular
 from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, MODEL_ID_DSV4_CUSTOM, MODEL_ID_LLAMA
 
 # Model ids ds4tui has an engine for; files with other ids are listed, never loaded.
@@ -106,6 +107,9 @@ class KvEntry:
     held_by: str | None = None
     duplicate: bool = False
     deep: bool = False
+    # False for a FIFO, device, directory or symlink under a cache-file name:
+    # never opened, never written, never evicted, counted as 0 bytes.
+    regular: bool = True
 
     @property
     def valid(self) -> bool:
@@ -179,7 +183,7 @@ def inspect_file(path: str | os.PathLike, *, acceptor: Acceptor | None = ANY_DS4
     path = Path(path)
     entry = KvEntry(path=str(path), sha=sha_from_name(path.name), file_bytes=0, deep=deep)
     try:
-        with open(path, "rb") as fp:
+        with open_regular(path) as fp:
             entry.file_bytes = os.fstat(fp.fileno()).st_size
             failed = _read_header(entry, fp)
             if failed is not None:
@@ -189,6 +193,9 @@ def inspect_file(path: str | os.PathLike, *, acceptor: Acceptor | None = ANY_DS4
             return _inspect_deep(entry, fp, acceptor, preview_bytes)
     except FileNotFoundError:
         return _fail(entry, "file not found", corrupt=False)
+    except NotRegularFile as exc:
+        entry.regular = False
+        return _fail(entry, str(exc), corrupt=False)
     except OSError as exc:
         return _fail(entry, f"cannot read: {exc.strerror or exc}", corrupt=False)
 

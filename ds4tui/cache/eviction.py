@@ -158,11 +158,12 @@ def score_entries(entries: Iterable[KvEntry], policy: CachePolicy, now: float) -
 def choose_victims(entries: list[KvEntry], target_bytes: int, protect: frozenset[str] = frozenset()) -> list[KvEntry]:
     """Lowest score first (ties: least recently used first) until the total fits `target_bytes`.
 
-    Entries need `score` set. Pinned and protected files are never chosen, so
+    Entries need `score` set. Pinned and protected files, and names that are not
+    regular files (a FIFO, a directory, a symlink: never ours to delete), are never chosen, so
     the result may leave the total above target when they alone exceed it.
     """
     total = sum(e.file_bytes for e in entries)
-    candidates = [e for e in entries if not e.pinned and (e.sha is None or e.sha not in protect)]
+    candidates = [e for e in entries if e.regular and not e.pinned and (e.sha is None or e.sha not in protect)]
 
     def key(e: KvEntry):
         return (e.score.score if e.score else 0.0, e.header.last_used if e.header else 0)

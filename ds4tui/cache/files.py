@@ -30,6 +30,7 @@ from ds4tui.format.kvc import (
     encode_header,
     sha_from_name,
 )
+from ds4tui.cache.safe_open import open_regular
 
 WritePayload = Callable[[BinaryIO], Any]
 TMP_MARK = ".tmp."
@@ -99,9 +100,12 @@ def describe_failure(exc: Exception) -> str:
 
 def write_header_fields(path: Path, *, hits: int | None = None, last_used: int | None = None,
                         ext_flags: Callable[[int], int] | None = None) -> bool:
-    """Rewrite header fields in place (the only in-place writes of the format)."""
+    """Rewrite header fields in place (the only in-place writes of the format).
+
+    Only a regular file is opened, never through a symlink: a link named like a
+    cache file must not make ds4tui write into its target outside the directory."""
     try:
-        with open(path, "r+b") as fp:
+        with open_regular(path, write=True) as fp:
             header = decode_header(fp.read(PREFIX_BYTES))
             fd = fp.fileno()
             if hits is not None:
@@ -118,7 +122,7 @@ def write_header_fields(path: Path, *, hits: int | None = None, last_used: int |
 def read_text(path: str | Path, text_bytes: int) -> bytes | None:
     """The stored text of a file, or None if it vanished or is short."""
     try:
-        with open(path, "rb") as fp:
+        with open_regular(path) as fp:
             fp.seek(PREFIX_BYTES)
             text = fp.read(text_bytes)
     except OSError:
@@ -129,7 +133,7 @@ def read_text(path: str | Path, text_bytes: int) -> bytes | None:
 def unlink_if_same(path: Path, fp: BinaryIO) -> bool:
     """Delete `path` only if it is still the open file `fp` (a writer may have replaced it)."""
     try:
-        if os.stat(path).st_ino != os.fstat(fp.fileno()).st_ino:
+        if os.lstat(path).st_ino != os.fstat(fp.fileno()).st_ino:
             return False
         os.unlink(path)
         return True

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ds4tui.cache.entry import NOT_LOADABLE, PREVIEW_BYTES, Acceptor, KvEntry
 from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc
+from ds4tui.cache.safe_open import open_regular
 from ds4tui.cache.store import KvStore
 from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, read_fingerprint
 
@@ -47,7 +48,7 @@ class TextIndex:
     def refresh(self, e: KvEntry) -> None:
         """Make sure `e`'s text is current; give a corrupt file (no preview from inspection) one."""
         try:
-            st = os.stat(e.path)
+            st = os.lstat(e.path)
         except OSError:
             return
         key = (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -57,7 +58,7 @@ class TextIndex:
             text = ""
             if e.header is not None:
                 try:
-                    with open(e.path, "rb") as fp:
+                    with open_regular(e.path) as fp:
                         fp.seek(PREFIX_BYTES)
                         text = fp.read(min(e.header.text_bytes, FILTER_TEXT_CAP)).decode("utf-8", "replace")
                 except OSError:
@@ -98,7 +99,9 @@ def scan(store: KvStore, acceptor: Acceptor, *, gen: int, now: float, texts: Tex
 
 def _read_raw(e: KvEntry, result: BrowserScan, model_fingerprint: bytes | None) -> None:
     try:
-        with open(e.path, "rb") as fp:
+        if not e.regular:
+            return
+        with open_regular(e.path) as fp:
             result.raw_headers[e.path] = fp.read(PREFIX_BYTES)
             h = e.header
             if h is None or h.payload_abi != DS4TUI_PAYLOAD_ABI or not e.payload:
@@ -122,7 +125,7 @@ def read_transcript(e: KvEntry, cap: int) -> bytes:
     Raises ValueError when the header does not decode, OSError when the file cannot be read."""
     if e.header is None:
         raise ValueError("the header does not decode")
-    with open(e.path, "rb") as fp:
+    with open_regular(e.path) as fp:
         try:
             return read_kvc(fp).text[:cap]
         except KvcFormatError:

@@ -52,6 +52,7 @@ from ds4tui.format.kvc import (
 )
 from ds4tui.cache.policy import DEFAULT_POLICY, MIB, CachePolicy
 from ds4tui.format.display import human_bytes
+from ds4tui.cache.safe_open import CacheDirError, NotRegularFile, dir_problem, open_regular
 
 # Returns the number of tokens it restored, or None when it cannot tell.
 LoadPayload = Callable[[BinaryIO, int], int | None]
@@ -112,12 +113,22 @@ class KvStore:
     def path_for(self, sha: str) -> Path:
         return self.dir / kv_name(sha)
 
+    def problem(self, *, write: bool = True) -> str | None:
+        """Why this directory cannot be used (not a directory, unreadable, read-only), or None."""
+        return dir_problem(self.dir, write=write)
+
     def shas(self) -> list[str]:
-        """SHA of every cache file name in the directory (none if it does not exist)."""
+        """SHA of every cache file name in the directory (none if it does not exist).
+
+        Raises CacheDirError, with a one-line reason, when the path is not a
+        readable directory."""
         try:
             names = os.listdir(self.dir)
         except FileNotFoundError:
             return []
+        except OSError as exc:
+            raise CacheDirError(exc.errno, self.problem(write=False)
+                                or f"cache directory {self.dir}: {exc.strerror or exc}") from None
         return sorted(s for s in map(sha_from_name, names) if s)
 
     def find(self, prefix: str) -> list[str]:
@@ -192,7 +203,11 @@ class KvStore:
         """Restore the longest cached prefix of `prompt`; try shorter ones if it is rejected."""
         prompt = _as_bytes(prompt)
         events: list = []
-        candidates = self.lookup(prompt, acceptor)
+        try:
+            candidates = self.lookup(prompt, acceptor)
+        except CacheDirError as exc:
+            miss = Miss(str(exc))
+            return LoadResult(miss, (miss,))
         for e in candidates:
             result = self._load_path(Path(e.path), e.sha, prompt, acceptor, load_payload, events)
             if result is not None:
@@ -218,9 +233,13 @@ class KvStore:
                    load_payload: LoadPayload, events: list) -> LoadResult | None:
         t0 = time.perf_counter()
         try:
-            fp = open(path, "rb")
+            fp = open_regular(path)
         except FileNotFoundError:
             return None  # evicted by someone else since the scan
+        except OSError as exc:  # a FIFO, directory or link under this name; unreadable
+            events.append(Rejected(sha, str(exc) if isinstance(exc, NotRegularFile)
+                                   else f"cannot read: {exc.strerror or exc}", False))
+            return None
         with fp:
             try:
                 kf = self._validate(fp, sha, prompt, acceptor, load_payload)
@@ -287,8 +306,14 @@ class KvStore:
         return files.write_header_fields(self.path_for(sha), ext_flags=lambda f: f & ~EXT_PINNED)
 
     def delete(self, sha: str) -> bool:
+        """Remove one name (a symlink itself, never its target); False when already gone.
+
+        Raises OSError for what cannot be removed (a directory under that name, a read-only directory)."""
+        path = self.path_for(sha)
         try:
-            os.unlink(self.path_for(sha))
+            if os.path.isdir(path) and not os.path.islink(path):
+                raise IsADirectoryError(21, "is a directory, not a cache file", str(path))
+            os.unlink(path)
         except FileNotFoundError:
             return False
         return True
@@ -306,7 +331,7 @@ class KvStore:
         title_b = _as_bytes(title)
         if not title_b:
             raise ValueError("a title cannot be empty")
-        with open(self.path_for(sha), "rb") as fp:
+        with open_regular(self.path_for(sha)) as fp:
             try:
                 kf = read_kvc(fp)
             except KvcFormatError as exc:
@@ -316,7 +341,7 @@ class KvStore:
             new_sha = title_sha(title_b, kf.header.created_at)
             if new_sha == sha:
                 return sha
-            if self.path_for(new_sha).exists():
+            if os.path.lexists(self.path_for(new_sha)):
                 raise ValueError(f"a session with that title and creation time exists ({new_sha[:12]})")
 
             def copy_payload(out: BinaryIO) -> None:
@@ -374,7 +399,10 @@ class KvStore:
         if reused is not None:
             return SaveResult(reused, (reused,))
         required = self.policy.required_bytes(file_bytes)
-        entries = self.scan()
+        try:
+            entries = self.scan()
+        except CacheDirError as exc:
+            return failed(str(exc))
         if any(e.sha == sha and e.pinned for e in entries):
             # Re-saving a pinned session must not drop its pin.
             header = header.with_(ext_flags=header.ext_flags | EXT_PINNED)

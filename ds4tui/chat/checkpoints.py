@@ -22,6 +22,7 @@ from ds4tui.cache.entry import Acceptor, inspect_file
 from ds4tui.cache.events import Miss, Rejected
 from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc
 from ds4tui.cache.policy import CachePolicy
+from ds4tui.cache.safe_open import CacheDirError, open_regular
 from ds4tui.cache.store import KvStore
 from ds4tui.format.payload import read_fingerprint
 from ds4tui.engine.errors import EngineError
@@ -84,7 +85,7 @@ class Checkpoints:
             reason = result.event.reason if isinstance(result.event, Miss) else "not loaded"
             raise EngineError(f"cannot resume {saved.title or saved.sha[:12]!r}: {reason}")
         try:
-            with open(saved.path, "rb") as fp:
+            with open_regular(saved.path) as fp:
                 return read_kvc(fp, with_trailers=False).text
         except (OSError, KvcFormatError) as exc:
             session.reset()
@@ -137,7 +138,11 @@ class Checkpoints:
         """Valid titled sessions written by this model (same fingerprint), newest first."""
         acc = self.acceptor()
         out = []
-        for sha in self.store.shas():
+        try:
+            shas = self.store.shas()
+        except CacheDirError:
+            return []  # the directory went away or changed into a file; saves say why
+        for sha in shas:
             e = inspect_file(self.store.path_for(sha), acceptor=acc, deep=True, preview_bytes=0)
             h = e.header
             if not e.valid or h is None or not h.titled or e.title is None:
@@ -174,7 +179,7 @@ def _loader(session: Session) -> Callable[[BinaryIO, int], int]:
 def _payload_fingerprint(path: str | Path, text_bytes: int, payload_bytes: int) -> bytes | None:
     """The model fingerprint of a ds4tui file's payload; None when unreadable."""
     try:
-        with open(path, "rb") as fp:
+        with open_regular(path) as fp:
             return read_fingerprint(fp, PREFIX_BYTES + text_bytes, payload_bytes)
     except OSError:
         return None

@@ -21,6 +21,7 @@ import threading
 from typing import Callable
 
 from ds4tui.cache.policy import CachePolicy
+from ds4tui.cache.safe_open import dir_problem
 from ds4tui.cache.store import KvStore
 from ds4tui.chat.checkpoints import Checkpoints, SavedSession
 from ds4tui.chat.conversation import MAX_TITLE_CHARS, Conversation, default_title
@@ -50,9 +51,16 @@ class ChatController:
         self.settings = Settings(config)
         self.policy = policy or CachePolicy(budget_mb=self.settings.config.budget_mb)
         self.checkpoints: Checkpoints | None = None
+        # Set when the disk cache is off because its directory cannot be used (not a
+        # directory, read-only): one line the UI shows; the chat goes on without it.
+        self.disk_cache_notice: str | None = None
         if not self.settings.config.no_disk_cache:
-            self.checkpoints = Checkpoints(model, self.settings.config.cache_path(), self.policy,
-                                           ctx_size=self.settings.config.ctx)
+            problem = dir_problem(self.settings.config.cache_path(), write=True)
+            if problem:
+                self.disk_cache_notice = f"disk cache off: {problem}"
+            else:
+                self.checkpoints = Checkpoints(model, self.settings.config.cache_path(), self.policy,
+                                               ctx_size=self.settings.config.ctx)
         self.conversations = Conversations()
         self._stop = threading.Event()
         self.pool = SessionPool(model, self.settings, self.conversations, self.checkpoints)
@@ -181,10 +189,14 @@ class ChatController:
         Raises LookupError when nothing (or more than one file) matches, EngineError
         when the file cannot be restored into this model.
         """
+        if self.disk_cache_notice:
+            raise LookupError(f"{self.disk_cache_notice}: nothing to resume")
         return self.saved.resume(query, on_event)
 
     def open_file(self, sha: str, on_event: EventFn = _ignore) -> Conversation:
         """Open any checkpoint this model wrote (the cache browser's resume), titled or not."""
+        if self.disk_cache_notice:
+            raise LookupError(f"{self.disk_cache_notice}: nothing to resume")
         return self.saved.open_file(sha, on_event)
 
     def shutdown(self, on_event: EventFn = _ignore) -> None:

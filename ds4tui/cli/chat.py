@@ -62,6 +62,9 @@ def check_resume(query: str, cache_dir: Path) -> None:
     from ds4tui.cli.errors import CliError
 
     store = KvStore(cache_dir)
+    problem = store.problem(write=False)
+    if problem:
+        raise CliError(f"--resume {query!r}: {problem}")
     titled = []
     for sha in store.shas():
         e = inspect_file(store.path_for(sha), deep=True, preview_bytes=0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -79,10 +80,16 @@ def _cache_dir(args) -> Path:
     return _config().cache_path()
 
 
-def _store(args, budget_mb: int | None = None):
+def _store(args, budget_mb: int | None = None, *, write: bool = False):
+    """The store of the chosen directory; CliError (one line) when that directory cannot be
+    used: not a directory, unreadable, or read-only for a verb that writes."""
     from ds4tui.cache import KvStore
 
-    return KvStore(_cache_dir(args), budget_mb=budget_mb)
+    store = KvStore(_cache_dir(args), budget_mb=budget_mb)
+    problem = store.problem(write=write)
+    if problem:
+        raise CliError(problem)
+    return store
 
 
 def _resolve(store, prefix: str) -> str:
@@ -153,10 +160,12 @@ def cmd_ls(args) -> int:
 
 def _locate(args) -> tuple[Path, object | None]:
     """The file to inspect, and its scored entry when it lives in a cache directory."""
+    if not args.file.strip():
+        raise CliError("inspect needs a .kv file path or a sha prefix, got an empty name")
     given = Path(args.file).expanduser()
-    if given.is_dir():
-        raise CliError(f"{args.file}: is a directory")
-    if given.exists():
+    if given.is_dir() and not given.is_symlink():
+        raise CliError(f"{args.file}: is a directory, not a .kv file")
+    if os.path.lexists(given):
         from ds4tui.cache import KvStore
         from ds4tui.format.kvc import sha_from_name
 
@@ -268,15 +277,19 @@ def _json_of(entry) -> dict:
 
 
 def cmd_edit(args) -> int:
-    store = _store(args)
+    store = _store(args, write=True)
     sha = _resolve(store, args.sha)
     if args.verb == "rm":
-        if not store.delete(sha):
+        try:
+            gone = store.delete(sha)
+        except OSError as exc:
+            raise CliError(f"{sha[:12]}: cannot remove: {exc.strerror or exc}") from None
+        if not gone:
             raise CliError(f"{sha[:12]}: already gone")
         print(f"removed {sha}")
         return 0
     if not store.set_pinned(sha, args.verb == "pin"):
-        raise CliError(f"{sha[:12]}: cannot {args.verb}: not a readable KVC file")
+        raise CliError(f"{sha[:12]}: cannot {args.verb}: not a writable regular KVC file")
     print(f"{'pinned' if args.verb == 'pin' else 'unpinned'} {sha}")
     return 0
 
@@ -285,7 +298,7 @@ def cmd_evict(args) -> int:
     budget = args.budget_mb if args.budget_mb is not None else _config().budget_mb
     if budget < 0:
         raise CliError("--budget-mb must be >= 0")
-    store = _store(args, budget_mb=budget)
+    store = _store(args, budget_mb=budget, write=not args.dry_run)
     total = sum(e.file_bytes for e in store.scan())
     ev = store.evict(dry_run=args.dry_run)
     verb = "would evict" if args.dry_run else "evicted"
