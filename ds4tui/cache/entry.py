@@ -25,6 +25,7 @@ from ds4tui.format.kvc import (
     KvcFile,
     KvcFormatError,
     KvcHeader,
+    check_lengths,
     decode_header,
     model_name,
     payload_abi_name,
@@ -165,8 +166,10 @@ def _judge(entry: KvEntry, acceptor: Acceptor | None) -> KvEntry:
     h = entry.header
     if h.tokens == 0:
         return _fail(entry, "header says 0 tokens", corrupt=True)
-    if h.body_bytes > entry.file_bytes:
-        return _fail(entry, f"truncated file: {entry.file_bytes} bytes, header promises {h.body_bytes}", corrupt=True)
+    try:
+        check_lengths(h, entry.file_bytes)
+    except KvcFormatError as exc:
+        return _fail(entry, str(exc), corrupt=True)
     if acceptor is not None:
         why = acceptor.why_not(h)
         if why:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ds4tui.format.kvc import (
+    MAX_TEXT_BYTES,
     OFFSET_EXT_FLAGS,
     OFFSET_HITS,
     OFFSET_LAST_USED,
@@ -120,7 +121,9 @@ def write_header_fields(path: Path, *, hits: int | None = None, last_used: int |
 
 
 def read_text(path: str | Path, text_bytes: int) -> bytes | None:
-    """The stored text of a file, or None if it vanished or is short."""
+    """The stored text of a file, or None if it vanished, is short, or claims more than any text can be."""
+    if text_bytes > MAX_TEXT_BYTES:
+        return None
     try:
         with open_regular(path) as fp:
             fp.seek(PREFIX_BYTES)

@@ -124,9 +124,16 @@ _TOOL_MAP_HEADER = struct.Struct("<3sBI")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
-# Trailers are small (tool ids -> DSML blocks, a title); a larger tail is
-# certainly not one, and reading it whole would let a bad file exhaust memory.
-MAX_TRAILER_BYTES = 64 << 20
+# Bounds on what a header may claim, checked before anything is read or
+# allocated from the claim (a crafted sparse file can claim 4 GiB of text).
+# The text renders `tokens` tokens, and no tokenizer has a token of more than
+# MAX_TOKEN_BYTES bytes (the longest in common vocabularies are a few hundred
+# bytes of whitespace); MAX_TEXT_BYTES caps it outright (16M tokens at 4 bytes).
+# Trailers are small (tool ids -> DSML blocks, a title, a checksum); a larger
+# tail is certainly not one.
+MAX_TOKEN_BYTES = 1024
+MAX_TEXT_BYTES = 64 << 20
+MAX_TRAILER_BYTES = 16 << 20
 
 _KV_NAME = re.compile(r"^[0-9a-fA-F]{40}\.kv$")
 
@@ -213,6 +220,19 @@ def encode_header(h: KvcHeader) -> bytes:
         )
     except struct.error as exc:
         raise KvcFormatError(f"header field out of range: {exc}") from None
+
+
+def check_lengths(h: KvcHeader, file_bytes: int) -> None:
+    """KvcFormatError when the header claims more text or file than the bounds and the file allow.
+
+    Cheap and read-free: every reader calls it before trusting a length."""
+    limit = min(h.tokens * MAX_TOKEN_BYTES, MAX_TEXT_BYTES)
+    if h.text_bytes > limit:
+        raise KvcFormatError(f"text of {h.text_bytes} bytes for {h.tokens} tokens exceeds the bound of {limit}"
+                             f" ({MAX_TOKEN_BYTES} bytes a token, {MAX_TEXT_BYTES >> 20} MiB at most)")
+    if h.body_bytes > file_bytes:
+        raise KvcFormatError(f"truncated file: {file_bytes} bytes, header promises {h.body_bytes}"
+                             f" (text {h.text_bytes} + payload {h.payload_bytes})")
 
 
 def decode_header(data: bytes) -> KvcHeader:
@@ -374,10 +394,7 @@ def read_kvc(fp: BinaryIO, *, with_trailers: bool = True) -> KvcFile:
         size = fp.seek(0, io.SEEK_END)
         fp.seek(0)
         header = decode_header(fp.read(PREFIX_BYTES))
-        if header.body_bytes > size:
-            raise KvcFormatError(
-                f"truncated file: {size} bytes, header promises {header.body_bytes}"
-                f" (text {header.text_bytes} + payload {header.payload_bytes})")
+        check_lengths(header, size)
         text = _read_exact(fp, header.text_bytes, "text")
         head = fp.read(min(header.payload_bytes, DSV4_HEADER_BYTES))
         payload_header = decode_payload_header(head)

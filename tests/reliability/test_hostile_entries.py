@@ -171,3 +171,25 @@ def test_cli_read_only_dir_refuses_writes_in_one_line(tmp_path, capsys, monkeypa
 def test_inspect_empty_name(capsys):
     assert cli_main(["kv", "inspect", ""]) == 1
     assert "empty" in capsys.readouterr().err
+
+
+def test_sparse_giant_claiming_4gib_of_text_is_rejected_from_the_header(tmp_path, capsys):
+    """50 GB on paper, text_bytes = 2^32-1: rejected by the length bound, nothing read or allocated."""
+    from tests.cache.kvc_builders import header_bytes
+
+    d = tmp_path / "kv"
+    d.mkdir()
+    p = d / name("sparse")
+    with open(p, "wb") as fp:
+        fp.write(header_bytes(tokens=1000, text_bytes=2**32 - 1, payload_bytes=1 << 30, abi=128, model=0x80,
+                              quant=8, ctx=4096, ext=0x08))
+        fp.truncate(50 * 10**9)
+    store = KvStore(d)
+    with deadline(10):
+        [e] = store.entries()
+        assert not e.valid and "exceeds the bound" in e.error
+        assert cli_main(["kv", "ls", "--dir", str(d)]) == 0
+        assert "exceeds the bound" in capsys.readouterr().out
+        result = store.load_file(p.name[:40], ENGINE, lambda fp, n: pytest.fail("payload read"))
+    assert result.hit is None and "exceeds the bound" in result.events[0].reason
+    assert not p.exists()  # proven corrupt by its own header: deleted like any corrupt file
