@@ -32,6 +32,7 @@ from ds4tui.format.kvc import (
     read_kvc,
     sha_from_name,
 )
+from ds4tui.cache.integrity import verify_file
 from ds4tui.cache.policy import ScoreParts
 from ds4tui.format.display import safe_text
 from ds4tui.cache.safe_open import NotRegularFile, open_regular
@@ -46,6 +47,7 @@ JSON_KEYS = (
     "reason_code", "ext_flags", "ext_flag_names", "model_id", "tokens", "hits",
     "ctx_size", "payload_abi", "created_at", "last_used", "payload_bytes",
     "text_bytes", "file_bytes", "title", "pinned", "text_preview", "payload", "trailers",
+    "checksum",
 )
 
 NOT_LOADABLE = "not loadable here: "
@@ -108,6 +110,9 @@ class KvEntry:
     held_by: str | None = None
     duplicate: bool = False
     deep: bool = False
+    # "ok", "mismatch", "none" (no checksum trailer: ds4's files, older ds4tui
+    # files), "unchecked" (has one, not verified by this inspection) or "" (not read).
+    checksum: str = ""
     # False for a FIFO, device, directory or symlink under a cache-file name:
     # never opened, never written, never evicted, counted as 0 bytes.
     regular: bool = True
@@ -150,6 +155,7 @@ class KvEntry:
             "text_preview": self.text_preview,
             "payload": self.payload,
             "trailers": self.trailers,
+            "checksum": self.checksum or None,
         }
         assert tuple(out) == JSON_KEYS
         return out
@@ -179,10 +185,11 @@ def _judge(entry: KvEntry, acceptor: Acceptor | None) -> KvEntry:
 
 
 def inspect_file(path: str | os.PathLike, *, acceptor: Acceptor | None = ANY_DS4TUI,
-                 deep: bool = True, preview_bytes: int = PREVIEW_BYTES) -> KvEntry:
+                 deep: bool = True, preview_bytes: int = PREVIEW_BYTES, verify: bool = False) -> KvEntry:
     """Decode one file. `deep` also reads the text (hash check), the payload's
     DSV4 header (token count check) and the trailers; without it only the 52
-    header bytes are read, which is what eviction and lookup need."""
+    header bytes are read, which is what eviction and lookup need. `verify`
+    (with `deep`) reads the whole file to check its checksum."""
     path = Path(path)
     entry = KvEntry(path=str(path), sha=sha_from_name(path.name), file_bytes=0, deep=deep)
     try:
@@ -193,7 +200,7 @@ def inspect_file(path: str | os.PathLike, *, acceptor: Acceptor | None = ANY_DS4
                 return failed
             if not deep:
                 return _judge(entry, acceptor)
-            return _inspect_deep(entry, fp, acceptor, preview_bytes)
+            return _inspect_deep(entry, fp, acceptor, preview_bytes, verify)
     except FileNotFoundError:
         return _fail(entry, "file not found", corrupt=False)
     except NotRegularFile as exc:
@@ -226,12 +233,18 @@ def _read_header(entry: KvEntry, fp) -> KvEntry | None:
     return None
 
 
-def _inspect_deep(entry: KvEntry, fp, acceptor: Acceptor | None, preview_bytes: int) -> KvEntry:
+def _inspect_deep(entry: KvEntry, fp, acceptor: Acceptor | None, preview_bytes: int, verify: bool) -> KvEntry:
     try:
         kf = read_kvc(fp)
     except KvcFormatError as exc:
         return _fail(entry, str(exc), corrupt=True)
     _fill_from_file(entry, kf, preview_bytes)
+    entry.checksum = "none" if kf.checksum is None else "unchecked"
+    if verify and kf.checksum is not None:
+        verdict = verify_file(fp, kf)
+        entry.checksum = "ok" if verdict == "ok" else "mismatch"
+        if verdict != "ok":
+            return _fail(entry, verdict, corrupt=True)
     if entry.sha is None:
         entry.sha = kf.identity_sha
     elif kf.identity_sha != entry.sha:

@@ -19,7 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from ds4tui.cache.integrity import HashingWriter, new_hasher
 from ds4tui.format.kvc import (
+    EXT_CHECKSUM,
     MAX_TEXT_BYTES,
     OFFSET_EXT_FLAGS,
     OFFSET_HITS,
@@ -28,6 +30,7 @@ from ds4tui.format.kvc import (
     KvcFormatError,
     KvcHeader,
     decode_header,
+    encode_checksum,
     encode_header,
     sha_from_name,
 )
@@ -45,16 +48,22 @@ def write_atomic(final: Path, header: KvcHeader, text: bytes, write_payload: Wri
                  tail: bytes) -> None:
     """Write a whole file under a temp name and rename it to `final`.
 
-    On any failure (including KeyboardInterrupt) the temp file is removed and
-    the exception propagates; `final` is then exactly as it was.
+    The header must carry EXT_CHECKSUM: text, payload and `tail` are hashed as
+    they are written and the checksum trailer closes the file. On any failure
+    (including KeyboardInterrupt) the temp file is removed and the exception
+    propagates; `final` is then exactly as it was.
     """
+    if not header.ext_flags & EXT_CHECKSUM:
+        raise ValueError("ds4tui writes every file with its checksum trailer")
     final.parent.mkdir(parents=True, exist_ok=True)
     # pid + random: unique across processes and threads; never a cache-file name.
     tmp = final.with_name(f"{final.name}{TMP_MARK}{os.getpid()}.{secrets.token_hex(4)}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        with os.fdopen(fd, "wb") as fp:
-            fp.write(encode_header(header))
+        with os.fdopen(fd, "wb") as raw:
+            raw.write(encode_header(header))
+            hasher = new_hasher()
+            fp = HashingWriter(raw, hasher)
             fp.write(text)
             start = fp.tell()
             write_payload(fp)
@@ -62,8 +71,9 @@ def write_atomic(final: Path, header: KvcHeader, text: bytes, write_payload: Wri
             if written != header.payload_bytes:
                 raise PayloadSizeError(f"payload writer wrote {written} bytes, declared {header.payload_bytes}")
             fp.write(tail)
-            fp.flush()
-            os.fsync(fp.fileno())
+            raw.write(encode_checksum(hasher.intdigest()))
+            raw.flush()
+            os.fsync(raw.fileno())
         os.replace(tmp, final)
     except BaseException:
         try:

@@ -1,6 +1,7 @@
 """What the cache browser reads from a directory in one pass, off the UI thread.
 
-Owns: one `BrowserScan` (the store's scored entries, plus each file's raw 52
+Owns: one `BrowserScan` (the store's scored entries with their checksums
+checked once per file version (`ChecksumIndex`), plus each file's raw 52
 header bytes for the hex view, the model fingerprint of ds4tui payloads, and
 the verdict "another model" when that fingerprint is not the running
 model's), and the `TextIndex` the filter searches (each file's text, re-read
@@ -15,7 +16,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from ds4tui.cache.entry import NOT_LOADABLE, PREVIEW_BYTES, Acceptor, KvEntry
+from ds4tui.cache.entry import NOT_LOADABLE, PREVIEW_BYTES, Acceptor, KvEntry, inspect_file
 from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc
 from ds4tui.cache.safe_open import open_regular
 from ds4tui.cache.store import KvStore
@@ -86,14 +87,56 @@ class TextIndex:
         return needle in (cached[1] if cached else (e.text_preview or "").casefold())
 
 
+class ChecksumIndex:
+    """Checksum verdicts; a file is read whole only when it is new or its inode or size changed
+    (hits and pins rewrite header bytes in place, which the checksum does not cover)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._verdicts: dict[str, tuple[tuple[int, int], str, str | None]] = {}  # path -> (key, verdict, error)
+
+    def apply(self, e: KvEntry) -> None:
+        """Fill e.checksum ("ok" / "mismatch"); a mismatch makes the entry corrupt with its reason."""
+        if e.checksum != "unchecked":
+            return
+        try:
+            st = os.lstat(e.path)
+        except OSError:
+            return
+        key = (st.st_ino, st.st_size)
+        with self._lock:
+            cached = self._verdicts.get(e.path)
+        if cached is None or cached[0] != key:
+            checked = inspect_file(e.path, acceptor=None, verify=True, preview_bytes=0)
+            if checked.checksum not in ("ok", "mismatch"):
+                return
+            cached = (key, checked.checksum, checked.error if checked.checksum == "mismatch" else None)
+            with self._lock:
+                self._verdicts[e.path] = cached
+        e.checksum = cached[1]
+        if cached[2]:
+            e.error, e.corrupt, e.not_loadable = cached[2], True, None
+
+    def forget_except(self, paths: set[str]) -> None:
+        with self._lock:
+            for path in [p for p in self._verdicts if p not in paths]:
+                del self._verdicts[path]
+
+
 def scan(store: KvStore, acceptor: Acceptor, *, gen: int, now: float, texts: TextIndex,
-         model_fingerprint: bytes | None = None) -> BrowserScan:
-    """Every file, scored, with its raw header bytes and fingerprint; `texts` is brought up to date."""
+         model_fingerprint: bytes | None = None, checksums: ChecksumIndex | None = None) -> BrowserScan:
+    """Every file, scored, with its raw header bytes and fingerprint; `texts` (and `checksums`)
+    are brought up to date."""
     result = BrowserScan(gen, now, store.entries(acceptor=acceptor))
     for e in result.entries:
+        if checksums is not None:
+            checksums.apply(e)
         _read_raw(e, result, model_fingerprint)
         texts.refresh(e)
-    texts.forget_except({e.path for e in result.entries})
+    paths = {e.path for e in result.entries}
+    texts.forget_except(paths)
+    if checksums is not None:
+        checksums.forget_except(paths)
     return result
 
 

@@ -33,10 +33,14 @@ from ds4tui.cache import eviction, files
 from ds4tui.cache.files import WritePayload
 from ds4tui.cache.entry import ANY_DS4TUI, NOT_LOADABLE, Acceptor, KvEntry, inspect_file, is_foreign_version
 from ds4tui.cache.events import Evicted, EvictedFile, Hit, Miss, Rejected, Saved, SaveFailed
+from ds4tui.cache.integrity import ChecksumMismatch, VerifyingReader, covered_tail, new_hasher
 from ds4tui.format.kvc import (
+    CHECKSUM_TRAILER_BYTES,
+    EXT_CHECKSUM,
     EXT_PINNED,
     EXT_SESSION_TITLE,
     EXT_TOOL_MAP,
+    EXT_TRAILERS,
     PREFIX_BYTES,
     KvcFile,
     KvcFormatError,
@@ -135,18 +139,18 @@ class KvStore:
         prefix = prefix.lower()
         return [s for s in self.shas() if s.startswith(prefix)]
 
-    def scan(self, *, deep: bool = False, acceptor: Acceptor | None = None) -> list[KvEntry]:
-        """Every cache file, decoded. Files that vanish mid-scan are skipped."""
+    def scan(self, *, deep: bool = False, acceptor: Acceptor | None = None, verify: bool = False) -> list[KvEntry]:
+        """Every cache file, decoded (`verify`: checksums checked too). Files that vanish mid-scan are skipped."""
         entries = []
         for sha in self.shas():
-            e = inspect_file(self.path_for(sha), acceptor=acceptor, deep=deep)
+            e = inspect_file(self.path_for(sha), acceptor=acceptor, deep=deep, verify=verify)
             if e.error != "file not found":
                 entries.append(e)
         return entries
 
-    def entries(self, acceptor: Acceptor | None = ANY_DS4TUI) -> list[KvEntry]:
+    def entries(self, acceptor: Acceptor | None = ANY_DS4TUI, *, verify: bool = False) -> list[KvEntry]:
         """Every file fully inspected and scored: what `kv ls` and the cache browser show."""
-        return self.score(self.scan(deep=True, acceptor=acceptor))
+        return self.score(self.scan(deep=True, acceptor=acceptor, verify=verify))
 
     def score(self, entries: list[KvEntry], incoming: eviction.Incoming | None = None) -> list[KvEntry]:
         """Fill in `superseded` and `score` (reads the texts of possible superseders)."""
@@ -281,14 +285,34 @@ class KvStore:
         ph = kf.payload_header
         if ph is not None and ph.token_count != header.tokens:
             raise _Reject(f"payload token count {ph.token_count} != header tokens {header.tokens}", corrupt=True)
-        fp.seek(kf.payload_offset)
         try:
-            restored = load_payload(fp, header.payload_bytes)
+            stream = self._payload_stream(fp, kf)
+            restored = load_payload(stream, header.payload_bytes)
+            if isinstance(stream, VerifyingReader) and not stream.verified:
+                stream.drain()  # the engine stopped short: the digest is still checked
+        except ChecksumMismatch as exc:
+            raise _Reject(str(exc), corrupt=True) from None
         except Exception as exc:  # the engine's own error: report it, keep the file
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, ChecksumMismatch):
+                raise _Reject(str(cause), corrupt=True) from None
             raise _Reject(f"payload load failed: {exc}", corrupt=False) from None
         if isinstance(restored, int) and restored != header.tokens:
             raise _Reject(f"payload restored {restored} tokens, header says {header.tokens}", corrupt=True)
         return kf
+
+    @staticmethod
+    def _payload_stream(fp: BinaryIO, kf: KvcFile) -> BinaryIO | VerifyingReader:
+        """The payload of `kf`, positioned at its start; through the checksum when the file has one
+        (ChecksumMismatch is raised by the read that completes the payload)."""
+        if kf.checksum is None:
+            fp.seek(kf.payload_offset)
+            return fp
+        hasher = new_hasher()
+        hasher.update(kf.text)
+        tail = covered_tail(fp, kf)
+        fp.seek(kf.payload_offset)
+        return VerifyingReader(fp, hasher, kf.header.payload_bytes, tail, kf.checksum)
 
     # -- in-place writes ------------------------------------------------------
 
@@ -344,18 +368,23 @@ class KvStore:
             if os.path.lexists(self.path_for(new_sha)):
                 raise ValueError(f"a session with that title and creation time exists ({new_sha[:12]})")
 
+            source = self._payload_stream(fp, kf)  # a corrupt source must not get a fresh checksum
+
             def copy_payload(out: BinaryIO) -> None:
-                fp.seek(kf.payload_offset)
                 left = kf.header.payload_bytes
                 while left:
-                    chunk = fp.read(min(left, 1 << 20))
+                    chunk = source.read(min(left, 1 << 20))
                     if not chunk:
                         raise OSError(f"{sha[:12]} shrank while it was copied")
                     out.write(chunk)
                     left -= len(chunk)
 
-            files.write_atomic(self.path_for(new_sha), kf.header, kf.text, copy_payload,
-                               trailer_bytes(kf.tool_map, title_b))
+            header = kf.header.with_(ext_flags=kf.header.ext_flags | EXT_CHECKSUM)
+            try:
+                files.write_atomic(self.path_for(new_sha), header, kf.text, copy_payload,
+                                   trailer_bytes(kf.tool_map, title_b))
+            except ChecksumMismatch as exc:
+                raise ValueError(f"{sha[:12]}: {exc}") from None
         self.delete(sha)
         return new_sha
 
@@ -381,7 +410,7 @@ class KvStore:
         created = now if created_at is None else created_at
         sha = text_sha(text) if title_b is None else title_sha(title_b, created)
         tail = trailer_bytes(tool_map, title_b)
-        flags = ext_flags & ~(EXT_TOOL_MAP | EXT_SESSION_TITLE | EXT_PINNED)
+        flags = (ext_flags & ~(EXT_TRAILERS | EXT_PINNED)) | EXT_CHECKSUM
         flags |= (EXT_TOOL_MAP if tool_map is not None else 0) | (EXT_SESSION_TITLE if title_b is not None else 0)
         flags |= EXT_PINNED if pinned else 0
         header = KvcHeader(quant_bits=engine.quant_bits or 0, reason_code=reason_code(reason),
@@ -389,7 +418,7 @@ class KvStore:
                            ctx_size=engine.ctx_size, payload_abi=engine.payload_abi,
                            created_at=created, last_used=now, payload_bytes=payload_bytes,
                            text_bytes=len(text))
-        file_bytes = header.body_bytes + len(tail)
+        file_bytes = header.body_bytes + len(tail) + CHECKSUM_TRAILER_BYTES
 
         def failed(why: str, *extra) -> SaveResult:
             ev = SaveFailed(why, tokens, file_bytes)

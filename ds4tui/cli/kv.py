@@ -33,13 +33,14 @@ def register(subparsers) -> None:
         "kv", help="list and manage the disk KV cache (.kv files)",
         description="List and manage the .kv files of a KV cache directory, including files ds4 wrote.",
     )
-    kv.set_defaults(func=cmd_ls, dir=None, json=False)
+    kv.set_defaults(func=cmd_ls, dir=None, json=False, verify=False)
     verbs = kv.add_subparsers(title="commands", metavar="VERB")
 
     p = verbs.add_parser("ls", parents=[common], help="one row per file (default)",
                          description="One row per .kv file: sha, reason, tokens, hits, size, times, title, pin, model, eviction score, status.")
     p.add_argument("--json", action="store_true", help="print a JSON list (same keys as inspect --json)")
-    p.set_defaults(func=cmd_ls)
+    p.add_argument("--verify", action="store_true", help="read every file whole to check its checksum")
+    p.set_defaults(func=cmd_ls, verify=False)
 
     p = verbs.add_parser("inspect", parents=[common], help="every decoded field of one file",
                          description="Decode one file: header fields, ext flags, title, trailers, the DSV4 payload header, a text preview and its validity.")
@@ -118,8 +119,16 @@ def _print_json(obj) -> None:
     print(json.dumps(obj, indent=2))
 
 
-def _entries_by_path(store) -> dict[str, object]:
-    return {e.path: e for e in store.entries()}
+def _entries_by_path(store, verify_path: str) -> dict[str, object]:
+    """Every entry of the store, scored; the one at `verify_path` with its checksum checked."""
+    from ds4tui.cache import inspect_file
+
+    out = {e.path: e for e in store.entries()}
+    if verify_path in out:
+        verified = inspect_file(verify_path, verify=True)
+        verified.score, verified.superseded = out[verify_path].score, out[verify_path].superseded
+        out[verify_path] = verified
+    return out
 
 
 # -- ls --------------------------------------------------------------------------
@@ -127,7 +136,8 @@ def _entries_by_path(store) -> dict[str, object]:
 
 def cmd_ls(args) -> int:
     store = _store(args)
-    entries = sorted(store.entries(), key=lambda e: (e.header.last_used if e.header else 0), reverse=True)
+    entries = sorted(store.entries(verify=args.verify), key=lambda e: (e.header.last_used if e.header else 0),
+                     reverse=True)
     if args.json:
         rows = []
         for e in entries:
@@ -170,13 +180,13 @@ def _locate(args) -> tuple[Path, object | None]:
         from ds4tui.format.kvc import sha_from_name
 
         if sha_from_name(given.name):  # score it among its neighbours
-            return given, _entries_by_path(KvStore(given.parent)).get(str(given))
+            return given, _entries_by_path(KvStore(given.parent), str(given)).get(str(given))
         return given, None
     if not _HEX.match(args.file):
         raise CliError(f"{args.file}: no such file")
     store = _store(args)
     path = store.path_for(_resolve(store, args.file))
-    return path, _entries_by_path(store).get(str(path))
+    return path, _entries_by_path(store, str(path)).get(str(path))
 
 
 def cmd_inspect(args) -> int:
@@ -184,7 +194,7 @@ def cmd_inspect(args) -> int:
 
     path, entry = _locate(args)
     if entry is None:
-        entry = inspect_file(path)
+        entry = inspect_file(path, verify=True)
     if entry.error == "file not found":
         raise CliError(f"{path}: no such file")
     if entry.header is None and not args.json:
@@ -221,6 +231,7 @@ def _print_detail(e) -> None:
         ("payload_bytes", str(h.payload_bytes)),
         ("file_bytes", f"{e.file_bytes} ({human_bytes(e.file_bytes)})"),
         ("pinned", "yes" if e.pinned else "no"),
+        ("checksum", _checksum_words(e)),
         ("title", safe_text(e.title) if e.title is not None else "-"),
     ]
     t = e.trailers
@@ -255,6 +266,11 @@ def _print_detail(e) -> None:
     if e.text_preview:
         print("text preview:")
         print("  " + safe_text(e.text_preview, 300))
+
+
+def _checksum_words(e) -> str:
+    return {"ok": "ok (xxh3)", "mismatch": "mismatch", "none": "none (ds4 file, or written before checksums)",
+            "unchecked": "present, not checked"}.get(e.checksum, "-")
 
 
 def _json_of(entry) -> dict:

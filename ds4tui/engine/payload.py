@@ -46,20 +46,33 @@ def write_framing(
     fp.write(pack_dsv4_header(header))
     fp.write(fingerprint)
     fp.write(np.asarray(tokens, dtype="<u4").tobytes())
-    write_tensor(fp, logits)
+    write_tensor(fp, logits, "the logits")
     fp.write(np.asarray(compressed_counts, dtype="<u4").tobytes())
     fp.write(np.asarray(indexer_counts, dtype="<u4").tobytes())
 
 
-def write_tensor(fp: BinaryIO, tensor: torch.Tensor) -> None:
-    """Raw float32 little-endian bytes of `tensor` (no copy when already contiguous f32)."""
+def write_tensor(fp: BinaryIO, tensor: torch.Tensor, what: str = "a section") -> None:
+    """Raw float32 little-endian bytes of `tensor` (no copy when already contiguous f32).
+
+    Refuses (PayloadError) a tensor holding NaN or infinity: such a state is broken,
+    and a file written from it would load into the same broken state."""
     t = tensor.detach()
     if t.dtype != torch.float32:
         t = t.to(torch.float32)
     t = t.contiguous()
     if t.numel() == 0:
         return  # e.g. a layer with no compressed rows yet (memoryview cannot cast an empty view)
+    check_finite(t, what)
     fp.write(memoryview(t.numpy()).cast("B"))
+
+
+def check_finite(tensor: torch.Tensor, what: str) -> None:
+    """PayloadError when a float32 tensor holds NaN or infinity.
+
+    numpy on the calling thread (0.1 ms for a 6.4 MB layer held in cache): torch's
+    isfinite splits over OpenMP threads, which stall on a busy 2-core host."""
+    if tensor.numel() and not bool(np.isfinite(tensor.numpy()).all()):
+        raise PayloadError(f"payload {what}: NaN or infinite values")
 
 
 class PayloadReader:

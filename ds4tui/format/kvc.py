@@ -3,7 +3,8 @@
 Owns: encode/decode of the 48-byte header + u32 text length (README, "KVC file
 format" > "Header"; `HEADER_FIELDS`), the
 reason and ext-flag tables, the `KTM` tool-map trailer (ext bit 0), the
-session-title trailer (ext bit 3), SHA-1 file naming, the display names of
+session-title trailer (ext bit 3), the checksum trailer (ext bit 6, ds4tui's;
+computed in cache/integrity.py), the length bounds of a header, SHA-1 file naming, the display names of
 model ids and payload ABIs, and a peek at the payload's own DSV4 header.
 
 Leaves to callers: the payload itself (opaque bytes, written and read by the
@@ -94,14 +95,18 @@ EXT_TOOL_MAP = 1 << 0
 EXT_RESPONSES_VISIBLE = 1 << 1
 EXT_THINKING_VISIBLE = 1 << 2
 EXT_SESSION_TITLE = 1 << 3
+EXT_CHECKSUM = 1 << 6
 EXT_PINNED = 1 << 7
 EXT_FLAG_NAMES = {
     EXT_TOOL_MAP: "tool-map",
     EXT_RESPONSES_VISIBLE: "responses-visible",
     EXT_THINKING_VISIBLE: "thinking-visible",
     EXT_SESSION_TITLE: "session-title",
+    EXT_CHECKSUM: "checksum",
     EXT_PINNED: "pinned",
 }
+# The trailers a writer lays out itself (the pin and the key-kind bits carry no trailer).
+EXT_TRAILERS = EXT_TOOL_MAP | EXT_SESSION_TITLE | EXT_CHECKSUM
 
 # Header byte 7. ds4 names only id 0 in its sources (Flash; old files wrote 0
 # in this reserved byte, so they read as Flash). ds4tui's ids start at 0x80.
@@ -121,6 +126,12 @@ PAYLOAD_ABI_NAMES = {
 TOOL_MAP_MAGIC = b"KTM"
 TOOL_MAP_VERSION = 1
 _TOOL_MAP_HEADER = struct.Struct("<3sBI")
+# ds4tui's checksum trailer (ext bit 6), always the last trailer: `KXH`, u8 version,
+# u64 XXH3-64 of every byte from the end of the header to the trailer's start.
+CHECKSUM_MAGIC = b"KXH"
+CHECKSUM_VERSION = 1
+_CHECKSUM = struct.Struct("<3sBQ")
+CHECKSUM_TRAILER_BYTES = _CHECKSUM.size
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
@@ -274,6 +285,10 @@ def encode_title(title: bytes) -> bytes:
     return _U32.pack(len(title)) + title
 
 
+def encode_checksum(digest: int) -> bytes:
+    return _CHECKSUM.pack(CHECKSUM_MAGIC, CHECKSUM_VERSION, digest)
+
+
 def trailer_bytes(tool_map=None, title: bytes | None = None) -> bytes:
     """All trailers in ext-flag bit order (tool map, then title), as a save writes them."""
     parts = []
@@ -321,6 +336,8 @@ class KvcFile:
     title_bytes: bytes | None
     trailer_bytes: int
     extra_bytes: int  # bytes after the known trailers; ds4 ignores them too
+    checksum: int | None = None  # the stored XXH3-64 (ext bit 6), None without one
+    checksum_offset: int = 0  # where the checksum trailer starts: the end of the covered bytes
 
     @property
     def payload_offset(self) -> int:
@@ -387,6 +404,15 @@ def _parse_title(buf: bytes, pos: int) -> tuple[bytes, int]:
     return buf[pos:pos + n], pos + n
 
 
+def _parse_checksum(buf: bytes, pos: int) -> tuple[int, int]:
+    if len(buf) - pos < _CHECKSUM.size:
+        raise KvcFormatError("truncated checksum trailer")
+    magic, version, digest = _CHECKSUM.unpack_from(buf, pos)
+    if magic != CHECKSUM_MAGIC or version != CHECKSUM_VERSION:
+        raise KvcFormatError(f"bad checksum trailer (magic {magic!r}, version {version})")
+    return digest, pos + _CHECKSUM.size
+
+
 def read_kvc(fp: BinaryIO, *, with_trailers: bool = True) -> KvcFile:
     """Parse a seekable stream positioned anywhere; reads the header, the text,
     the first 52 payload bytes and the trailers, never the payload body."""
@@ -398,9 +424,9 @@ def read_kvc(fp: BinaryIO, *, with_trailers: bool = True) -> KvcFile:
         text = _read_exact(fp, header.text_bytes, "text")
         head = fp.read(min(header.payload_bytes, DSV4_HEADER_BYTES))
         payload_header = decode_payload_header(head)
-        tool_map = title = None
-        end = header.body_bytes
-        if with_trailers and header.ext_flags & (EXT_TOOL_MAP | EXT_SESSION_TITLE):
+        tool_map = title = checksum = None
+        end = checksum_at = header.body_bytes
+        if with_trailers and header.ext_flags & EXT_TRAILERS:
             tail_len = size - header.body_bytes
             if tail_len > MAX_TRAILER_BYTES:
                 raise KvcFormatError(f"{tail_len} bytes after the payload, too many for trailers")
@@ -411,6 +437,9 @@ def read_kvc(fp: BinaryIO, *, with_trailers: bool = True) -> KvcFile:
                 tool_map, pos = _parse_tool_map(tail, pos)
             if header.ext_flags & EXT_SESSION_TITLE:
                 title, pos = _parse_title(tail, pos)
+            checksum_at = header.body_bytes + pos
+            if header.ext_flags & EXT_CHECKSUM:
+                checksum, pos = _parse_checksum(tail, pos)
             end = header.body_bytes + pos
     except (OSError, struct.error, OverflowError) as exc:
         # A stream error mid-parse (or a seek past what the OS allows) is still
@@ -420,6 +449,7 @@ def read_kvc(fp: BinaryIO, *, with_trailers: bool = True) -> KvcFile:
         header=header, text=text, file_bytes=size, payload_header=payload_header,
         tool_map=tool_map, title_bytes=title,
         trailer_bytes=end - header.body_bytes, extra_bytes=size - end,
+        checksum=checksum, checksum_offset=checksum_at,
     )
 
 
@@ -429,13 +459,20 @@ def parse_kvc(data: bytes) -> KvcFile:
 
 
 def build_kvc(header: KvcHeader, text: bytes, payload: bytes, *, tool_map=None,
-              title: bytes | None = None) -> bytes:
+              title: bytes | None = None, checksum: bool = False) -> bytes:
     """A whole file in memory; text_bytes, payload_bytes and the trailer flags
     follow the arguments. For tests and small tools; the store streams instead."""
-    ext = header.ext_flags & ~(EXT_TOOL_MAP | EXT_SESSION_TITLE)
+    ext = header.ext_flags & ~EXT_TRAILERS
     if tool_map is not None:
         ext |= EXT_TOOL_MAP
     if title is not None:
         ext |= EXT_SESSION_TITLE
+    if checksum:
+        ext |= EXT_CHECKSUM
     h = header.with_(ext_flags=ext, text_bytes=len(text), payload_bytes=len(payload))
-    return encode_header(h) + text + payload + trailer_bytes(tool_map, title)
+    covered = text + payload + trailer_bytes(tool_map, title)
+    if checksum:
+        import xxhash
+
+        covered += encode_checksum(xxhash.xxh3_64_intdigest(covered))
+    return encode_header(h) + covered

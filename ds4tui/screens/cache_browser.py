@@ -186,6 +186,7 @@ class CacheBrowserScreen(Screen[None]):
         self._scan: cache_scan.BrowserScan | None = None
         self._by_sha: dict[str, KvEntry] = {}
         self._texts = cache_scan.TextIndex()
+        self._checksums = cache_scan.ChecksumIndex()
         self._filter = ""
         self._select_next: str | None = None
         self._detail_of: KvEntry | None = None
@@ -251,7 +252,8 @@ class CacheBrowserScreen(Screen[None]):
     @work(thread=True, group="scan", description="scan the cache directory")
     def _scan_worker(self, gen: int) -> None:
         result = cache_scan.scan(self.store, self.acceptor, gen=gen, now=self._clock(), texts=self._texts,
-                                 model_fingerprint=self.model.fingerprint if self.model else None)
+                                 model_fingerprint=self.model.fingerprint if self.model else None,
+                                 checksums=self._checksums)
         self.post_message(self._Scanned(result))
 
     @on(_Scanned)

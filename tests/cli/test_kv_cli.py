@@ -17,7 +17,7 @@ EXPECTED_KEYS = [
     "sha", "path", "valid", "error", "magic", "version", "quant_bits", "reason", "reason_code",
     "ext_flags", "ext_flag_names", "model_id", "tokens", "hits", "ctx_size", "payload_abi",
     "created_at", "last_used", "payload_bytes", "text_bytes", "file_bytes", "title", "pinned",
-    "text_preview", "payload", "trailers",
+    "text_preview", "payload", "trailers", "checksum",
 ]
 
 

@@ -156,6 +156,7 @@ def read_payload(s: Dsv4State, fp: BinaryIO, nbytes: int, begin: Callable[[], No
     if bad is not None:
         raise PayloadError(f"payload token {bad} is outside the vocab of {cfg.vocab_size}")
     logits = r.read_f32((cfg.vocab_size,), "the logits")
+    _check_finite(logits, "logits")
     comp = r.read_u32(cfg.num_hidden_layers, "the compressed row counts")
     index = r.read_u32(cfg.num_hidden_layers, "the indexer row counts")
     for li, lc in enumerate(s.layers):

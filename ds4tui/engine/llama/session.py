@@ -27,6 +27,7 @@ from ds4tui.format.payload import DSV4_MAGIC, FINGERPRINT_BYTES, Dsv4Header, fra
 from ds4tui.engine.payload import (
     PayloadReader,
     check_field,
+    check_finite,
     check_fingerprint,
     write_framing,
     write_tensor,
@@ -113,7 +114,7 @@ class LlamaSession(Session):
         kv, st = self.kv.numpy(), stage.numpy()
         for layer in range(cfg.num_layers):
             np.copyto(st, kv[layer, :, :, :t].transpose(2, 0, 1, 3))  # [2, Hkv, T, D] -> [T, 2, Hkv, D]
-            write_tensor(fp, stage)
+            write_tensor(fp, stage, f"layer {layer} KV rows")
 
     def _stage(self, t: int) -> torch.Tensor:
         """A [T, 2, Hkv, D] buffer for one layer's payload rows."""
@@ -151,6 +152,7 @@ class LlamaSession(Session):
         if bad is not None:
             raise PayloadError(f"payload token {bad} is outside the vocab of {cfg.vocab_size}")
         logits = r.read_f32((cfg.vocab_size,), "the logits")
+        check_finite(logits, "the logits")
         for what in ("compressed row counts", "indexer row counts"):
             counts = r.read_u32(cfg.num_layers, what)
             if any(counts):
@@ -159,6 +161,7 @@ class LlamaSession(Session):
         kv, st = self.kv.numpy(), stage.numpy()
         for layer in range(cfg.num_layers):
             r.read_into(stage, f"layer {layer} KV rows")
+            check_finite(stage, f"layer {layer} KV rows")  # while the layer is still in cache
             np.copyto(kv[layer, :, :, :t], st.transpose(1, 2, 0, 3))  # [T, 2, Hkv, D] -> [2, Hkv, T, D]
         r.finish()
         self.tokens = tokens

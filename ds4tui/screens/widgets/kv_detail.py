@@ -192,6 +192,11 @@ def trailer_section(info: KvDetailInfo) -> Text:
         rows.append(("tool map", safe_cell(f"{tm['count']} ids, {tm['dsml_bytes']} B DSML: {ids}", 120)))
     else:
         rows.append(("tool map", "—"))
+    checksum = {"ok": Text("ok (xxh3)", style="green"), "mismatch": Text("mismatch", style="bold red"),
+                "none": Text("none (ds4 file, or written before checksums)", style="dim"),
+                "unchecked": Text("present, not checked yet", style="dim")}.get(e.checksum)
+    if checksum is not None:
+        rows.append(("checksum", checksum))
     if t:
         rows.append(("trailer bytes", str(t.get("trailer_bytes", 0))))
         if t.get("extra_bytes"):
