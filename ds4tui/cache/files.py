@@ -23,6 +23,7 @@ from ds4tui.cache.integrity import HashingWriter, new_hasher
 from ds4tui.format.kvc import (
     EXT_CHECKSUM,
     MAX_TEXT_BYTES,
+    OFFSET_CREATED_AT,
     OFFSET_EXT_FLAGS,
     OFFSET_HITS,
     OFFSET_LAST_USED,
@@ -45,13 +46,19 @@ class PayloadSizeError(Exception):
 
 
 def write_atomic(final: Path, header: KvcHeader, text: bytes, write_payload: WritePayload,
-                 tail: bytes) -> None:
-    """Write a whole file under a temp name and rename it to `final`.
+                 tail: bytes, *, new_name: Callable[[int], Path] | None = None) -> tuple[Path, int]:
+    """Write a whole file under a temp name and rename it to `final`; returns (path, created_at).
 
     The header must carry EXT_CHECKSUM: text, payload and `tail` are hashed as
     they are written and the checksum trailer closes the file. On any failure
     (including KeyboardInterrupt) the temp file is removed and the exception
     propagates; `final` is then exactly as it was.
+
+    `new_name` (a titled session's first save): the file must not replace
+    anything. `new_name(created_at)` gives the name for a creation time; a taken
+    name bumps created_at by one second (rewritten in the temp file's header,
+    which the checksum does not cover) until a free one is claimed, atomically
+    against other processes.
     """
     if not header.ext_flags & EXT_CHECKSUM:
         raise ValueError("ds4tui writes every file with its checksum trailer")
@@ -74,7 +81,11 @@ def write_atomic(final: Path, header: KvcHeader, text: bytes, write_payload: Wri
             raw.write(encode_checksum(hasher.intdigest()))
             raw.flush()
             os.fsync(raw.fileno())
-        os.replace(tmp, final)
+        created = header.created_at
+        if new_name is None:
+            os.replace(tmp, final)
+        else:
+            final, created = _claim_new_name(tmp, new_name, created)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -82,6 +93,39 @@ def write_atomic(final: Path, header: KvcHeader, text: bytes, write_payload: Wri
             pass
         raise
     fsync_dir(final.parent)
+    return final, created
+
+
+MAX_NAME_BUMPS = 1000
+
+
+def _claim_new_name(tmp: Path, new_name: Callable[[int], Path], created: int) -> tuple[Path, int]:
+    """Hard-link `tmp` to the first free name (link never replaces: EEXIST is the other writer's
+    claim), then drop the temp name."""
+    for _ in range(MAX_NAME_BUMPS):
+        final = new_name(created)
+        try:
+            os.link(tmp, final)
+        except FileExistsError:
+            created += 1
+            with open(tmp, "r+b") as fp:  # our own temp file: the header's created_at follows the name
+                os.pwrite(fp.fileno(), struct.pack("<Q", created), OFFSET_CREATED_AT)
+                os.fsync(fp.fileno())
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            # A file system without hard links: check, then rename (a narrow race remains).
+            if os.path.lexists(final):
+                created += 1
+                with open(tmp, "r+b") as fp:
+                    os.pwrite(fp.fileno(), struct.pack("<Q", created), OFFSET_CREATED_AT)
+                continue
+            os.replace(tmp, final)
+            return final, created
+        os.unlink(tmp)
+        return final, created
+    raise FileExistsError(f"no free name after {MAX_NAME_BUMPS} creation times from {created - MAX_NAME_BUMPS}")
 
 
 def fsync_dir(directory: Path) -> None:

@@ -393,14 +393,19 @@ class KvStore:
     def save(self, text: str | bytes, *, tokens: int, reason: str, engine: Acceptor,
              payload_bytes: int, write_payload: WritePayload, title: str | bytes | None = None,
              created_at: int | None = None, tool_map=None, ext_flags: int = 0,
-             pinned: bool = False) -> SaveResult:
+             pinned: bool = False, fresh: bool = False) -> SaveResult:
         """Write a checkpoint of `tokens` tokens whose rendered text is `text`.
 
         `engine` names the writer (model_id, payload_abi, ctx_size, quant_bits).
         `write_payload(fp)` must write exactly `payload_bytes`. A titled session
         is named SHA-1(title || created_at): pass the same `created_at` to
-        re-save it under the same name. Never raises for I/O or callback
-        failures: they come back as a SaveFailed and leave no trace on disk.
+        re-save it under the same name. `fresh` (a titled session's first save,
+        or one under a new title): never replace an existing file; when the name
+        is taken (another session with the same title created in the same second,
+        in this process or another) created_at is bumped by a second until the
+        name is free, and the Saved event carries the created_at used. Never
+        raises for I/O or callback failures: they come back as a SaveFailed and
+        leave no trace on disk.
         """
         if engine.model_id is None or engine.ctx_size is None:
             raise ValueError("save needs engine.model_id and engine.ctx_size")
@@ -448,10 +453,16 @@ class KvStore:
         pre = self._evict(others, self.budget_bytes - file_bytes, incoming=incoming)
         evicted = (pre,) if pre.files else ()
         t0 = time.perf_counter()
+        new_name = None
+        if fresh and title_b is not None:
+            def new_name(created_at: int) -> Path:
+                return self.path_for(title_sha(title_b, created_at))
         try:
-            files.write_atomic(self.path_for(sha), header, text, write_payload, tail)
+            final, created = files.write_atomic(self.path_for(sha), header, text, write_payload, tail,
+                                                new_name=new_name)
         except Exception as exc:
             return failed(files.describe_failure(exc), *evicted)
+        sha = final.name[:40]
         saved = Saved(sha=sha, path=str(self.path_for(sha)), reason=header.reason, tokens=tokens,
                       bytes=file_bytes, ms=_ms(t0), created_at=created)
         # Another process may have saved meanwhile: settle the budget again,

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from ds4tui.cache.entry import Acceptor, inspect_file
-from ds4tui.cache.events import Miss, Rejected
-from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc
+from ds4tui.cache.events import Miss, Rejected, Saved
+from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc, title_sha
 from ds4tui.cache.policy import CachePolicy
 from ds4tui.cache.safe_open import CacheDirError, open_regular
 from ds4tui.cache.store import KvStore
@@ -108,6 +108,24 @@ class Checkpoints:
         for ev in result.events:
             on_event(ev)
         return result.event.sha if result.ok else None
+
+    def save_titled(self, session: Session, text: bytes, on_event: Callable, *, title: str, created_at: int,
+                    owned_sha: str | None) -> Saved | None:
+        """Save a titled session (reason agent-session); the Saved event, or None when it failed.
+
+        `owned_sha` is the file this conversation already has: saving under that
+        name replaces it. Any other name is claimed fresh, never replacing a file,
+        so two sessions never share one; its created_at may then be bumped (see
+        KvStore.save) and the caller must keep the one in the returned event."""
+        fresh = owned_sha is None or title_sha(title.encode("utf-8"), created_at) != owned_sha
+        result = self.store.save(
+            text, tokens=len(session.tokens), reason="agent-session", engine=self.acceptor(session),
+            payload_bytes=session.payload_bytes(), write_payload=session.save_payload,
+            title=title, created_at=created_at, fresh=fresh,
+        )
+        for ev in result.events:
+            on_event(ev)
+        return result.event if result.ok else None
 
     def delete(self, sha: str) -> bool:
         return self.store.delete(sha)

@@ -47,12 +47,12 @@ class SavedSessions:
         """conv's state as its titled file; the file of its previous state goes."""
         if self.checkpoints is None or conv.session is None or not conv.session.tokens:
             return
-        sha = self.checkpoints.save(conv.session, conv.session_text, "agent-session", on_event,
-                                    title=conv.display_title, created_at=conv.created_at)
-        if sha:
-            if conv.saved_sha and conv.saved_sha != sha:
+        saved = self.checkpoints.save_titled(conv.session, conv.session_text, on_event, title=conv.display_title,
+                                             created_at=conv.created_at, owned_sha=conv.saved_sha)
+        if saved:
+            if conv.saved_sha and conv.saved_sha != saved.sha:
                 self.checkpoints.delete(conv.saved_sha)
-            conv.saved_sha = sha
+            conv.saved_sha, conv.created_at = saved.sha, saved.created_at  # bumped on a name collision
             conv.saved_upto = len(conv.session.tokens)
 
     def retitle(self, conv: Conversation, on_event: EventFn) -> None:

@@ -69,6 +69,7 @@ assert _HEADER.size == PREFIX_BYTES
 # pin bit); everything else in a file is written once.
 OFFSET_EXT_FLAGS = _FIELD_OFFSETS["ext_flags"]
 OFFSET_HITS = _FIELD_OFFSETS["hits"]
+OFFSET_CREATED_AT = _FIELD_OFFSETS["created_at"]  # rewritten only in a save's own temp file (a titled name collision)
 OFFSET_LAST_USED = _FIELD_OFFSETS["last_used"]
 
 # Save reasons (header byte 5), as in ds4_kvstore.h. A byte above 6 reads as unknown.
