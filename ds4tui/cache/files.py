@@ -3,19 +3,25 @@
 Owns: how bytes reach disk safely. A save goes to `<sha>.kv.tmp.<pid>.<rand>`,
 is fsynced and renamed over `<sha>.kv`, then the directory is fsynced, so a
 reader sees no file or a whole file, and a crash leaves at most a temp file
-(which no scan lists; `remove_stale_tmp` clears old ones). In-place edits touch
+(which no scan lists; every scan removes those whose writer's PID is gone, see
+`remove_stale_tmp`, and they count toward the budget while they exist). In-place edits touch
 only hits/last_used and ext_flags, after checking the file is still KVC.
 Leaves to store.py: what to write, when, and the budget.
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
+import re
 import secrets
+import stat
 import struct
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -65,6 +71,7 @@ def write_atomic(final: Path, header: KvcHeader, text: bytes, write_payload: Wri
     final.parent.mkdir(parents=True, exist_ok=True)
     # pid + random: unique across processes and threads; never a cache-file name.
     tmp = final.with_name(f"{final.name}{TMP_MARK}{os.getpid()}.{secrets.token_hex(4)}")
+    _track(tmp, True)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         with os.fdopen(fd, "wb") as raw:
@@ -92,6 +99,8 @@ def write_atomic(final: Path, header: KvcHeader, text: bytes, write_payload: Wri
         except FileNotFoundError:
             pass
         raise
+    finally:
+        _track(tmp, False)
     fsync_dir(final.parent)
     return final, created
 
@@ -198,21 +207,87 @@ def unlink_if_same(path: Path, fp: BinaryIO) -> bool:
         return False
 
 
-def remove_stale_tmp(directory: Path, older_than_s: float) -> list[str]:
-    """Remove temp files a crashed writer left behind; a live writer keeps its mtime fresh."""
+_TMP_NAME = re.compile(r"^([0-9a-fA-F]{40})\.kv\.tmp\.(\d+)\.[0-9a-f]+$")
+
+
+@dataclass(frozen=True)
+class TempFile:
+    """A save in progress (or left behind): `<sha>.kv.tmp.<pid>.<rand>`."""
+
+    name: str
+    pid: int
+    bytes: int
+    mtime: float
+
+
+def temp_files(directory: Path) -> list[TempFile]:
+    """The temp files of saves in `directory` (regular files only)."""
     try:
         names = os.listdir(directory)
-    except FileNotFoundError:
+    except OSError:
         return []
-    cutoff = time.time() - older_than_s
-    removed = []
+    out = []
     for name in names:
-        if TMP_MARK not in name or sha_from_name(name[:43]) is None:
+        m = _TMP_NAME.match(name)
+        if not m:
             continue
         try:
-            if os.stat(directory / name).st_mtime < cutoff:
-                os.unlink(directory / name)
-                removed.append(name)
+            st = os.lstat(directory / name)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append(TempFile(name, int(m.group(2)), st.st_size, st.st_mtime))
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (signal 0 probes without sending)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def remove_stale_tmp(directory: Path, older_than_s: float) -> list[str]:
+    """Remove temp files whose writer is gone (at once) or that are older than `older_than_s`
+    (a live PID may be a reused one; a live writer keeps its file's mtime fresh).
+
+    The writer's PID is in the name, so a crash leaves nothing that outlives the next scan."""
+    cutoff = time.time() - older_than_s
+    removed = []
+    for t in temp_files(directory):
+        mine = t.pid == os.getpid()
+        if (not mine and not pid_alive(t.pid)) or t.mtime < cutoff:
+            try:
+                os.unlink(directory / t.name)
+                removed.append(t.name)
+            except OSError:
+                pass
+    return removed
+
+
+# Temp files this process is writing: removed at interpreter exit should a save
+# thread be cut short (a daemon worker), so a clean exit leaves none behind.
+_live_tmp: set[Path] = set()
+_live_lock = threading.Lock()
+
+
+def _track(tmp: Path, live: bool) -> None:
+    with _live_lock:
+        (_live_tmp.add if live else _live_tmp.discard)(tmp)
+
+
+@atexit.register
+def _remove_live_tmp() -> None:
+    with _live_lock:
+        left = list(_live_tmp)
+    for tmp in left:
+        try:
+            os.unlink(tmp)
         except OSError:
             pass
-    return removed

@@ -142,7 +142,9 @@ class KvStore:
     def scan(self, *, deep: bool = False, acceptor: Acceptor | None = None, verify: bool = False) -> list[KvEntry]:
         """Every cache file, decoded (`verify`: checksums checked too). Files that vanish mid-scan are skipped."""
         entries = []
-        for sha in self.shas():
+        shas = self.shas()
+        files.remove_stale_tmp(self.dir, self.policy.stale_tmp_s)  # crashed writers' leftovers, at once
+        for sha in shas:
             e = inspect_file(self.path_for(sha), acceptor=acceptor, deep=deep, verify=verify)
             if e.error != "file not found":
                 entries.append(e)
@@ -440,7 +442,8 @@ class KvStore:
         if any(e.sha == sha and e.pinned for e in entries):
             # Re-saving a pinned session must not drop its pin.
             header = header.with_(ext_flags=header.ext_flags | EXT_PINNED)
-        pinned_bytes = sum(e.file_bytes for e in entries if e.pinned and e.sha != sha)
+        # Other saves in progress hold disk space too; they count as if pinned.
+        pinned_bytes = sum(e.file_bytes for e in entries if e.pinned and e.sha != sha) + self.temp_bytes()
         if required + pinned_bytes > self.budget_bytes:
             return failed(f"file of {human_bytes(file_bytes)} (+{self.policy.headroom_percent}% headroom)"
                           f" does not fit the {human_bytes(self.budget_bytes)} budget"
@@ -450,7 +453,7 @@ class KvStore:
         others = [e for e in entries if e.sha != sha]
         incoming = eviction.Incoming(text, engine.model_id, engine.payload_abi, header.quant_bits,
                                      engine.ctx_size, created)
-        pre = self._evict(others, self.budget_bytes - file_bytes, incoming=incoming)
+        pre = self._evict(others, self.budget_bytes - file_bytes - self.temp_bytes(), incoming=incoming)
         evicted = (pre,) if pre.files else ()
         t0 = time.perf_counter()
         new_name = None
@@ -491,9 +494,12 @@ class KvStore:
               protect: tuple[str, ...] = ()) -> Evicted:
         """Delete the lowest-scoring files until the directory fits the budget."""
         budget = self.budget_bytes if budget_bytes is None else budget_bytes
-        if not dry_run:
-            files.remove_stale_tmp(self.dir, self.policy.stale_tmp_s)
-        return self._evict(self.scan(), budget, frozenset(protect), dry_run=dry_run, budget=budget)
+        entries = self.scan()  # removes dead writers' temp files; live ones count toward the budget
+        return self._evict(entries, budget - self.temp_bytes(), frozenset(protect), dry_run=dry_run, budget=budget)
+
+    def temp_bytes(self) -> int:
+        """Bytes held by temp files of saves in progress (this process's and others')."""
+        return sum(t.bytes for t in files.temp_files(self.dir))
 
     def _evict(self, entries: list[KvEntry], target: int, protect: frozenset[str] = frozenset(), *,
                dry_run: bool = False, budget: int | None = None,

@@ -130,12 +130,13 @@ def test_pin_is_bit_7_written_in_place(store):
 def test_tmp_files_are_never_listed_or_loaded(store, clock):
     text = b"hidden"
     sha = hashlib.sha1(text).hexdigest()
-    tmp = write_kv(store.dir, text, dsv4_payload(5), name=f"{sha}.kv.tmp.123.abcd", model=0x80, abi=128,
-                   tokens=5, ctx=4096, quant=8)
+    # The writer (here: our parent process) is alive: a save in progress.
+    tmp = write_kv(store.dir, text, dsv4_payload(5), name=f"{sha}.kv.tmp.{os.getppid()}.abcd", model=0x80,
+                   abi=128, tokens=5, ctx=4096, quant=8)
     (store.dir / "notes.txt").write_text("not a cache file")
     assert store.shas() == [] and store.scan() == []
     assert isinstance(store.load(b"hidden and more", ENGINE, loader()).event, Miss)
-    # A stale temp file (crashed writer) is cleaned by eviction; a fresh one is left alone.
+    # A live writer's temp file is left alone unless stale (its PID may have been reused).
     store.evict()
     assert tmp.exists()
     os.utime(tmp, (0, 0))
