@@ -66,6 +66,9 @@ class Acceptor:
     payload_abi: int = DS4TUI_PAYLOAD_ABI
     ctx_size: int | None = None
     quant_bits: int | None = None
+    # The running model's 32-byte payload fingerprint, when there is one: lets the
+    # store recognize (and repair) its own files whose header a ds4 hit rewrote.
+    fingerprint: bytes | None = None
 
     def why_not(self, h: KvcHeader) -> str | None:
         if h.payload_abi != self.payload_abi:
@@ -76,8 +79,8 @@ class Acceptor:
                 return f"model {model_name(h.model_id)} has no ds4tui engine"
         elif h.model_id != self.model_id:
             return f"written by {model_name(h.model_id)}, this engine is {model_name(self.model_id)}"
-        if self.quant_bits is not None and h.quant_bits != self.quant_bits:
-            return f"quant bits {h.quant_bits}, this engine uses {self.quant_bits}"
+        if self.quant_bits is not None and h.quant != self.quant_bits:
+            return f"quant bits {h.quant}, this engine uses {self.quant_bits}"
         if self.ctx_size is not None and h.ctx_size > self.ctx_size:
             return f"written for context {h.ctx_size}, this session has {self.ctx_size}"
         return None

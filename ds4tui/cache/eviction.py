@@ -63,7 +63,7 @@ def _covers(f, e: KvEntry) -> bool:
         f.text_bytes > h.text_bytes
         and f.model_id == h.model_id
         and f.payload_abi == h.payload_abi
-        and f.quant_bits == h.quant_bits
+        and f.quant_bits & 0x7F == h.quant_bits & 0x7F  # with or without ds4tui's mark
         # f dominates only if it is at least as widely reusable: a checkpoint
         # loads into a context at least as large as the one that wrote it.
         and f.ctx_size <= h.ctx_size

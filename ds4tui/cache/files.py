@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import errno
+import fcntl
 import os
 import re
 import secrets
@@ -31,17 +32,23 @@ from ds4tui.format.kvc import (
     MAX_TEXT_BYTES,
     OFFSET_CREATED_AT,
     OFFSET_EXT_FLAGS,
+    OFFSET_MODEL_ID,
+    OFFSET_PAYLOAD_ABI,
+    OFFSET_QUANT_BITS,
+    QUANT_DS4TUI_MARK,
     OFFSET_HITS,
     OFFSET_LAST_USED,
     PREFIX_BYTES,
     KvcFormatError,
     KvcHeader,
+    check_lengths,
     decode_header,
     encode_checksum,
     encode_header,
     sha_from_name,
 )
 from ds4tui.cache.safe_open import open_regular
+from ds4tui.format.payload import DSV4_HEADER_BYTES, unpack_dsv4_header
 
 WritePayload = Callable[[BinaryIO], Any]
 TMP_MARK = ".tmp."
@@ -170,6 +177,7 @@ def write_header_fields(path: Path, *, hits: int | None = None, last_used: int |
     cache file must not make ds4tui write into its target outside the directory."""
     try:
         with open_regular(path, write=True) as fp:
+            fcntl.flock(fp.fileno(), fcntl.LOCK_EX)  # serializes with other ds4tui header writers
             header = decode_header(fp.read(PREFIX_BYTES))
             fd = fp.fileno()
             if hits is not None:
@@ -179,6 +187,45 @@ def write_header_fields(path: Path, *, hits: int | None = None, last_used: int |
             if ext_flags is not None:
                 os.pwrite(fd, bytes([ext_flags(header.ext_flags) & 0xFF]), OFFSET_EXT_FLAGS)
     except (OSError, KvcFormatError):
+        return False
+    return True
+
+
+def repair_zeroed_header(path: Path, *, model_id: int, payload_abi: int, fingerprint: bytes) -> bool:
+    """Give back a ds4tui file the header bytes a ds4 hit zeroed; True when it was repaired.
+
+    A ds4 hit rewrites the whole header from ds4's own fields, leaving model_id
+    (byte 7) and payload_abi (byte 20) at 0. The file is recognized as ours from
+    its payload: DSV4 framing whose 32-byte fingerprint (SHA-256 of the model's
+    family, config and weights) is the running model's and whose token count is
+    the header's. The repair sets bytes 7 and 20 and ds4tui's quant mark (byte
+    4, so ds4 leaves the file alone from now on) in one write of bytes 4-20,
+    made under the lock every ds4tui header writer takes, with the bytes in
+    between re-read under that lock.
+    """
+    try:
+        with open_regular(path, write=True) as fp:
+            fcntl.flock(fp.fileno(), fcntl.LOCK_EX)
+            head = fp.read(PREFIX_BYTES)
+            h = decode_header(head)
+            if h.model_id != 0 or h.payload_abi != 0:
+                return False
+            check_lengths(h, os.fstat(fp.fileno()).st_size)
+            if h.payload_bytes < DSV4_HEADER_BYTES + len(fingerprint):
+                return False
+            fp.seek(PREFIX_BYTES + h.text_bytes)
+            payload_head = fp.read(DSV4_HEADER_BYTES + len(fingerprint))
+            if payload_head[DSV4_HEADER_BYTES:] != fingerprint:
+                return False
+            if unpack_dsv4_header(payload_head).token_count != h.tokens:
+                return False
+            fixed = bytearray(head[OFFSET_QUANT_BITS:OFFSET_PAYLOAD_ABI + 1])
+            fixed[0] |= QUANT_DS4TUI_MARK
+            fixed[OFFSET_MODEL_ID - OFFSET_QUANT_BITS] = model_id
+            fixed[OFFSET_PAYLOAD_ABI - OFFSET_QUANT_BITS] = payload_abi
+            os.pwrite(fp.fileno(), bytes(fixed), OFFSET_QUANT_BITS)
+            os.fsync(fp.fileno())
+    except (OSError, KvcFormatError, ValueError):
         return False
     return True
 

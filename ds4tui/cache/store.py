@@ -41,7 +41,9 @@ from ds4tui.format.kvc import (
     EXT_SESSION_TITLE,
     EXT_TOOL_MAP,
     EXT_TRAILERS,
+    OFFSET_EXT_FLAGS,
     PREFIX_BYTES,
+    QUANT_DS4TUI_MARK,
     KvcFile,
     KvcFormatError,
     KvcHeader,
@@ -91,6 +93,16 @@ class _Reject(Exception):
     def __init__(self, reason: str, corrupt: bool):
         super().__init__(reason)
         self.reason, self.corrupt = reason, corrupt
+
+
+def _titled(fp: BinaryIO) -> bool:
+    """Whether the open file's ext_flags carry the session-title bit (False when unreadable)."""
+    try:
+        fp.seek(OFFSET_EXT_FLAGS)
+        flags = fp.read(1)
+    except OSError:
+        return False
+    return bool(flags) and bool(flags[0] & EXT_SESSION_TITLE)
 
 
 def _as_bytes(text: str | bytes) -> bytes:
@@ -146,9 +158,23 @@ class KvStore:
         files.remove_stale_tmp(self.dir, self.policy.stale_tmp_s)  # crashed writers' leftovers, at once
         for sha in shas:
             e = inspect_file(self.path_for(sha), acceptor=acceptor, deep=deep, verify=verify)
+            if self._repaired(e, acceptor):
+                e = inspect_file(self.path_for(sha), acceptor=acceptor, deep=deep, verify=verify)
             if e.error != "file not found":
                 entries.append(e)
         return entries
+
+    @staticmethod
+    def _repaired(e: KvEntry, acceptor: Acceptor | None) -> bool:
+        """Repair one of this model's files whose header bytes 7/20 a ds4 hit zeroed (see
+        files.repair_zeroed_header); only an acceptor that knows its model's fingerprint can."""
+        h = e.header
+        if acceptor is None or acceptor.fingerprint is None or acceptor.model_id is None or h is None:
+            return False
+        if h.model_id != 0 or h.payload_abi != 0 or not e.not_loadable:
+            return False
+        return files.repair_zeroed_header(Path(e.path), model_id=acceptor.model_id,
+                                          payload_abi=acceptor.payload_abi, fingerprint=acceptor.fingerprint)
 
     def entries(self, acceptor: Acceptor | None = ANY_DS4TUI, *, verify: bool = False) -> list[KvEntry]:
         """Every file fully inspected and scored: what `kv ls` and the cache browser show."""
@@ -250,7 +276,9 @@ class KvStore:
             try:
                 kf = self._validate(fp, sha, prompt, acceptor, load_payload)
             except _Reject as rej:
-                deleted = rej.corrupt and files.unlink_if_same(path, fp)
+                # A titled session is someone's conversation: even corrupt, it stays (listed
+                # with its reason) until they delete it. Untitled checkpoints are only a cache.
+                deleted = rej.corrupt and not _titled(fp) and files.unlink_if_same(path, fp)
                 events.append(Rejected(sha, rej.reason, deleted))
                 return None
         h = kf.header
@@ -381,7 +409,9 @@ class KvStore:
                     out.write(chunk)
                     left -= len(chunk)
 
-            header = kf.header.with_(ext_flags=kf.header.ext_flags | EXT_CHECKSUM)
+            # The copy is written as every ds4tui file now is: checksummed and marked for ds4.
+            header = kf.header.with_(ext_flags=kf.header.ext_flags | EXT_CHECKSUM,
+                                     quant_bits=kf.header.quant_bits | QUANT_DS4TUI_MARK)
             try:
                 files.write_atomic(self.path_for(new_sha), header, kf.text, copy_payload,
                                    trailer_bytes(kf.tool_map, title_b))
@@ -420,7 +450,7 @@ class KvStore:
         flags = (ext_flags & ~(EXT_TRAILERS | EXT_PINNED)) | EXT_CHECKSUM
         flags |= (EXT_TOOL_MAP if tool_map is not None else 0) | (EXT_SESSION_TITLE if title_b is not None else 0)
         flags |= EXT_PINNED if pinned else 0
-        header = KvcHeader(quant_bits=engine.quant_bits or 0, reason_code=reason_code(reason),
+        header = KvcHeader(quant_bits=(engine.quant_bits or 0) | QUANT_DS4TUI_MARK, reason_code=reason_code(reason),
                            ext_flags=flags, model_id=engine.model_id, tokens=tokens, hits=0,
                            ctx_size=engine.ctx_size, payload_abi=engine.payload_abi,
                            created_at=created, last_used=now, payload_bytes=payload_bytes,

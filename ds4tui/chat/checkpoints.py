@@ -41,6 +41,8 @@ class SavedSession:
     last_used: int
     tokens: int
     file_bytes: int
+    # Why it cannot be resumed (corrupt, written by another config, ...); None when it can.
+    problem: str | None = None
 
     @property
     def titled(self) -> bool:
@@ -55,13 +57,16 @@ class Checkpoints:
         self.model = model
         self.store = KvStore(directory, policy, budget_mb=policy.budget_mb)
         self._ctx_size = ctx_size
+        # (sha, size) -> why its last load was refused (e.g. checksum mismatch, which a listing
+        # does not read the whole file to find): the titled list marks it.
+        self._refused: dict[tuple[str, int], str] = {}
 
     def acceptor(self, session: Session | None = None) -> Acceptor:
         """What this engine loads (files for a larger context are refused) and writes."""
         info = self.model.info
         ctx = session.ctx_size if session is not None else self._ctx_size
         return Acceptor(model_id=info.model_id, payload_abi=info.payload_abi, ctx_size=ctx,
-                        quant_bits=info.quant_bits)
+                        quant_bits=info.quant_bits, fingerprint=info.fingerprint)
 
     # -- restore ---------------------------------------------------------------------------------
 
@@ -83,6 +88,7 @@ class Checkpoints:
             on_event(ev)
         if result.hit is None:
             reason = result.event.reason if isinstance(result.event, Miss) else "not loaded"
+            self._refused[(saved.sha, saved.file_bytes)] = reason  # marked in the list from now on
             raise EngineError(f"cannot resume {saved.title or saved.sha[:12]!r}: {reason}")
         try:
             with open_regular(saved.path) as fp:
@@ -152,29 +158,42 @@ class Checkpoints:
         return SavedSession(sha=sha, path=e.path, title=e.title if h.titled else None, created_at=h.created_at,
                             last_used=h.last_used, tokens=h.tokens, file_bytes=e.file_bytes)
 
-    def titled_sessions(self) -> list[SavedSession]:
-        """Valid titled sessions written by this model (same fingerprint), newest first."""
+    def titled_sessions(self, *, with_problems: bool = False) -> list[SavedSession]:
+        """Titled sessions written by this model (same fingerprint), newest first.
+
+        `with_problems`: also the titled files of this model that cannot be resumed
+        (corrupt, truncated, written by another config of the family, or refused
+        at their last load), each with its `problem`, so none drops out of a list
+        without a word. Files whose header does not decode are not known to be
+        titled; `kv ls` shows them."""
         acc = self.acceptor()
         out = []
         try:
-            shas = self.store.shas()
+            entries = self.store.scan(deep=True, acceptor=acc)  # also repairs ds4-rewritten headers
         except CacheDirError:
             return []  # the directory went away or changed into a file; saves say why
-        for sha in shas:
-            e = inspect_file(self.store.path_for(sha), acceptor=acc, deep=True, preview_bytes=0)
+        for e in entries:
             h = e.header
-            if not e.valid or h is None or not h.titled or e.title is None:
+            if h is None or not h.titled or e.sha is None or h.model_id != acc.model_id:
                 continue
-            if _payload_fingerprint(e.path, h.text_bytes, h.payload_bytes) != self.model.info.fingerprint:
+            problem = None if e.valid else e.error
+            fingerprint = _payload_fingerprint(e.path, h.text_bytes, h.payload_bytes)
+            if problem is None and fingerprint != self.model.info.fingerprint:
+                problem = "written by another config or weights of this model family"
+            problem = problem or self._refused.get((e.sha, e.file_bytes))
+            if problem is not None and not with_problems:
                 continue
-            out.append(SavedSession(sha=sha, path=e.path, title=e.title, created_at=h.created_at,
-                                    last_used=h.last_used, tokens=h.tokens, file_bytes=e.file_bytes))
+            title = e.title if e.title is not None else f"(unreadable title) {e.sha[:12]}"
+            out.append(SavedSession(sha=e.sha, path=e.path, title=title, created_at=h.created_at,
+                                    last_used=h.last_used, tokens=h.tokens, file_bytes=e.file_bytes,
+                                    problem=problem))
         out.sort(key=lambda s: (s.last_used, s.created_at), reverse=True)
         return out
 
-    def find_titled(self, query: str) -> list[SavedSession]:
-        """Sessions whose name starts with `query` (hex), else whose title equals it."""
-        sessions = self.titled_sessions()
+    def find_titled(self, query: str, *, with_problems: bool = False) -> list[SavedSession]:
+        """Sessions whose name starts with `query` (hex), else whose title equals it
+        (`with_problems`: among those that cannot be resumed too)."""
+        sessions = self.titled_sessions(with_problems=with_problems)
         q = query.strip()
         if q and all(c in "0123456789abcdefABCDEF" for c in q):
             by_sha = [s for s in sessions if s.sha.startswith(q.lower())]

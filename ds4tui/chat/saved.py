@@ -76,6 +76,10 @@ class SavedSessions:
             return already
         matches = self.checkpoints.find_titled(query)
         if not matches:
+            broken = [s for s in self.checkpoints.find_titled(query, with_problems=True) if s.problem]
+            if broken:
+                raise LookupError(f"saved session {broken[0].title!r} ({broken[0].sha[:12]}) cannot be resumed:"
+                                  f" {broken[0].problem}")
             raise LookupError(f"no saved session matches {query!r} (see `ds4tui kv ls`)")
         if len(matches) > 1:
             names = ", ".join(f"{m.sha[:12]} {m.title!r}" for m in matches[:5])

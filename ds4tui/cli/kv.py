@@ -221,7 +221,8 @@ def _print_detail(e) -> None:
         ("ext_flags", f"0x{h.ext_flags:02x} {', '.join(h.ext_flag_names) or '-'}"),
         ("model_id", f"{h.model_id} ({model_name(h.model_id)})"),
         ("payload_abi", f"{h.payload_abi} ({payload_abi_name(h.payload_abi)})"),
-        ("quant_bits", str(h.quant_bits)),
+        ("quant_bits", f"{h.quant_bits}" + (f" ({h.quant} bits, marked ds4tui: ds4 does not read it)"
+                                            if h.quant != h.quant_bits else "")),
         ("tokens", str(h.tokens)),
         ("hits", str(h.hits)),
         ("ctx_size", str(h.ctx_size)),

@@ -65,10 +65,20 @@ assert sum(size for _, size, _ in HEADER_FIELDS) == PREFIX_BYTES
 _HEADER = struct.Struct("<3sBBBBBIIIB3xQQQI")
 assert _HEADER.size == PREFIX_BYTES
 
+# Header byte 4: ds4tui sets bit 7 of quant_bits on every file it writes. ds4's
+# ds4_kvstore_read_header accepts a file only when quant_bits is 2 or 4, and a
+# ds4 hit rewrites the whole header from its own fields (zeroing bytes 7 and 20);
+# with the mark no published ds4 reads, rewrites or deletes a ds4tui file.
+# The bit count itself is the low 7 bits (`KvcHeader.quant`).
+QUANT_DS4TUI_MARK = 0x80
+
 # Byte offsets of the fields rewritten in place (hits/last_used on a hit, the
 # pin bit); everything else in a file is written once.
+OFFSET_QUANT_BITS = _FIELD_OFFSETS["quant_bits"]  # the ds4tui mark, set by a header repair
 OFFSET_EXT_FLAGS = _FIELD_OFFSETS["ext_flags"]
+OFFSET_MODEL_ID = _FIELD_OFFSETS["model_id"]  # a header repair (zeroed by a ds4 hit)
 OFFSET_HITS = _FIELD_OFFSETS["hits"]
+OFFSET_PAYLOAD_ABI = _FIELD_OFFSETS["payload_abi"]  # a header repair (zeroed by a ds4 hit)
 OFFSET_CREATED_AT = _FIELD_OFFSETS["created_at"]  # rewritten only in a save's own temp file (a titled name collision)
 OFFSET_LAST_USED = _FIELD_OFFSETS["last_used"]
 
@@ -204,6 +214,11 @@ class KvcHeader:
     @property
     def ext_flag_names(self) -> list[str]:
         return ext_flag_names(self.ext_flags)
+
+    @property
+    def quant(self) -> int:
+        """Quantization bits without ds4tui's mark (bit 7 of the byte)."""
+        return self.quant_bits & ~QUANT_DS4TUI_MARK
 
     @property
     def pinned(self) -> bool:

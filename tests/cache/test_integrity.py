@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 
 import pytest
@@ -71,8 +72,19 @@ def test_a_flipped_byte_anywhere_is_a_corrupt_rejection_and_nothing_is_committed
     result = store.load_file(saved.sha, ENGINE, loader)
     assert result.hit is None and loader.committed is None
     [rej] = result.events[:1]
-    assert rej.deleted  # a title flip is caught first by the name (title identity) check
+    assert not rej.deleted and os.path.exists(saved.path)  # a titled session stays, marked, until deleted
+    # A title flip is caught first by the name (title identity) check.
     assert rej.reason.startswith("title identity" if where == "title" else "checksum mismatch")
+
+
+def test_a_corrupt_untitled_checkpoint_is_deleted(tmp_path):
+    store = KvStore(tmp_path)
+    saved, _ = save(store)
+    raw = bytearray(open(saved.path, "rb").read())
+    raw[52 + 20 + 300] ^= 8
+    open(saved.path, "wb").write(bytes(raw))
+    result = store.load(b"the prompt and more", ENGINE, Loader())
+    assert result.hit is None and result.events[0].deleted and not os.path.exists(saved.path)
 
 
 def test_an_engine_error_raised_from_the_mismatch_still_counts_as_corrupt(tmp_path):

@@ -117,7 +117,7 @@ def test_enospc_mid_payload_is_a_save_failure_with_no_trace(tmp_path, monkeypatc
 def test_enospc_in_the_chat_answers_and_reports(tmp_path, monkeypatch):
     from ds4tui.cache.events import SaveFailed
     from ds4tui.engine.loader import load_model
-    from tests.controller.conftest import Recorder, make_controller
+    from tests.chat.conftest import Recorder, make_controller
 
     ctl = make_controller(load_model("tiny-llama"), tmp_path)
 

@@ -192,4 +192,4 @@ def test_sparse_giant_claiming_4gib_of_text_is_rejected_from_the_header(tmp_path
         assert "exceeds the bound" in capsys.readouterr().out
         result = store.load_file(p.name[:40], ENGINE, lambda fp, n: pytest.fail("payload read"))
     assert result.hit is None and "exceeds the bound" in result.events[0].reason
-    assert not p.exists()  # proven corrupt by its own header: deleted like any corrupt file
+    assert p.exists() and not result.events[0].deleted  # titled (ext bit 3): kept, listed as corrupt

@@ -117,7 +117,7 @@ def decoded_section(info: KvDetailInfo) -> Text:
         ("ext flags", f"{flags} (0x{h.ext_flags:02x})"),
         ("model", f"{e.model} (id {h.model_id:#04x})"),
         ("payload ABI", f"{h.payload_abi} ({payload_abi_name(h.payload_abi)})"),
-        ("quant bits", str(h.quant_bits)),
+        ("quant bits", str(h.quant) + (" (ds4tui mark set: ds4 skips the file)" if h.quant != h.quant_bits else "")),
         ("tokens / ctx", f"{h.tokens} / {h.ctx_size}"),
         ("hits", str(h.hits)),
         ("created", _when(h.created_at, info.now)),
