@@ -55,6 +55,69 @@ def check_model(spec: str) -> None:
             f"unknown model {spec!r}: not a file, a directory or a name from `ds4tui models list`")
 
 
+def context_limit(spec: str) -> int | None:
+    """The model's trained context length, read from its metadata without loading weights;
+    None when it cannot be told cheaply (the engine then checks)."""
+    import json
+
+    try:
+        path = Path(spec).expanduser()
+        if not path.exists():
+            from ds4tui.engine.registry import resolve_registered
+
+            path = resolve_registered(spec)
+        if path is None:
+            return None
+        if path.is_dir():
+            cfg = json.loads((path / "config.json").read_text())
+            return int(cfg["max_position_embeddings"])
+        return _gguf_context_length(path)
+    except Exception:  # noqa: BLE001 - a best-effort early check; the engine has the last word
+        return None
+
+
+# GGUF metadata value types -> struct format of a scalar (8 string, 9 array are handled apart).
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def _gguf_context_length(path: Path) -> int | None:
+    """`llama.context_length` from a GGUF's key/value header, read in order until found (the
+    gguf package's reader maps every tensor first: seconds, before the UI has started)."""
+    import struct
+
+    with open(path, "rb") as fp:
+        def take(fmt: str):
+            size = struct.calcsize(fmt)
+            data = fp.read(size)
+            if len(data) != size:
+                raise ValueError("truncated GGUF header")
+            return struct.unpack(fmt, data)[0]
+
+        def skip(vtype: int) -> None:
+            if vtype == 8:
+                fp.seek(take("<Q"), 1)
+            elif vtype == 9:
+                inner, count = take("<I"), take("<Q")
+                if inner in _GGUF_SCALARS:
+                    fp.seek(struct.calcsize(_GGUF_SCALARS[inner]) * count, 1)
+                else:
+                    for _ in range(count):
+                        skip(inner)
+            else:
+                fp.seek(struct.calcsize(_GGUF_SCALARS[vtype]), 1)
+
+        if fp.read(4) != b"GGUF":
+            return None
+        take("<I"), take("<Q")  # version, tensor count
+        for _ in range(take("<Q")):
+            key = fp.read(take("<Q"))
+            vtype = take("<I")
+            if key == b"llama.context_length" and vtype in _GGUF_SCALARS:
+                return int(take(_GGUF_SCALARS[vtype]))
+            skip(vtype)
+    return None
+
+
 def check_resume(query: str, cache_dir: Path) -> None:
     """CliError unless exactly one titled session in `cache_dir` matches `query`."""
     from ds4tui.cache.entry import inspect_file
@@ -92,6 +155,10 @@ def run_chat(args: argparse.Namespace) -> int:
         check_model(config.model)
     except EngineError as exc:
         raise CliError(str(exc)) from None
+    if config.ctx is not None:
+        limit = context_limit(config.model)
+        if limit is not None and config.ctx > limit:
+            raise CliError(f"--ctx {config.ctx}: {config.model} has a context of {limit} tokens at most")
     resume = getattr(args, "resume", None)
     if resume:
         if config.no_disk_cache:
