@@ -16,6 +16,7 @@ BENCH_MODULES = [
     "ds4tui.bench.cache_bench",  # bench cache: cold vs disk-hit TTFT of one conversation (chat controller)
     "ds4tui.bench.swa_bench",  # bench swa: file size, restore and recompute per SWA storage policy
     "ds4tui.bench.checksum_bench",  # bench checksum: restore time with and without the .kv checksum
+    "ds4tui.bench.reliability",  # bench reliability: fault injection against the disk cache
 ]
 
 
