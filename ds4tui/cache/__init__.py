@@ -9,7 +9,9 @@ checks that none of those ended up in sys.modules.
     policy.py    tunables: store length, frontiers, headroom, eviction score
     eviction.py  superseded checkpoints, the victim order, the dry-run EvictionPlan
     store.py     the directory: lookup, load chain, atomic save, touch, pin, evict
-    files.py     atomic writes, in-place header edits, stale temp files
+    files.py     atomic writes, in-place header edits, temp files, header repair
+    safe_open.py regular files only: no FIFO blocks, no symlink is followed
+    integrity.py the XXH3 checksum: hashed on write, verified while restoring
     events.py    what the store did (Saved, Hit, Miss, Rejected, Evicted, SaveFailed)
     watch.py     changes to the directory, debounced
     scan.py      one pass over a directory for the cache browser (entries, headers, text index)

@@ -162,6 +162,9 @@ def cmd_ls(args) -> int:
               f"{safe_text(e.title, 23) or '-':<24}  {status}")
     total = sum(e.file_bytes for e in entries)
     print(f"{len(entries)} file(s), {human_bytes(total)} in {store.dir}")
+    temp = store.temp_bytes()
+    if temp:
+        print(f"plus {human_bytes(temp)} of saves in progress (temp files, counted toward the budget)")
     return 0
 
 
