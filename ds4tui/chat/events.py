@@ -48,6 +48,14 @@ class Done:
     ttft_ms: float  # time from send to the first generated token (or to the end of prefill)
     context_tokens: int  # tokens in the session now
     stop: str
+    cached_tokens: int | None = None  # prompt tokens a remote server reported it reused (None: not told)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A remote server has not answered yet and sends no progress: `elapsed_s` since the send."""
+
+    elapsed_s: float
 
 
 @dataclass(frozen=True)
@@ -74,11 +82,11 @@ class ChatError:
 
 
 ChatEvent = (
-    PrefillStarted | PrefillProgress | TokenText | Done | Cancelled | SessionFreed | ChatError
+    PrefillStarted | PrefillProgress | TokenText | Done | Waiting | Cancelled | SessionFreed | ChatError
     | Saved | SaveFailed | Hit | Miss | Rejected | Evicted
 )
 
 __all__ = [
     "Cancelled", "ChatError", "ChatEvent", "Done", "Evicted", "Hit", "Miss", "PrefillProgress",
-    "PrefillStarted", "Rejected", "SaveFailed", "Saved", "SessionFreed", "TokenText",
+    "PrefillStarted", "Rejected", "SaveFailed", "Saved", "SessionFreed", "TokenText", "Waiting",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ds4tui.cache.events import Miss
@@ -26,9 +27,20 @@ from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.settings import Settings
 from ds4tui.chat.streaming import ReplyStream
 from ds4tui.engine.model import Model
-from ds4tui.engine.sampling import Sampler
+from ds4tui.engine.sampling import Sampler, SamplingParams
 
 EventFn = Callable[[ChatEvent], None]
+
+
+@dataclass(frozen=True)
+class TurnOptions:
+    """What one turn may set for itself instead of the chat's settings (the server sets them
+    per request). None / empty: the settings' value, the template's stop strings only."""
+
+    sampling: SamplingParams | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()  # stop strings on top of the chat template's own
+    cancel: threading.Event | None = None  # this turn's own cancel flag (default: the controller's)
 
 
 class TurnPipeline:
@@ -41,8 +53,10 @@ class TurnPipeline:
         self.policy = policy
         self._stop = stop  # set by the controller's cancel(), from any thread
 
-    def run(self, conv: Conversation, on_event: EventFn) -> Done | None:
+    def run(self, conv: Conversation, on_event: EventFn, options: TurnOptions | None = None) -> Done | None:
         """Generate the reply to conv's messages. None when cancelled during the prefill."""
+        options = options or TurnOptions()
+        cancel = options.cancel or self._stop
         t0 = time.perf_counter()
         prompt = self.model.chat.render(conv.messages, add_generation_prompt=True)
         prompt_bytes = prompt.encode("utf-8")
@@ -52,13 +66,13 @@ class TurnPipeline:
         session.set_storage_policy(self.settings.config.swa_policy)  # a change made while this chat was busy
         base, base_text = len(session.tokens), conv.session_text
         on_event(PrefillStarted(total=len(suffix), cached=base, source=source))
-        if not self._prefill(conv, suffix, source, on_event):
+        if not self._prefill(conv, suffix, source, on_event, cancel):
             on_event(Cancelled(prefilled=len(session.tokens) - base))
             return None
         # The session now holds the prompt: its old tokens plus the suffix.
         conv.session_text = base_text + self.text_of(suffix)
         prefill_s = time.perf_counter() - t0
-        return self._generate(conv, on_event, t0, len(suffix), prefill_s)
+        return self._generate(conv, on_event, t0, len(suffix), prefill_s, options, cancel)
 
     def text_of(self, tokens: Sequence[int]) -> bytes:
         """The exact bytes `tokens` stand for (the text a checkpoint of them stores)."""
@@ -102,7 +116,8 @@ class TurnPipeline:
         conv.stored_upto = 0
         return tok.encode(prompt), "cold"
 
-    def _prefill(self, conv: Conversation, suffix: Sequence[int], source: str, on_event: EventFn) -> bool:
+    def _prefill(self, conv: Conversation, suffix: Sequence[int], source: str, on_event: EventFn,
+                 cancel: threading.Event) -> bool:
         """Prefill `suffix`, pausing at checkpoint points; False when cancelled (state stays consistent)."""
         session = conv.session
         assert session is not None
@@ -122,7 +137,7 @@ class TurnPipeline:
 
         for at, reason in stops + [(end, None)]:
             seg = suffix[offset : at - base]
-            if seg and not session.prefill(seg, on_progress=progress, should_stop=self._stop.is_set):
+            if seg and not session.prefill(seg, on_progress=progress, should_stop=cancel.is_set):
                 conv.session_text = base_text + self.text_of(session.tokens[base:])
                 return False
             offset = at - base
@@ -150,20 +165,21 @@ class TurnPipeline:
             frontier += step
         return sorted(points.items())
 
-    def _generate(self, conv: Conversation, on_event: EventFn, t0: float,
-                  prompt_tokens: int, prefill_s: float) -> Done:
+    def _generate(self, conv: Conversation, on_event: EventFn, t0: float, prompt_tokens: int,
+                  prefill_s: float, options: TurnOptions, cancel: threading.Event) -> Done:
         session = conv.session
         assert session is not None and session.logits is not None
         tok = self.model.tokenizer
-        sampler = Sampler(self.settings.sampling_params())
-        stream = ReplyStream(self.model.chat.stop_strings)
+        sampler = Sampler(options.sampling or self.settings.sampling_params())
+        stream = ReplyStream(tuple(self.model.chat.stop_strings) + options.stop)
+        max_tokens = options.max_tokens or self.settings.config.max_tokens
         eos = tok.eos_ids
         logits = session.logits
         text = bytearray(conv.session_text)
         generated, stop, ttft = 0, "max-tokens", None
         started = time.perf_counter()
-        while generated < self.settings.config.max_tokens:
-            if self._stop.is_set():
+        while generated < max_tokens:
+            if cancel.is_set():
                 stop = "cancelled"
                 break
             token = sampler(logits)

@@ -1,0 +1,208 @@
+"""The HTTP side of `ds4tui serve`: a Starlette app speaking OpenAI's chat-completions API.
+
+Owns: routes (/health, /v1/models, /v1/chat/completions), the Bearer check
+(constant-time), the body cap, OpenAI-shaped error bodies for every 4xx/5xx,
+server-sent events through sse-starlette (progress chunks while prefilling,
+text deltas, the usage chunk, `[DONE]`, comment pings), and cancelling a
+request whose client went away. The engine work itself runs in
+serve/worker.py; the wire format is serve/protocol.py.
+
+Nothing a client sends becomes a path or a file name: requests carry text,
+the cache directory is the operator's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from typing import AsyncIterator
+
+from sse_starlette import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ds4tui.chat.events import PrefillProgress, PrefillStarted, TokenText
+from ds4tui.engine.errors import ContextFullError, EngineError
+from ds4tui.serve import protocol as p
+from ds4tui.serve.worker import End, EngineQueue, Job
+
+PING_S = 10.0  # SSE comment pings: keep proxies from closing a stream that waits in line
+DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+
+
+def error(status: int, message: str, *, kind: str = "invalid_request_error", code: str | None = None,
+          param: str | None = None, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(p.error_body(message, kind=kind, code=code, param=param), status_code=status,
+                        headers=headers)
+
+
+def create_app(engine: EngineQueue, *, model_name: str, api_key: str | None, max_body_bytes: int,
+               on_shutdown=None) -> Starlette:
+    created = int(time.time())
+
+    def authorized(request: Request) -> JSONResponse | None:
+        """None when the request may go on, else the 401 to send."""
+        if not api_key:
+            return None
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            return None
+        return error(401, "missing or wrong API key (send Authorization: Bearer KEY)",
+                     kind="authentication_error", code="invalid_api_key",
+                     headers={"WWW-Authenticate": "Bearer"})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": model_name, **engine.state()})
+
+    async def models(request: Request) -> Response:
+        return authorized(request) or JSONResponse(p.models_body(model_name, created))
+
+    async def chat_completions(request: Request) -> Response:
+        refused = authorized(request)
+        if refused is not None:
+            return refused
+        try:
+            req = p.parse_chat_request(await _read_json(request, max_body_bytes))
+        except p.RequestError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        job = engine.submit(req)
+        if job is None:
+            wait = engine.retry_after()
+            return error(429, f"the server is busy ({engine.max_waiting} requests already wait); retry in {wait} s",
+                         kind="rate_limit_error", code="server_busy", headers={"Retry-After": str(wait)})
+        rid = p.new_id()
+        if req.stream:
+            return EventSourceResponse(_stream(job, rid, model_name), ping=PING_S,
+                                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await _complete(request, job, rid, model_name)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return error(exc.status_code, exc.detail or "error", kind="invalid_request_error",
+                     headers=getattr(exc, "headers", None))
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        return error(500, f"internal error: {type(exc).__name__}", kind="server_error")
+
+    return Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        ],
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+        lifespan=_lifespan(on_shutdown),
+    )
+
+
+def _lifespan(on_shutdown):
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        yield
+        if on_shutdown is not None:
+            await asyncio.to_thread(on_shutdown)  # blocking saves: off the event loop
+
+    return lifespan
+
+
+async def _read_json(request: Request, cap: int) -> object:
+    """The body as JSON; RequestError (413) past `cap` bytes, (400) when it is not JSON."""
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > cap):
+        raise p.RequestError(f"the request body exceeds {cap} bytes", status=413, code="body_too_large")
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > cap:
+            raise p.RequestError(f"the request body exceeds {cap} bytes", status=413, code="body_too_large")
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise p.RequestError(f"the body is not valid JSON ({exc})") from None
+
+
+def _failure(exc: BaseException) -> tuple[int, dict]:
+    if isinstance(exc, ContextFullError):
+        return 400, p.error_body(str(exc), code="context_length_exceeded", param="messages")
+    if isinstance(exc, EngineError):
+        return 500, p.error_body(str(exc), kind="server_error")
+    if isinstance(exc, ValueError):  # the chat template refused the messages (order, roles)
+        return 400, p.error_body(f"cannot render these messages: {exc}", param="messages")
+    return 500, p.error_body(f"internal error: {type(exc).__name__}", kind="server_error")
+
+
+async def _complete(request: Request, job: Job, rid: str, model: str) -> Response:
+    """Wait for the whole reply; a client that disconnects meanwhile cancels it."""
+    created = int(time.time())
+    item: object = None
+    getter = asyncio.ensure_future(job.events.get())
+    try:
+        while not isinstance(item, End):
+            done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
+            if done:
+                item = getter.result()
+                if not isinstance(item, End):
+                    getter = asyncio.ensure_future(job.events.get())
+            elif await request.is_disconnected():
+                job.cancel.set()  # the engine stops at its next chunk and hands back End
+    finally:
+        if not isinstance(item, End):  # this coroutine itself was cancelled
+            getter.cancel()
+            job.cancel.set()
+    assert isinstance(item, End)
+    if item.error is not None:
+        status, body = _failure(item.error)
+        return JSONResponse(body, status_code=status)
+    if item.result is None:
+        return error(499, "the request was cancelled", code="cancelled")
+    return JSONResponse(p.completion_body(rid, model, created, item.result))
+
+
+async def _stream(job: Job, rid: str, model: str) -> AsyncIterator[str]:
+    """SSE data lines for one request; closing the generator (client gone) cancels the turn."""
+    created = int(time.time())
+    started = time.perf_counter()
+    first = True
+    cached = total_new = 0
+    finished = False
+    try:
+        while True:
+            item = await job.events.get()
+            if isinstance(item, End):
+                break
+            if first:  # OpenAI's first chunk names the role
+                first = False
+                yield _json(p.chunk(rid, model, created, delta={"role": "assistant", "content": ""}))
+            if isinstance(item, PrefillStarted):
+                cached, total_new = item.cached, item.total
+                if total_new:
+                    yield _json(p.chunk(rid, model, created, delta={"content": ""},
+                                             prompt_progress=p.progress(cached, total_new, 0, started)))
+            elif isinstance(item, PrefillProgress):
+                yield _json(p.chunk(rid, model, created, delta={"content": ""},
+                                         prompt_progress=p.progress(cached, total_new, item.done, started)))
+            elif isinstance(item, TokenText) and item.text:
+                yield _json(p.chunk(rid, model, created, delta={"content": item.text}))
+        finished = True
+        if item.error is not None:
+            yield _json(_failure(item.error)[1])
+        elif item.result is not None:
+            c = item.result
+            if first:
+                yield _json(p.chunk(rid, model, created, delta={"role": "assistant", "content": ""}))
+            yield _json(p.chunk(rid, model, created, finish=p.FINISH.get(c.done.stop, "stop")))
+            if job.request.include_usage:
+                yield _json(p.chunk(rid, model, created, choices=False, usage=p.usage(c)))
+        yield "[DONE]"
+    finally:
+        if not finished:
+            job.cancel.set()
+
+
+def _json(body: object) -> str:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,219 @@
+"""The OpenAI chat-completions wire format: request checking and response bodies.
+
+Owns: turning a decoded JSON body into a checked `ChatRequest` (every field
+typed and bounded, a message the client can act on when not), and building the
+response objects (completion, stream chunks, usage, error bodies) as plain
+dicts. No HTTP here: serve/app.py does the transport.
+
+Parameters the engine does not implement (`n` > 1, tools, logprobs, images)
+are refused with a 400 naming them rather than silently ignored; fields no
+server acts on (`user`, `metadata`, ...) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ds4tui.chat.stateless import Completion
+
+MAX_STOP_STRINGS = 4  # OpenAI's own limit
+MAX_STOP_CHARS = 256
+MAX_MESSAGES = 4096
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+UNSUPPORTED = ("tools", "functions", "logprobs", "top_logprobs", "response_format", "logit_bias")
+FINISH = {"eos": "stop", "stop-string": "stop", "max-tokens": "length", "context-full": "length",
+          "cancelled": "stop"}
+
+
+class RequestError(ValueError):
+    """A request the server will not run: becomes an OpenAI-shaped 4xx."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400,
+                 code: str | None = None, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+        self.code = code
+        self.kind = kind
+
+    def body(self) -> dict:
+        return error_body(str(self), kind=self.kind, param=self.param, code=self.code)
+
+
+def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: list[dict]
+    stream: bool
+    include_usage: bool
+    temperature: float | None
+    top_p: float | None
+    min_p: float | None
+    seed: int | None
+    max_tokens: int | None
+    stop: tuple[str, ...]
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    """A checked request, or RequestError naming the offending field."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    for key in UNSUPPORTED:
+        if body.get(key) not in (None, False, [], {}) and not (key == "response_format" and _is_text_format(body[key])):
+            raise RequestError(f"{key!r} is not supported by this server", param=key)
+    n = body.get("n", 1)
+    if n != 1 or isinstance(n, bool):
+        raise RequestError("only n = 1 is supported", param="n")
+    stream = _opt(body, "stream", bool) or False
+    options = _opt(body, "stream_options", dict) or {}
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise RequestError("stream_options.include_usage must be a boolean", param="stream_options")
+    max_tokens = _opt(body, "max_completion_tokens", int)
+    if max_tokens is None:
+        max_tokens = _opt(body, "max_tokens", int)
+    if max_tokens is not None and max_tokens < 1:
+        raise RequestError("max_tokens must be at least 1", param="max_tokens")
+    seed = _opt(body, "seed", int)
+    if seed is not None and not -(2**63) <= seed < 2**64:
+        raise RequestError("seed must fit in 64 bits", param="seed")
+    return ChatRequest(
+        messages=_messages(body.get("messages")),
+        stream=stream,
+        include_usage=include_usage and stream,
+        temperature=_number(body, "temperature", 0.0, 2.0),
+        top_p=_number(body, "top_p", 0.0, 1.0, low_open=True),
+        min_p=_number(body, "min_p", 0.0, 1.0, high_open=True),
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=_stops(body.get("stop")),
+    )
+
+
+def _is_text_format(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("type") == "text"
+
+
+def _opt(body: dict, key: str, kind: type) -> Any:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise RequestError(f"{key} must be {'an integer' if kind is int else 'a ' + kind.__name__}", param=key)
+    return value
+
+
+def _number(body: dict, key: str, low: float, high: float, *, low_open: bool = False,
+            high_open: bool = False) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"{key} must be a number", param=key)
+    value = float(value)
+    if not (low < value if low_open else low <= value) or not (value < high if high_open else value <= high):
+        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise RequestError(f"{key} must be within {bounds}, got {value:g}", param=key)
+    return value
+
+
+def _stops(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise RequestError("stop must be a string or a list of strings", param="stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise RequestError(f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise RequestError(f"a stop string may hold at most {MAX_STOP_CHARS} characters", param="stop")
+    return tuple(s for s in stops if s)
+
+
+def _messages(value: Any) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise RequestError("messages must be a non-empty list", param="messages")
+    if len(value) > MAX_MESSAGES:
+        raise RequestError(f"at most {MAX_MESSAGES} messages", param="messages")
+    out = []
+    for i, m in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise RequestError(f"{where} must be an object", param=where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise RequestError(f"{where}.role {role!r} is not supported (system, developer, user, assistant)",
+                               param=f"{where}.role")
+        if m.get("tool_calls"):
+            raise RequestError(f"{where}: tool calls are not supported", param=f"{where}.tool_calls")
+        out.append({"role": ROLES[role], "content": _content(m.get("content"), where)})
+    return out
+
+
+def _content(value: Any, where: str) -> str:
+    """A message's text: a string, or a list of text parts (joined); other parts are refused."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        texts = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise RequestError(f"{where}.content: only text parts are supported", param=f"{where}.content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise RequestError(f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
+
+
+# -- responses ------------------------------------------------------------------------------------
+
+
+def new_id() -> str:
+    return "chatcmpl-" + uuid.uuid4().hex
+
+
+def usage(c: Completion) -> dict:
+    return {
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.done.tokens,
+        "total_tokens": c.prompt_tokens + c.done.tokens,
+        "prompt_tokens_details": {"cached_tokens": c.cached_tokens},
+    }
+
+
+def completion_body(rid: str, model: str, created: int, c: Completion) -> dict:
+    return {
+        "id": rid, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+                     "finish_reason": FINISH.get(c.done.stop, "stop"), "logprobs": None}],
+        "usage": usage(c),
+    }
+
+
+def chunk(rid: str, model: str, created: int, *, delta: dict | None = None, finish: str | None = None,
+          choices: bool = True, **extra: Any) -> dict:
+    """One `chat.completion.chunk`; choices=False gives the usage chunk's empty list."""
+    body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                            "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish,
+                                         "logprobs": None}] if choices else []}
+    body.update(extra)
+    return body
+
+
+def progress(cached: int, total_new: int, done: int, started: float) -> dict:
+    """llama-server's `prompt_progress` object: counts include the reused tokens."""
+    return {"total": cached + total_new, "cache": cached, "processed": cached + done,
+            "time_ms": round((time.perf_counter() - started) * 1000.0, 1)}
+
+
+def models_body(model: str, created: int) -> dict:
+    return {"object": "list", "data": [{"id": model, "object": "model", "created": created,
+                                        "owned_by": "ds4tui"}]}
