@@ -26,6 +26,7 @@ from ds4tui.chat.events import Cancelled, ChatEvent, Done, PrefillProgress, Pref
 from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.settings import Settings
 from ds4tui.chat.streaming import ReplyStream
+from ds4tui.engine.errors import ContextFullError
 from ds4tui.engine.model import Model
 from ds4tui.engine.sampling import Sampler, SamplingParams
 
@@ -65,6 +66,9 @@ class TurnPipeline:
         assert session is not None
         session.set_storage_policy(self.settings.config.swa_policy)  # a change made while this chat was busy
         base, base_text = len(session.tokens), conv.session_text
+        if base + len(suffix) > session.ctx_size:  # refuse now, not after prefilling what fits
+            raise ContextFullError(f"context full: the prompt needs {base + len(suffix)} tokens,"
+                                   f" the context holds {session.ctx_size}")
         on_event(PrefillStarted(total=len(suffix), cached=base, source=source))
         if not self._prefill(conv, suffix, source, on_event, cancel):
             on_event(Cancelled(prefilled=len(session.tokens) - base))

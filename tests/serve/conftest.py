@@ -1,0 +1,120 @@
+"""`ds4tui serve` on tiny-llama in a subprocess, on a free loopback port.
+
+Every wait is bounded: the server must answer /health within STARTUP_S, and it
+is stopped with SIGINT (its shutdown saves run) then killed if it lingers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+STARTUP_S = 60.0
+STOP_S = 20.0
+API_KEY = "test-key-0123456789"
+
+
+@dataclass
+class Server:
+    url: str  # the /v1 base URL
+    root: str  # scheme://host:port
+    cache_dir: Path
+    proc: subprocess.Popen
+    log: Path
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.root}/health", timeout=5).json()
+
+    def wait_health(self, predicate, timeout: float = 20.0) -> dict:
+        """Poll /health until predicate(state) holds; the last state (the test asserts on it)."""
+        deadline = time.monotonic() + timeout
+        state = self.health()
+        while not predicate(state) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            state = self.health()
+        return state
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ds4tui", "serve", *args]
+
+
+def isolated_env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, DS4TUI_CONFIG=str(tmp / "config.toml"), DS4TUI_CACHE_DIR=str(tmp / "kv"))
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def running_server(tmp: Path, *args: str, env: dict[str, str] | None = None):
+    port = free_port()
+    cache = tmp / "kv"
+    log = tmp / "server.log"
+    cmd = serve_command("--model", "tiny-llama", "--port", str(port), "--cache-dir", str(cache),
+                        "--log-level", "warning", *args)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env or isolated_env(tmp))
+    root = f"http://127.0.0.1:{port}"
+    server = Server(url=f"{root}/v1", root=root, cache_dir=cache, proc=proc, log=log)
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"ds4tui serve exited with {proc.returncode}:\n{log.read_text()}")
+            try:
+                if httpx.get(f"{root}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"ds4tui serve did not answer within {STARTUP_S} s:\n{log.read_text()}")
+            time.sleep(0.1)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=STOP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=STOP_S)
+
+
+@pytest.fixture(scope="package")
+def server(tmp_path_factory):
+    """The shared server: default queue, 4 live sessions, its own cache directory."""
+    with running_server(tmp_path_factory.mktemp("serve")) as s:
+        yield s
+
+
+@pytest.fixture(scope="package")
+def tiny_llama():
+    from ds4tui.engine.loader import load_model
+
+    return load_model("tiny-llama")
+
+
+def greedy_controller(model, **config):
+    """The embedded engine, greedy, no disk cache: the reference the server's replies must equal."""
+    from ds4tui.chat.controller import ChatController
+    from ds4tui.config import Config
+
+    values = dict(model=model.info.name, temperature=0.0, no_disk_cache=True, live_sessions=16)
+    values.update(config)
+    return ChatController(model, Config(**values))
