@@ -5,6 +5,7 @@
 | KV cache | user_cache_dir("ds4tui")/kv | --dir / --cache-dir, DS4TUI_CACHE_DIR |
 | models | user_data_dir("ds4tui")/models | DS4TUI_DATA_DIR (parent of models/) |
 | config | user_config_dir("ds4tui")/config.toml | DS4TUI_CONFIG |
+| remote transcripts | user_data_dir("ds4tui")/transcripts | DS4TUI_TRANSCRIPTS_DIR |
 """
 
 from __future__ import annotations
@@ -44,3 +45,11 @@ def config_path() -> Path:
     if env:
         return Path(env).expanduser()
     return Path(platformdirs.user_config_dir(APP_NAME)) / "config.toml"
+
+
+def transcripts_dir() -> Path:
+    """Where the chat keeps conversations held with remote engines (--engine)."""
+    env = os.environ.get("DS4TUI_TRANSCRIPTS_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path(platformdirs.user_data_dir(APP_NAME)) / "transcripts"
