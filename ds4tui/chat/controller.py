@@ -33,7 +33,7 @@ from ds4tui.chat.settings import Settings
 from ds4tui.chat.turn import TurnPipeline
 from ds4tui.config import Config
 from ds4tui.engine.errors import EngineError
-from ds4tui.engine.model import Model
+from ds4tui.engine.model import Model, ModelInfo
 from ds4tui.engine.sampling import SamplingParams
 
 EventFn = Callable[[ChatEvent], None]
@@ -70,6 +70,16 @@ class ChatController:
     @property
     def config(self) -> Config:
         return self.settings.config
+
+    @property
+    def model_name(self) -> str:
+        """What the status bar calls the model."""
+        return self.model.info.name
+
+    @property
+    def model_info(self) -> ModelInfo | None:
+        """The loaded model's identity (the cache browser marks the files it can resume)."""
+        return self.model.info
 
     @property
     def cache_store(self) -> KvStore | None:

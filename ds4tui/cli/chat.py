@@ -20,6 +20,11 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ctx", type=int, help="context size in tokens")
     parser.add_argument("--resume", metavar="SHA_PREFIX_OR_TITLE", help="open a saved session")
     parser.add_argument("--no-disk-cache", action="store_true", help="do not read or write .kv files")
+    remote = parser.add_argument_group("remote engine", "chat with an OpenAI-compatible server instead of the "
+                                       "embedded engine (ds4-server, llama-server, vLLM, SGLang, ds4tui serve)")
+    remote.add_argument("--engine", metavar="URL", help="the server's /v1 base URL, e.g. http://127.0.0.1:8008/v1")
+    remote.add_argument("--api-key-env", metavar="VAR", help="send `Authorization: Bearer $VAR`")
+    remote.add_argument("--remote-model", metavar="NAME", help="model name to request (default: the first the server lists)")
 
 
 def chat_config(args: argparse.Namespace):
@@ -151,6 +156,8 @@ def run_chat(args: argparse.Namespace) -> int:
     from ds4tui.engine.errors import EngineError
 
     config = chat_config(args)
+    if getattr(args, "engine", None):
+        return run_remote_chat(args, config)
     try:
         check_model(config.model)
     except EngineError as exc:
@@ -168,4 +175,43 @@ def run_chat(args: argparse.Namespace) -> int:
     from ds4tui.screens.app import Ds4TuiApp
 
     Ds4TuiApp(config, resume=resume).run()
+    return 0
+
+
+def remote_controller(args: argparse.Namespace, config):
+    """The remote chat's controller from the flags; CliError for a bad URL or a missing key."""
+    import os
+
+    import httpx
+
+    from ds4tui.chat.remote import RemoteChatController
+    from ds4tui.cli.errors import CliError
+
+    try:
+        url = httpx.URL(args.engine)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise CliError(f"--engine {args.engine!r}: not a URL ({exc})") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise CliError(f"--engine {args.engine!r}: give an http(s) URL such as http://127.0.0.1:8008/v1")
+    key = None
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env, "").strip()
+        if not key:
+            raise CliError(f"--api-key-env {args.api_key_env}: that variable is not set or empty")
+    return RemoteChatController(str(url), config, api_key=key, model=args.remote_model)
+
+
+def run_remote_chat(args: argparse.Namespace, config) -> int:
+    from ds4tui.cli.errors import CliError
+
+    controller = remote_controller(args, config)
+    resume = getattr(args, "resume", None)
+    if resume:
+        matches = controller.find_saved(resume)
+        if len(matches) != 1:
+            found = "nothing" if not matches else f"{len(matches)} conversations"
+            raise CliError(f"--resume {resume!r} matches {found} in {controller.transcripts.directory}")
+    from ds4tui.screens.app import Ds4TuiApp
+
+    Ds4TuiApp(config, controller=controller, resume=resume).run()
     return 0

@@ -185,7 +185,7 @@ class ChatScreen(EngineEventView, ChatDialogs, Screen):
         self.query_one("#loading").display = False
         status = self.query_one(StatusBar)
         assert self.controller is not None
-        status.model_name = self.controller.model.info.name
+        status.model_name = self.controller.model_name
         status.ctx_total = self.controller.ctx_size()
         self._scan_saved()
         if self._resume:
@@ -251,6 +251,8 @@ class ChatScreen(EngineEventView, ChatDialogs, Screen):
         self._engine_job = False
         status = self.query_one(StatusBar)
         status.activity = ""
+        if self.controller is not None:
+            status.model_name = self.controller.model_name  # a remote engine names its model on first use
         pane = self._pane_or_none(message.key)
         if pane is not None:
             pane.prefill.hide()

@@ -67,6 +67,6 @@ class ChatDialogs:
         if store is None:  # --no-disk-cache: browse the configured directory all the same
             store = self.config.cache_path()
         self.app.push_screen(CacheBrowserScreen(
-            store, model=self.controller.model.info, ctx_size=self.controller.ctx_size(),
+            store, model=self.controller.model_info, ctx_size=self.controller.ctx_size(),
             prefill_tok_s=self._prefill_tok_s,
         ))

@@ -71,6 +71,10 @@ class EngineEventView:
         self._last_speed = fmt.rate(event.tok_s)
         self.query_one(StatusBar).speed = self._last_speed
 
+    def _on_waiting(self, event: ev.Waiting, pane: ChatPane | None) -> None:
+        """A remote server that sends no progress: count the seconds instead."""
+        self.query_one(StatusBar).activity = f"waiting for the server… {event.elapsed_s:.0f} s"
+
     def _on_cancelled(self, event: ev.Cancelled, pane: ChatPane | None) -> None:
         if pane is not None:
             pane.prefill.hide()
@@ -104,6 +108,7 @@ class EngineEventView:
         ev.PrefillStarted: _on_prefill_started,
         ev.PrefillProgress: _on_prefill_progress,
         ev.Done: _on_done,
+        ev.Waiting: _on_waiting,
         ev.Cancelled: _on_cancelled,
         ev.SessionFreed: _on_session_freed,
         ev.ChatError: _on_chat_error,

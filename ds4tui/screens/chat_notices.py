@@ -85,6 +85,8 @@ def stats_line(done: ev.Done) -> str:
     parts = [f"{fmt.tokens(done.tokens)} tokens", fmt.rate(done.tok_s)]
     if done.prompt_tokens:
         parts.append(f"prefill {fmt.tokens(done.prompt_tokens)} tok")
+    if done.cached_tokens:
+        parts.append(f"cached {fmt.tokens(done.cached_tokens)} tok")
     parts.append(f"first token {fmt.ms(done.ttft_ms)}")
     if done.stop not in ("eos", "stop-string"):
         parts.append(f"stopped: {done.stop}")
