@@ -98,8 +98,10 @@ def running_server(tmp: Path, *args: str, env: dict[str, str] | None = None):
 
 @pytest.fixture(scope="package")
 def server(tmp_path_factory):
-    """The shared server: default queue, 4 live sessions, its own cache directory."""
-    with running_server(tmp_path_factory.mktemp("serve")) as s:
+    """The shared server: default queue, its own cache directory, a live session per load-test
+    client (test_load compares with the embedded engine's live sessions; parking to disk is
+    tested in tests/chat/test_stateless.py)."""
+    with running_server(tmp_path_factory.mktemp("serve"), "--live-sessions", "8") as s:
         yield s
 
 
