@@ -17,7 +17,6 @@ BENCH_MODULES = [
     "ds4tui.bench.swa_bench",  # bench swa: file size, restore and recompute per SWA storage policy
     "ds4tui.bench.checksum_bench",  # bench checksum: restore time with and without the .kv checksum
     "ds4tui.bench.reliability",  # bench reliability: fault injection against the disk cache
-
     "ds4tui.bench.serve_bench",  # bench serve: ds4tui serve at 1/4/8 clients vs the embedded engine
 ]
 
