@@ -46,10 +46,14 @@ def test_prefill_progress_bar(snap_compare, tiny_llama):
         await pilot.press("enter")
         await app.wait_for(ChatScreen.EngineEvent, lambda m: isinstance(m.event, ev.PrefillProgress))
         app.clear_notifications()
-        # The long message's layout (and the transcript's scrollbar) may land a refresh later
-        # on a busy machine: let every pending layout and animation finish first.
+        # The long message's layout (and the transcript's scrollbar) may land a few refreshes
+        # later on a busy machine: wait until the transcript knows it overflows, then settle.
+        log = app.chat.query_one(ChatLog)
+        for _ in range(200):  # bounded: 10 s
+            if log.max_scroll_y > 0 and log.scrollbars_enabled[0]:
+                break
+            await pilot.pause(0.05)
         await pilot.wait_for_scheduled_animations()
-        await pilot.pause()
         await pilot.pause()
 
     try:
