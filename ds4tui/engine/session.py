@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import BinaryIO, Callable, Sequence
 
 import torch
@@ -23,9 +24,37 @@ ProgressFn = Callable[[int, int], None]
 StopFn = Callable[[], bool]
 
 
+@dataclass(frozen=True)
+class RewindCost:
+    """What `Session.rewind(target)` will do, known before doing it (the UI shows it).
+
+    The session returns to an in-memory state at `restore_from` tokens (a kept mark, the
+    untouched prefix of a full-KV layer, or the empty session) and re-runs `replay` tokens
+    from there. `replay == 0`: free, and the next-token logits are the kept ones, so the
+    next token needs no forward pass.
+    """
+
+    target: int
+    restore_from: int
+    replay: int
+    how: str  # "none" (already there), "kept" (kept logits), "recompute" (last token), "mark", "start"
+
+    @property
+    def free(self) -> bool:
+        return self.replay == 0
+
 
 class Session(ABC):
-    """Live state of one conversation. Not thread-safe: one worker at a time."""
+    """Live state of one conversation. Not thread-safe: one worker at a time.
+
+    Marks: at the end of every prefill (a prompt end, where a reply starts) the session
+    keeps what it needs to come back to that point (`_capture_mark`: the next-token logits
+    on a full-KV family, also the window and compressor frontiers on DSV4), the newest
+    `max_marks` of them. `rewind` returns to a mark for free or re-runs the tokens after
+    the nearest one.
+    """
+
+    max_marks = 32
 
     def __init__(self, ctx_size: int, chunk_size: int) -> None:
         if ctx_size <= 0 or chunk_size <= 0:
@@ -34,6 +63,8 @@ class Session(ABC):
         self.chunk_size = chunk_size
         self.tokens: list[int] = []
         self.logits: torch.Tensor | None = None  # float32 [vocab], for the token after self.tokens
+        self._marks: dict[int, object] = {}  # token count -> what _capture_mark kept there
+        self._ends: list[int] = []  # token counts where a prefill or decode call ended, ascending
 
     # -- running ---------------------------------------------------------------------------
 
@@ -47,29 +78,38 @@ class Session(ABC):
 
         Returns True when all tokens were consumed, False when `should_stop()`
         asked to stop between chunks; the session then holds a consistent state
-        covering the tokens done so far (`self.tokens`).
+        covering the tokens done so far (`self.tokens`). A completed prefill keeps a mark.
         """
-        tokens = list(tokens)
+        done = self._feed(list(tokens), on_progress, should_stop)
+        if done and tokens:
+            self.keep_mark()
+        return done
+
+    def _feed(self, tokens: list[int], on_progress: ProgressFn | None = None,
+              should_stop: StopFn | None = None) -> bool:
         self._check_room(len(tokens))
         total, done = len(tokens), 0
-        while done < total:
-            if should_stop is not None and should_stop():
-                return False
-            pos = len(self.tokens)
-            boundary = (pos // self.chunk_size + 1) * self.chunk_size
-            step = min(total - done, boundary - pos)
-            chunk = tokens[done : done + step]
-            last = done + step == total
-            logits = self._forward(chunk, want_logits=last)
-            self.tokens.extend(chunk)
-            done += step
-            if last:
-                self.logits = logits
-            else:
-                self.logits = None
-            if on_progress is not None:
-                on_progress(done, total)
-        return True
+        try:
+            while done < total:
+                if should_stop is not None and should_stop():
+                    return False
+                pos = len(self.tokens)
+                boundary = (pos // self.chunk_size + 1) * self.chunk_size
+                step = min(total - done, boundary - pos)
+                chunk = tokens[done : done + step]
+                last = done + step == total
+                logits = self._forward(chunk, want_logits=last)
+                self.tokens.extend(chunk)
+                done += step
+                if last:
+                    self.logits = logits
+                else:
+                    self.logits = None
+                if on_progress is not None:
+                    on_progress(done, total)
+            return True
+        finally:
+            self._note_call_end()
 
     def decode(self, token: int) -> torch.Tensor:
         """Feed one token; returns (and keeps in `self.logits`) the next-token logits."""
@@ -77,7 +117,15 @@ class Session(ABC):
         logits = self._forward([token], want_logits=True)
         self.tokens.append(token)
         self.logits = logits
+        self._note_call_end()
         return logits
+
+    def _note_call_end(self) -> None:
+        """Remember where a prefill or decode call ended: a replay after a rewind feeds the
+        tokens between two such points the way they came (one prefill, or one decode step)."""
+        n = len(self.tokens)
+        if n and (not self._ends or self._ends[-1] < n):
+            self._ends.append(n)
 
     def _check_room(self, n: int) -> None:
         if len(self.tokens) + n > self.ctx_size:
@@ -92,7 +140,98 @@ class Session(ABC):
 
     @abstractmethod
     def reset(self) -> None:
-        """Forget everything: an empty session of the same size."""
+        """Forget everything: an empty session of the same size (marks included)."""
+
+    # -- rewind and fork -------------------------------------------------------------------
+
+    def marks(self) -> list[int]:
+        """Token counts this session can return to without re-running anything before them."""
+        return sorted(self._marks)
+
+    def keep_mark(self) -> None:
+        """Keep the current point as a mark (prefill does it at its end). Needs the logits."""
+        n = len(self.tokens)
+        if n == 0 or self.logits is None or not self._can_mark():
+            return
+        self._marks[n] = self._capture_mark()
+        while len(self._marks) > self.max_marks:
+            del self._marks[min(self._marks)]
+
+    def rewind_cost(self, n_tokens: int) -> RewindCost:
+        """What `rewind(n_tokens)` would re-run, without changing anything."""
+        t = len(self.tokens)
+        if not 0 <= n_tokens <= t:
+            raise ValueError(f"cannot rewind to {n_tokens} tokens: the session holds {t}")
+        if n_tokens == t and (t == 0 or self.logits is not None):
+            return RewindCost(t, t, 0, "none")
+        if n_tokens == 0:
+            return RewindCost(0, 0, 0, "start")
+        return self._rewind_plan(n_tokens)
+
+    def rewind(self, n_tokens: int, on_progress: ProgressFn | None = None) -> RewindCost:
+        """Return to the state this session had after its first `n_tokens` tokens.
+
+        Exact (the same KV state, logits and saved bytes, bit for bit) at a mark, and
+        wherever the tokens after the restore point had been fed by one prefill or by
+        decode steps; inside an earlier prefill chunk the last position's logits are
+        recomputed alone, which agrees to rounding. Returns what it cost.
+        """
+        plan = self.rewind_cost(n_tokens)
+        if plan.how == "none":
+            return plan
+        if n_tokens == 0:
+            self.reset()
+            return plan
+        ends = [e for e in self._ends if e < n_tokens]
+        self._rewind_to(plan, on_progress)
+        self._marks = {k: v for k, v in self._marks.items() if k <= n_tokens}
+        self._ends = ends + [n_tokens]
+        return plan
+
+    def _replay(self, start: int, tokens: list[int], on_progress: ProgressFn | None) -> None:
+        """Feed tokens[start:] after the state at `start` was restored, split where the
+        original calls ended (those ends are still in self._ends)."""
+        cuts = [e for e in self._ends if start < e < len(tokens)] + [len(tokens)]
+        total, a = len(tokens) - start, start
+        for b in cuts:
+            self._feed(tokens[a:b])
+            a = b
+            if on_progress is not None:
+                on_progress(b - start, total)
+
+    def fork(self, n_tokens: int | None = None) -> "Session":
+        """A new, independent session holding this one's state after `n_tokens` tokens (all of
+        them by default), its marks up to there included: a branch with no prefill."""
+        n = len(self.tokens) if n_tokens is None else n_tokens
+        if not 0 <= n <= len(self.tokens):
+            raise ValueError(f"cannot fork at {n} tokens: the session holds {len(self.tokens)}")
+        other = self._copy(n)
+        other._marks = {k: v for k, v in self._marks.items() if k <= len(other.tokens)}
+        other._ends = [e for e in self._ends if e <= len(other.tokens)]
+        other.rewind(n)
+        return other
+
+    def _can_mark(self) -> bool:
+        return True
+
+    def _capture_mark(self) -> object:
+        """What coming back to this point needs; the default keeps the logits (full-KV layers
+        keep every earlier row untouched, so they need nothing else)."""
+        return self.logits
+
+    @abstractmethod
+    def _rewind_plan(self, n_tokens: int) -> RewindCost:
+        """The cost of a rewind to 0 < n_tokens <= len(self.tokens) (not already there)."""
+
+    @abstractmethod
+    def _rewind_to(self, plan: RewindCost, on_progress: ProgressFn | None) -> None:
+        """Carry out `plan`: afterwards tokens, logits and state are those after plan.target."""
+
+    @abstractmethod
+    def _copy(self, n_tokens: int) -> "Session":
+        """A new session of the same size and settings holding a copy of this one's state
+        over at least its first n_tokens (tokens, logits where known, KV rows); `fork` then
+        copies the marks and rewinds it to n_tokens."""
 
     # -- storage policy ----------------------------------------------------------------------
 

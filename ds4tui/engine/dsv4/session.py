@@ -17,6 +17,7 @@ choices; tests check both.)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import BinaryIO
 
 import torch
@@ -27,11 +28,28 @@ from ds4tui.engine.dsv4.payload import payload_size, read_payload, write_payload
 from ds4tui.engine.dsv4.state import SwaState
 from ds4tui.engine.dsv4.swa import after_forward, set_policy
 from ds4tui.engine.model import ModelInfo
-from ds4tui.engine.session import Session
-from ds4tui.format.swa_policy import SwaPolicy
+from ds4tui.engine.session import ProgressFn, RewindCost, Session
+from ds4tui.format.swa_policy import PERIODIC, SwaPolicy
+
+
+@dataclass(frozen=True)
+class Dsv4Mark:
+    """Everything of a session at one point that later tokens overwrite: the raw rings, the
+    compressor frontiers and row counts (rows below the count are final, never rewritten),
+    the last position's streams and logits, and the periodic SWA snapshot then current.
+    About L x W x head_dim floats plus the frontiers: 11 MB for V4 Flash, kilobytes here."""
+
+    logits: torch.Tensor
+    streams: torch.Tensor | None
+    raw: tuple[torch.Tensor, ...]
+    compressors: tuple[tuple[int, torch.Tensor, torch.Tensor], ...]  # n_rows, state_kv, state_score
+    swa_snapshot_at: int | None
+    swa_snapshot: list[torch.Tensor] | None
 
 
 class Dsv4Session(Session):
+    max_marks = 8  # each holds every layer's window: see Dsv4Mark
+
     def __init__(self, net: Dsv4Net, info: ModelInfo, ctx_size: int, chunk_size: int) -> None:
         """net: the model's network (shared by its sessions); info: the model's identity,
         whose fingerprint every payload carries."""
@@ -72,9 +90,76 @@ class Dsv4Session(Session):
         self.tokens = []
         self.logits = None
         self._last_streams = None
+        self._marks = {}
+        self._ends = []
         self.swa.forget()
         for lc in self.layers:
             lc.reset()
+
+    # -- rewind and fork: from the nearest mark, re-running the tokens after it -------------
+
+    def _compressors(self) -> list:
+        return [st for lc in self.layers for st in (lc.attn, lc.index) if st is not None]
+
+    def _can_mark(self) -> bool:
+        return not self.swa.replaying  # a load marks once it has finished (load_payload)
+
+    def _capture_mark(self) -> Dsv4Mark:
+        return Dsv4Mark(
+            logits=self.logits,
+            streams=self._last_streams,
+            raw=tuple(lc.raw.clone() for lc in self.layers),
+            compressors=tuple((st.n_rows, st.state_kv.clone(), st.state_score.clone()) for st in self._compressors()),
+            swa_snapshot_at=self.swa.snapshot_at,
+            swa_snapshot=self.swa.snapshot,
+        )
+
+    def _rewind_plan(self, n_tokens: int) -> RewindCost:
+        start = max((k for k in self._marks if k <= n_tokens), default=0)
+        return RewindCost(n_tokens, start, n_tokens - start, "kept" if start == n_tokens else "mark" if start else "start")
+
+    def _rewind_to(self, plan: RewindCost, on_progress: ProgressFn | None) -> None:
+        tokens = self.tokens[: plan.target]
+        m = plan.restore_from
+        ends = self._ends
+        if m == 0:
+            self.reset()
+            self._ends = ends
+        else:
+            self._restore_mark(m, self._marks[m])
+            self.tokens = tokens[:m]
+        if plan.replay:
+            # Fed as they first came (each prefill call in chunks on absolute multiples, each
+            # decode step alone): the same computations, so the same bits.
+            self._replay(m, tokens, on_progress)
+
+    def _restore_mark(self, m: int, mark: Dsv4Mark) -> None:
+        for lc, raw in zip(self.layers, mark.raw):
+            lc.raw.copy_(raw)
+        for st, (n_rows, kv, score) in zip(self._compressors(), mark.compressors):
+            st.rows[n_rows : st.n_rows] = 0.0  # never read past n_rows; zeroed as a fresh session has it
+            st.n_rows = n_rows
+            st.state_kv.copy_(kv)
+            st.state_score.copy_(score)
+        self.logits, self._last_streams = mark.logits, mark.streams
+        periodic = self.swa.policy.kind == PERIODIC
+        self.swa.snapshot_at = mark.swa_snapshot_at if periodic else None
+        self.swa.snapshot = mark.swa_snapshot if periodic else None
+
+    def _copy(self, n_tokens: int) -> "Dsv4Session":
+        other = Dsv4Session(self.net, self.info, self.ctx_size, self.chunk_size)
+        for mine, theirs in zip(self.layers, other.layers):
+            theirs.raw.copy_(mine.raw)
+        for mine, theirs in zip(self._compressors(), other._compressors()):
+            theirs.rows[: mine.n_rows] = mine.rows[: mine.n_rows]
+            theirs.n_rows = mine.n_rows
+            theirs.state_kv.copy_(mine.state_kv)
+            theirs.state_score.copy_(mine.state_score)
+        other.tokens = list(self.tokens)
+        other.logits, other._last_streams = self.logits, self._last_streams
+        other.swa.policy = self.swa.policy
+        other.swa.snapshot_at, other.swa.snapshot = self.swa.snapshot_at, self.swa.snapshot
+        return other
 
     def set_storage_policy(self, policy: SwaPolicy | str) -> bool:
         set_policy(self, policy)
@@ -105,3 +190,6 @@ class Dsv4Session(Session):
             if touched:
                 self.reset()
             raise
+        self.next_logits()
+        self._ends = [len(self.tokens)] if self.tokens else []
+        self.keep_mark()

@@ -35,7 +35,7 @@ from ds4tui.engine.payload import (
 from ds4tui.engine.errors import PayloadError
 from ds4tui.engine.llama.config import LlamaConfig
 from ds4tui.engine.model import ModelInfo
-from ds4tui.engine.session import Session
+from ds4tui.engine.session import ProgressFn, RewindCost, Session
 
 # Version of the llama per-layer sections inside the DSV4 framing (header field payload_version).
 LLAMA_PAYLOAD_VERSION = 1
@@ -76,6 +76,39 @@ class LlamaSession(Session):
     def reset(self) -> None:
         self.tokens = []
         self.logits = None
+        self._marks = {}
+        self._ends = []
+
+    # -- rewind and fork: every layer keeps full KV, so the rows of a prefix never change ---
+
+    def _rewind_plan(self, n_tokens: int) -> RewindCost:
+        if n_tokens in self._marks:
+            return RewindCost(n_tokens, n_tokens, 0, "kept")
+        # The rows before n are intact; only the logits at n are missing: run the last token
+        # again (a decode step: exactly what produced them if that token was decoded).
+        return RewindCost(n_tokens, n_tokens - 1, 1, "recompute")
+
+    def _rewind_to(self, plan: RewindCost, on_progress: ProgressFn | None) -> None:
+        n = plan.target
+        if plan.how == "kept":
+            self.tokens = self.tokens[:n]
+            self.logits = self._marks[n]
+            return
+        last = self.tokens[n - 1]
+        self.tokens = self.tokens[: n - 1]
+        self.logits = self._forward([last], want_logits=True)
+        self.tokens.append(last)
+        if on_progress is not None:
+            on_progress(1, 1)
+
+    def _copy(self, n_tokens: int) -> "LlamaSession":
+        other = LlamaSession(self.model, self.ctx_size, self.chunk_size)
+        n = n_tokens
+        # One numpy copy of the prefix's rows (see the module docstring on torch's copy_).
+        np.copyto(other.kv.numpy()[:, :, :, :n], self.kv.numpy()[:, :, :, :n])
+        other.tokens = self.tokens[:n]
+        other.logits = self.logits if n == len(self.tokens) else self._marks.get(n)
+        return other
 
     # -- payload --------------------------------------------------------------------------
 
@@ -166,3 +199,5 @@ class LlamaSession(Session):
         r.finish()
         self.tokens = tokens
         self.logits = None if not bool(logits.any()) else logits
+        self._ends = [t] if t else []
+        self.keep_mark()
