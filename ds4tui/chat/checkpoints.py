@@ -20,6 +20,7 @@ from typing import BinaryIO, Callable
 
 from ds4tui.cache.entry import Acceptor, inspect_file
 from ds4tui.cache.events import Miss, Rejected, Saved
+from ds4tui.cache.files import read_text
 from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc, title_sha
 from ds4tui.cache.policy import CachePolicy
 from ds4tui.cache.safe_open import CacheDirError, open_regular
@@ -80,6 +81,29 @@ class Checkpoints:
             session.reset()  # a rejected payload may have left it empty; make sure of it
             return 0
         return hit.text_bytes
+
+    def restore_titled(self, sha: str, prompt: str, session: Session, on_event: Callable) -> bytes | None:
+        """Load one titled file whose transcript starts `prompt` (a parked chat's own file;
+        lookup by text never finds titled files); its text, or None when it does not apply.
+
+        Compared as decoded text, as the chat compares its live session: a reply holding
+        invalid UTF-8 is stored as its bytes but shown (and rendered again) with U+FFFD.
+        """
+        path = self.store.path_for(sha)
+        e = inspect_file(path, acceptor=self.acceptor(session), deep=False, preview_bytes=0)
+        if not e.valid or e.header is None:
+            return None
+        text = read_text(path, e.header.text_bytes)
+        if text is None or not prompt.startswith(text.decode("utf-8", errors="replace")):
+            return None
+        result = self.store.load_file(sha, self.acceptor(session), _loader(session))
+        for ev in result.events:
+            if not isinstance(ev, Miss):
+                on_event(ev)
+        if result.hit is None:
+            session.reset()
+            return None
+        return text
 
     def load_saved(self, saved: SavedSession, session: Session, on_event: Callable) -> bytes:
         """Restore one file into `session`; returns its rendered text. Raises EngineError when it fails."""

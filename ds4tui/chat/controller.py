@@ -6,6 +6,7 @@ A façade over the chat's parts, each in its own module:
 - pool.py: the live engine sessions (LRU cap, `evict` and `shutdown` saves);
 - turn.py: one turn (live/disk/cold prefix, prefill with checkpoints, streaming);
 - saved.py: titled sessions (save after each reply, list, rename, reopen);
+- moves.py: regenerate, edit and resend, fork, the context-fit check;
 - checkpoints.py: the bridge to the disk cache (ds4tui.cache).
 It never imports textual or rich: a test checks.
 
@@ -25,11 +26,12 @@ from ds4tui.cache.safe_open import dir_problem
 from ds4tui.cache.store import KvStore
 from ds4tui.chat.checkpoints import Checkpoints, SavedSession
 from ds4tui.chat.conversation import MAX_TITLE_CHARS, Conversation, default_title
-from ds4tui.chat.events import ChatError, ChatEvent, Done
+from ds4tui.chat.events import ChatError, ChatEvent, ContextWontFit, Done, FitCheck
+from ds4tui.chat.moves import Moves
 from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.registry import Conversations
 from ds4tui.chat.saved import SavedSessions
-from ds4tui.chat.settings import Settings
+from ds4tui.chat.settings import CHAT_KEYS, Settings
 from ds4tui.chat.turn import TurnPipeline
 from ds4tui.config import Config
 from ds4tui.engine.errors import EngineError
@@ -66,6 +68,8 @@ class ChatController:
         self.pool = SessionPool(model, self.settings, self.conversations, self.checkpoints)
         self.turns = TurnPipeline(model, self.settings, self.pool, self.checkpoints, self.policy, self._stop)
         self.saved = SavedSessions(model, self.checkpoints, self.pool, self.conversations)
+        self.moves = Moves(model, self.settings, self.pool, self.checkpoints, self.conversations,
+                           self.saved, self.turns)
 
     @property
     def config(self) -> Config:
@@ -164,18 +168,39 @@ class ChatController:
 
     def send(self, key: str, text: str, on_event: EventFn = _ignore) -> Done | None:
         """Add a user message and generate the reply. Returns Done, or None when cancelled in
-        prefill or failed (both reported through on_event; the user message is then withdrawn)."""
+        prefill or failed (both reported through on_event; the user message is then withdrawn).
+
+        A message that will not fit the context (check_fit) is not sent: a ContextWontFit
+        event carries the choices and nothing is changed or truncated.
+        """
+        conv = self._claim(key)
+        try:
+            check = self.moves.check_fit(conv, text)
+            if not check.fits:
+                on_event(ContextWontFit(check))
+                return None
+        finally:
+            conv.busy = False
+        conv.messages.append({"role": "user", "content": text})
+        if conv.title is None:
+            conv.title = default_title(text)
+        return self._turn(conv, on_event)
+
+    def _claim(self, key: str) -> Conversation:
         conv = self.get(key)
         if conv.busy:
             raise RuntimeError(f"conversation {key} is already generating")
         self._stop.clear()
         conv.busy = True
         conv.touch()
-        conv.messages.append({"role": "user", "content": text})
-        if conv.title is None:
-            conv.title = default_title(text)
+        return conv
+
+    def _turn(self, conv: Conversation, on_event: EventFn, withdraw: bool = True, **kw) -> Done | None:
+        """Run one turn on conv's messages (they end with the user message); save after it.
+        withdraw: a turn that failed or was cancelled in its prefill takes the message off."""
+        conv.busy = True
         try:
-            done = self.turns.run(conv, on_event)
+            done = self.turns.run(conv, on_event, **kw)
         except EngineError as exc:
             on_event(ChatError("generate", str(exc)))
             done = None
@@ -185,11 +210,138 @@ class ChatController:
             done = None
         finally:
             conv.busy = False
-        if done is None and conv.messages and conv.messages[-1].get("role") == "user":
+        if withdraw and done is None and conv.messages and conv.messages[-1].get("role") == "user":
             conv.messages.pop()
         if done is not None:
             self.saved.save(conv, on_event)
         return done
+
+    # -- conversation moves (moves.py) ---------------------------------------------------------
+
+    def regenerate(self, key: str, on_event: EventFn = _ignore) -> Done | None:
+        """Sample the last reply again from the prompt's end: the live session rewinds there
+        (free on the llama family: no prefill, no forward before the first token). The old
+        reply stays as an alternative (`alternatives`, `show_alternative`)."""
+        conv = self._claim(key)
+        try:
+            index, old = self.moves.begin_regenerate(conv)
+        except BaseException:
+            conv.busy = False
+            raise
+        done = self._turn(conv, on_event, withdraw=False,
+                          seed_offset=len(conv.alternatives.get(index, [])), regenerated=True)
+        self.moves.end_regenerate(conv, index, old, done)
+        return done
+
+    def alternatives(self, key: str, index: int) -> tuple[int, int]:
+        """(shown, count) versions of the reply at message `index` (into conv.messages)."""
+        return self.get(key).alternative_index(index)
+
+    def show_alternative(self, key: str, index: int, step: int) -> str:
+        """Show the previous (-1) or next (+1) version of the last reply; returns its text.
+        The next message continues from the shown one (the live session rewinds to the
+        prompt and prefills that reply's text)."""
+        conv = self.get(key)
+        if conv.busy:
+            raise RuntimeError(f"conversation {key} is busy")
+        return self.moves.show_alternative(conv, index, step)
+
+    def edit(self, key: str, index: int, text: str, on_event: EventFn = _ignore) -> tuple[Done | None, Conversation | None]:
+        """Replace the user message at `index` (into conv.messages) and answer it again.
+
+        What followed it is kept as a fork (returned, "title (fork)", its file the chat's
+        saved state); the chat rewinds to just before the message and prefills only the
+        edited text. Returns (Done or None, the fork or None when there was nothing to keep).
+        """
+        conv = self._claim(key)
+        try:
+            check = self.moves.check_fit(conv, text, upto=index)
+            if not check.fits:
+                on_event(ContextWontFit(check))
+                return None, None
+            fork = self.moves.keep_continuation(conv, index, on_event)
+        finally:
+            conv.busy = False
+        del conv.messages[index:]
+        conv.alternatives = {i: v for i, v in conv.alternatives.items() if i < index}
+        conv.messages.append({"role": "user", "content": text})
+        return self._turn(conv, on_event), fork
+
+    def fork(self, key: str, upto: int, on_event: EventFn = _ignore) -> Conversation:
+        """A new chat holding conv.messages[:upto], its session a copy of the parent's state
+        there: no prefill (in memory when the parent is live, else from its .kv file). Saved
+        as its own titled session "title (fork)". A Forked event says what was copied."""
+        conv = self._claim(key)
+        try:
+            return self.moves.fork(conv, upto, on_event)
+        finally:
+            conv.busy = False
+
+    def check_fit(self, key: str, text: str) -> FitCheck:
+        """Whether `text` as the next message fits the context with room for a reply, and the
+        choices when not (drop the oldest exchanges: how many, what it re-prefills; a fresh chat)."""
+        return self.moves.check_fit(self.get(key), text)
+
+    def drop_oldest(self, key: str, turns: int) -> None:
+        """Drop the oldest `turns` user/assistant exchanges, keeping the system prompt (the
+        caller's choice after check_fit). The next turn re-prefills what follows the system prompt."""
+        conv = self.get(key)
+        if conv.busy:
+            raise RuntimeError(f"conversation {key} is busy")
+        self.moves.drop_oldest(conv, turns)
+
+    def fresh_like(self, key: str) -> Conversation:
+        """A new, empty chat carrying this chat's system prompt and settings."""
+        conv = self.get(key)
+        fresh = self.new_conversation(conv.system_prompt or "")
+        fresh.overrides = dict(conv.overrides)
+        return fresh
+
+    def import_messages(self, messages: list[dict], title: str | None = None,
+                        created_at: int | None = None) -> Conversation:
+        """Open a transcript (OpenAI messages) as a new chat; its next message prefills it
+        (or restores the longest cached prefix of it)."""
+        conv = Conversation(key=self.conversations.new_key(), title=title)
+        if created_at:
+            conv.created_at = created_at
+        conv.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        if conv.title is None:
+            first = next((m["content"] for m in conv.messages if m["role"] == "user"), "")
+            conv.title = default_title(first) if first else None
+        return self.conversations.add(conv)
+
+    # -- per-chat settings -------------------------------------------------------------------------
+
+    def chat_settings(self, key: str) -> dict:
+        """The active chat's system prompt and sampling, as its next turn will use them."""
+        conv = self.get(key)
+        out = {k: self.settings.value(k, conv) for k in CHAT_KEYS}
+        out["system_prompt"] = conv.system_prompt
+        return out
+
+    def set_chat_settings(self, key: str, **changes) -> None:
+        """Change one chat's sampling (CHAT_KEYS) and system prompt; new chats keep the
+        config's defaults. A new system prompt changes the first message: the next turn
+        re-prefills from there (the live session rewinds to the start)."""
+        conv = self.get(key)
+        if conv.busy:
+            raise RuntimeError(f"conversation {key} is busy")
+        if "system_prompt" in changes:
+            prompt = changes.pop("system_prompt")
+            has = conv.system_prompt is not None
+            if prompt:
+                if has:
+                    conv.messages[0] = {"role": "system", "content": prompt}
+                else:
+                    conv.messages.insert(0, {"role": "system", "content": prompt})
+                    conv.alternatives = {i + 1: v for i, v in conv.alternatives.items()}
+            elif has:
+                del conv.messages[0]
+                conv.alternatives = {i - 1: v for i, v in conv.alternatives.items()}
+        unknown = set(changes) - set(CHAT_KEYS)
+        if unknown:
+            raise ValueError(f"not a chat setting: {', '.join(sorted(unknown))}")
+        conv.overrides.update(changes)
 
     # -- saved sessions --------------------------------------------------------------------------
 

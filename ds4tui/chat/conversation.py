@@ -48,6 +48,24 @@ class Conversation:
     saved_upto: int = 0  # tokens that titled file holds: the session's state is on disk when equal
     stored_upto: int = 0  # tokens covered by the last cold/continued checkpoint (frontier bookkeeping)
     busy: bool = False  # a worker is using the session right now
+    overrides: dict = field(default_factory=dict)  # this chat's own sampling settings (settings.CHAT_KEYS)
+    # Regenerated replies: message index -> every version of that reply; the message shows one.
+    alternatives: dict[int, list[str]] = field(default_factory=dict)
+    forked_from: tuple[str, int] | None = None  # (parent's title, messages kept) of a fork
+
+    def alternative_index(self, index: int) -> tuple[int, int]:
+        """(shown version, versions) of the reply at message `index`; (0, 1) without alternatives."""
+        versions = self.alternatives.get(index)
+        if not versions:
+            return 0, 1
+        content = self.messages[index]["content"]
+        shown = max((i for i, v in enumerate(versions) if v == content), default=len(versions) - 1)
+        return shown, len(versions)
+
+    @property
+    def system_prompt(self) -> str | None:
+        first = self.messages[0] if self.messages else None
+        return first["content"] if first is not None and first.get("role") == "system" else None
 
     @property
     def display_title(self) -> str:

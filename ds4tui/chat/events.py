@@ -38,6 +38,25 @@ class TokenText:
 
 
 @dataclass(frozen=True)
+class CacheReport:
+    """Where one turn's prompt prefix came from and what was computed.
+
+    source: "live" (this chat's session in memory, rewound if the prompt changed),
+    "disk" (a .kv file: `sha`, `ms`), "fork" (a copy of another chat's state) or "cold"
+    (nothing reused: `reason` says why). `replayed`: tokens a rewind re-ran to get back
+    to the reused point (0 on the llama family except the last token inside a chunk).
+    """
+
+    source: str
+    reused: int  # tokens of the prompt that were not prefilled this turn
+    prefilled: int  # tokens prefilled this turn
+    replayed: int = 0
+    sha: str | None = None
+    ms: float | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class Done:
     """The assistant turn ended. `stop` is eos, stop-string, max-tokens, cancelled or context-full."""
 
@@ -49,6 +68,9 @@ class Done:
     context_tokens: int  # tokens in the session now
     stop: str
     cached_tokens: int | None = None  # prompt tokens a remote server reported it reused (None: not told)
+    cache: CacheReport | None = None
+    regenerated: bool = False  # the reply replaced an earlier one (kept as an alternative)
+    forward_before_first_token: bool = True  # False: the first token came from kept logits
 
 
 @dataclass(frozen=True)
@@ -56,6 +78,47 @@ class Waiting:
     """A remote server has not answered yet and sends no progress: `elapsed_s` since the send."""
 
     elapsed_s: float
+
+
+@dataclass(frozen=True)
+class ContextWontFit:
+    """The message was not sent: the prompt and room for a reply exceed the context.
+    Nothing was changed; `check` lists the caller's choices (controller.check_fit)."""
+
+    check: "FitCheck"
+
+
+@dataclass(frozen=True)
+class FitCheck:
+    """Will the next message fit? `prompt_tokens` + `reserve` (room for the reply) against `ctx`.
+
+    When it does not: `drop_turns` oldest user/assistant exchanges dropped (system prompt
+    kept) make it fit, re-prefilling `drop_prefill` tokens (None: even one exchange with
+    nothing before it is too long); a fresh chat with the system prompt needs `fresh_tokens`.
+    """
+
+    fits: bool
+    prompt_tokens: int
+    reserve: int
+    ctx: int
+    drop_turns: int | None = None
+    drop_prefill: int | None = None
+    fresh_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Forked:
+    """A new chat branched off another: `tokens` of state copied with no prefill (source
+    "memory": the parent's live session; "disk": the parent's .kv; "none": nothing to copy,
+    the first message prefills), `replayed` re-run to land on the branch point."""
+
+    conversation: str
+    parent: str
+    at_message: int
+    tokens: int
+    source: str
+    replayed: int
+    ms: float
 
 
 @dataclass(frozen=True)
@@ -83,10 +146,11 @@ class ChatError:
 
 ChatEvent = (
     PrefillStarted | PrefillProgress | TokenText | Done | Waiting | Cancelled | SessionFreed | ChatError
-    | Saved | SaveFailed | Hit | Miss | Rejected | Evicted
+    | ContextWontFit | Forked | Saved | SaveFailed | Hit | Miss | Rejected | Evicted
 )
 
 __all__ = [
-    "Cancelled", "ChatError", "ChatEvent", "Done", "Evicted", "Hit", "Miss", "PrefillProgress",
-    "PrefillStarted", "Rejected", "SaveFailed", "Saved", "SessionFreed", "TokenText", "Waiting",
+    "CacheReport", "Cancelled", "ChatError", "ChatEvent", "ContextWontFit", "Done", "Evicted", "FitCheck",
+    "Forked", "Hit", "Miss", "PrefillProgress", "PrefillStarted", "Rejected", "SaveFailed", "Saved",
+    "SessionFreed", "TokenText", "Waiting",
 ]

@@ -47,14 +47,23 @@ class SessionPool:
     def ensure(self, conv: Conversation, on_event: EventFn) -> Session:
         """conv's session, creating it; over the cap the least recently used other one goes to disk."""
         if conv.session is None:
-            others = sorted((c for c in self.conversations.live() if c is not conv and not c.busy),
-                            key=lambda c: c.last_active)
-            while others and self.live_count() >= self.settings.config.live_sessions:
-                self.free(others.pop(0), "evict", on_event)
+            self._make_room(conv, on_event)
             conv.session = self.model.new_session(self.settings.config.ctx)
             conv.session.set_storage_policy(self.settings.config.swa_policy)  # False (ignored) without SWA layers
             conv.session_text = b""
         return conv.session
+
+    def adopt(self, conv: Conversation, session: Session, on_event: EventFn) -> None:
+        """Make `session` (a fork of another chat's) conv's live session, within the cap."""
+        self._make_room(conv, on_event)
+        session.set_storage_policy(self.settings.config.swa_policy)
+        conv.session, conv.session_text = session, b""
+
+    def _make_room(self, conv: Conversation, on_event: EventFn) -> None:
+        others = sorted((c for c in self.conversations.live() if c is not conv and not c.busy),
+                        key=lambda c: c.last_active)
+        while others and self.live_count() >= self.settings.config.live_sessions:
+            self.free(others.pop(0), "evict", on_event)
 
     def apply_storage_policy(self) -> None:
         """The configured SWA policy on every idle live session (a busy one takes it next turn)."""

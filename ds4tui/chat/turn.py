@@ -13,22 +13,26 @@ budget (checkpoints.py over ds4tui.cache), the math (ds4tui.engine).
 
 from __future__ import annotations
 
+import codecs
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from ds4tui.cache.events import Miss
+from ds4tui.cache.events import Hit, Miss, Rejected
 from ds4tui.cache.policy import CachePolicy
 from ds4tui.chat.checkpoints import Checkpoints
 from ds4tui.chat.conversation import Conversation
-from ds4tui.chat.events import Cancelled, ChatEvent, Done, PrefillProgress, PrefillStarted, TokenText
+from ds4tui.chat.events import (
+    CacheReport, Cancelled, ChatEvent, Done, PrefillProgress, PrefillStarted, TokenText,
+)
 from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.settings import Settings
 from ds4tui.chat.streaming import ReplyStream
 from ds4tui.engine.errors import ContextFullError
 from ds4tui.engine.model import Model
 from ds4tui.engine.sampling import Sampler, SamplingParams
+from ds4tui.engine.session import Session
 
 EventFn = Callable[[ChatEvent], None]
 
@@ -44,6 +48,57 @@ class TurnOptions:
     cancel: threading.Event | None = None  # this turn's own cancel flag (default: the controller's)
 
 
+@dataclass(frozen=True)
+class Prefix:
+    """What _prepare found: the tokens still to prefill and where the rest came from."""
+
+    suffix: list[int]
+    source: str  # live, disk, cold
+    replayed: int = 0
+    sha: str | None = None
+    ms: float | None = None
+    reason: str | None = None
+
+
+def shared_tokens(tokenizer, tokens: Sequence[int], session_text: bytes, text: str) -> tuple[int, int, int]:
+    """How much of a session `text` can reuse: (k, nbytes, nchars) for the most tokens k whose
+    text (nbytes of session_text, nchars characters once decoded) is a prefix of `text`.
+
+    Compared as decoded text, as the transcript holds it: a reply with invalid UTF-8 bytes
+    shows them as U+FFFD. Only boundaries where no character is left half-decoded count.
+    """
+    have = session_text.decode("utf-8", errors="replace")
+    limit = common_prefix(have, text)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    tb = tokenizer.token_bytes
+    k = nbytes = nchars = 0
+    best = (0, 0, 0)
+    for t in tokens:
+        piece = tb(t)
+        nchars += len(decoder.decode(piece))
+        if nchars > limit:
+            break
+        k, nbytes = k + 1, nbytes + len(piece)
+        if not decoder.getstate()[0]:
+            best = (k, nbytes, nchars)
+    return best
+
+
+def common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of two strings."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class TurnPipeline:
     def __init__(self, model: Model, settings: Settings, pool: SessionPool, checkpoints: Checkpoints | None,
                  policy: CachePolicy, stop: threading.Event) -> None:
@@ -54,14 +109,16 @@ class TurnPipeline:
         self.policy = policy
         self._stop = stop  # set by the controller's cancel(), from any thread
 
-    def run(self, conv: Conversation, on_event: EventFn, options: TurnOptions | None = None) -> Done | None:
+    def run(self, conv: Conversation, on_event: EventFn, options: TurnOptions | None = None, *,
+            seed_offset: int = 0, regenerated: bool = False) -> Done | None:
         """Generate the reply to conv's messages. None when cancelled during the prefill."""
         options = options or TurnOptions()
         cancel = options.cancel or self._stop
         t0 = time.perf_counter()
         prompt = self.model.chat.render(conv.messages, add_generation_prompt=True)
         prompt_bytes = prompt.encode("utf-8")
-        suffix, source = self._prepare(conv, prompt, prompt_bytes, on_event)
+        found = self._prepare(conv, prompt, prompt_bytes, on_event)
+        suffix, source = found.suffix, found.source
         session = conv.session
         assert session is not None
         session.set_storage_policy(self.settings.config.swa_policy)  # a change made while this chat was busy
@@ -76,7 +133,13 @@ class TurnPipeline:
         # The session now holds the prompt: its old tokens plus the suffix.
         conv.session_text = base_text + self.text_of(suffix)
         prefill_s = time.perf_counter() - t0
-        return self._generate(conv, on_event, t0, len(suffix), prefill_s, options, cancel)
+        report = CacheReport(source=source, reused=base, prefilled=len(suffix), replayed=found.replayed,
+                             sha=found.sha, ms=found.ms, reason=found.reason)
+        done = self._generate(conv, on_event, t0, len(suffix), prefill_s, options, cancel, seed_offset)
+        done = replace(done, cache=report, regenerated=regenerated,
+                       forward_before_first_token=bool(suffix) or found.replayed > 0)
+        on_event(done)
+        return done
 
     def text_of(self, tokens: Sequence[int]) -> bytes:
         """The exact bytes `tokens` stand for (the text a checkpoint of them stores)."""
@@ -84,7 +147,7 @@ class TurnPipeline:
         return b"".join(tb(t) for t in tokens)
 
     def _prepare(self, conv: Conversation, prompt: str, prompt_bytes: bytes,
-                 on_event: EventFn) -> tuple[list[int], str]:
+                 on_event: EventFn) -> Prefix:
         """Make conv.session cover the longest known prefix; return the tokens still to prefill.
 
         Afterwards conv.session_text is the exact text of the session's tokens.
@@ -94,31 +157,72 @@ class TurnPipeline:
         if session is not None and session.tokens:
             full = tok.encode(prompt)
             n = len(session.tokens)
-            if full[:n] == session.tokens:
+            if full[:n] == session.tokens and (len(full) > n or session.logits is not None):
                 # Same tokens as a cold prefill would use: the answer is bit-identical.
-                return full[n:], "live"
+                return Prefix(full[n:], "live")
             # The reply's sampled tokens need not match a re-tokenization of its text;
             # the session's own tokens stay authoritative and only the new text is
             # encoded. Compared as decoded text: a reply holding invalid UTF-8 is kept
             # in the transcript with U+FFFD, exactly as this decode shows it.
             have = conv.session_text.decode("utf-8", errors="replace")
-            if prompt.startswith(have):
-                return tok.encode(prompt[len(have):]), "live"
+            if prompt.startswith(have) and (session.logits is not None or len(prompt) > len(have)):
+                return Prefix(tok.encode(prompt[len(have):]), "live")
+            rewound = self._rewind_live(conv, session, prompt)
+            if rewound is not None:
+                return rewound
         session = self.pool.ensure(conv, on_event)
+        reason = "no cached prefix"
         if self.checkpoints is not None:
-            covered = self.checkpoints.restore_longest(prompt_bytes, session, on_event)
+            seen: list = []
+
+            def note(event: ChatEvent) -> None:
+                seen.append(event)
+                on_event(event)
+
+            if conv.saved_sha:  # a parked titled chat (a fork, a resumed one): its own file first
+                text = self.checkpoints.restore_titled(conv.saved_sha, prompt, session, note)
+                if text is not None:
+                    conv.session_text = text
+                    conv.stored_upto = len(session.tokens)
+                    hit = next((e for e in reversed(seen) if isinstance(e, Hit)), None)
+                    rest = prompt[len(text.decode("utf-8", errors="replace")):]
+                    return Prefix(tok.encode(rest), "disk", sha=conv.saved_sha, ms=hit.ms if hit else None)
+            covered = self.checkpoints.restore_longest(prompt_bytes, session, note)
             if covered:
                 rest = _decode_suffix(prompt_bytes, covered)
                 if rest is not None:
                     conv.session_text = prompt_bytes[:covered]
                     conv.stored_upto = len(session.tokens)
-                    return tok.encode(rest), "disk"
+                    hit = next((e for e in reversed(seen) if isinstance(e, Hit)), None)
+                    return Prefix(tok.encode(rest), "disk", sha=hit.sha if hit else None,
+                                  ms=hit.ms if hit else None)
+                reason = "cached prefix ends inside a character"
+            rejected = [e for e in seen if isinstance(e, Rejected)]
+            if rejected:
+                reason = f"file rejected: {rejected[-1].reason}"
         else:
             on_event(Miss("disk cache off (--no-disk-cache)"))
+            reason = "disk cache off"
         session.reset()
         conv.session_text = b""
         conv.stored_upto = 0
-        return tok.encode(prompt), "cold"
+        return Prefix(tok.encode(prompt), "cold", reason=reason)
+
+    def _rewind_live(self, conv: Conversation, session: Session, prompt: str) -> Prefix | None:
+        """The prompt leaves the live session somewhere inside its text (a regenerated reply,
+        an edited message, a switched alternative): rewind to the last token boundary the
+        two share, when the session can get there from memory (a mark, or full KV)."""
+        k, nbytes, nchars = shared_tokens(self.model.tokenizer, session.tokens, conv.session_text, prompt)
+        if k == 0:
+            return None
+        cost = session.rewind_cost(k)
+        if cost.restore_from == 0:
+            return None  # nothing kept in memory before k: a disk prefix may do better
+        session.rewind(k)
+        conv.session_text = conv.session_text[:nbytes]
+        conv.stored_upto = min(conv.stored_upto, k)
+        rest = prompt[nchars:]
+        return Prefix(self.model.tokenizer.encode(rest) if rest else [], "live", replayed=cost.replay)
 
     def _prefill(self, conv: Conversation, suffix: Sequence[int], source: str, on_event: EventFn,
                  cancel: threading.Event) -> bool:
@@ -170,13 +274,16 @@ class TurnPipeline:
         return sorted(points.items())
 
     def _generate(self, conv: Conversation, on_event: EventFn, t0: float, prompt_tokens: int,
-                  prefill_s: float, options: TurnOptions, cancel: threading.Event) -> Done:
+                  prefill_s: float, options: TurnOptions, cancel: threading.Event, seed_offset: int = 0) -> Done:
         session = conv.session
         assert session is not None and session.logits is not None
         tok = self.model.tokenizer
-        sampler = Sampler(options.sampling or self.settings.sampling_params())
+        params = options.sampling or self.settings.sampling_params(conv)
+        if seed_offset and params.seed is not None:
+            params = replace(params, seed=params.seed + seed_offset)  # a seeded regenerate still differs
+        sampler = Sampler(params)
         stream = ReplyStream(tuple(self.model.chat.stop_strings) + options.stop)
-        max_tokens = options.max_tokens or self.settings.config.max_tokens
+        max_tokens = options.max_tokens or self.settings.max_tokens(conv)
         eos = tok.eos_ids
         logits = session.logits
         text = bytearray(conv.session_text)
@@ -220,7 +327,6 @@ class TurnPipeline:
             context_tokens=len(session.tokens),
             stop=stop,
         )
-        on_event(done)
         return done
 
 

@@ -159,13 +159,16 @@ def test_max_tokens_and_reply_text_match_the_session(tiny_llama, tmp_path, recor
     assert done.context_tokens == len(conv.session.tokens)
 
 
-def test_prompt_longer_than_the_context_is_an_error_not_a_crash(tiny_llama, tmp_path, recorder):
-    """ContextFullError comes back as a ChatError; the message is withdrawn and the chat still works."""
+def test_prompt_longer_than_the_context_is_refused_before_sending(tiny_llama, tmp_path, recorder):
+    """A message that cannot fit is not sent: ContextWontFit, nothing prefilled or changed, and
+    the chat still works."""
     ctl = make_controller(tiny_llama, tmp_path, no_disk_cache=True)
     conv = ctl.new_conversation()
     assert ctl.send(conv.key, "word " * 1000, recorder) is None
-    assert "context full" in recorder.of(ev.ChatError)[0].message
-    assert conv.messages == []
+    check = recorder.of(ev.ContextWontFit)[0].check
+    assert not check.fits and check.prompt_tokens > check.ctx - check.reserve
+    assert check.drop_turns is None  # no earlier exchange to drop
+    assert not recorder.of(ev.PrefillStarted) and conv.messages == [] and conv.session is None
     assert ctl.send(conv.key, "Short one.", Recorder()) is not None
 
 
