@@ -174,7 +174,7 @@ def run_chat(args: argparse.Namespace) -> int:
 
     from ds4tui.screens.app import Ds4TuiApp
 
-    Ds4TuiApp(config, resume=resume).run()
+    Ds4TuiApp(config, resume=resume, imported=getattr(args, "imported", None)).run()
     return 0
 
 

@@ -54,6 +54,25 @@ def register(subparsers) -> None:
         p.add_argument("sha", metavar="SHA_PREFIX", help="a unique prefix of the file's sha")
         p.set_defaults(func=cmd_edit, verb=verb)
 
+    p = verbs.add_parser("grep", parents=[common], help="find chats: titles and transcripts decoded from stored text",
+                         description="Search every .kv file's title and transcript (decoded from its stored text) "
+                                     "for PATTERN, case-insensitively; one line per match, newest first.")
+    p.add_argument("pattern", metavar="PATTERN", help="text to find (a regular expression with --regex)")
+    p.add_argument("--regex", action="store_true", help="PATTERN is a regular expression")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON list of {sha, title, role, message, line, tokens, file_bytes, created_at, last_used}")
+    p.set_defaults(func=cmd_grep)
+
+    p = verbs.add_parser("export", parents=[common], help="a chat as Markdown or JSON (OpenAI messages)",
+                         description="Export one file's transcript, parsed back from its stored text with the chat "
+                                     "template: Markdown, or JSON {title, created_at, last_used, sha, messages}. "
+                                     "ChatML and DeepSeek V4 transcripts need no model; others name it with --model.")
+    p.add_argument("query", metavar="SHA_OR_TITLE", help="a sha prefix, or a titled session's exact title")
+    p.add_argument("--format", choices=("md", "json"), default="md", help="md (default) or json")
+    p.add_argument("--model", metavar="SPEC", help="parse with this model's chat template (loaded only if needed)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    p.set_defaults(func=cmd_export)
+
     p = verbs.add_parser("evict", parents=[common], help="delete the lowest-scoring files until under budget",
                          description="Delete the lowest-scoring unpinned files until the directory fits the budget.")
     p.add_argument("--budget-mb", type=int, metavar="N", help="budget in MiB (default: config budget_mb, 4096)")
@@ -312,6 +331,92 @@ def cmd_edit(args) -> int:
         raise CliError(f"{sha[:12]}: cannot {args.verb}: not a writable regular KVC file")
     print(f"{'pinned' if args.verb == 'pin' else 'unpinned'} {sha}")
     return 0
+
+
+def cmd_grep(args) -> int:
+    from ds4tui.chat.search import search
+    from ds4tui.cache.entry import safe_text
+
+    try:
+        hits = search(_cache_dir(args), args.pattern, regex=args.regex)
+    except re.error as exc:
+        raise CliError(f"bad regular expression {args.pattern!r}: {exc}") from None
+    if args.json:
+        _print_json([{"sha": h.sha, "title": h.title, "role": h.role, "message": h.message, "line": h.line,
+                      "tokens": h.tokens, "file_bytes": h.file_bytes, "created_at": h.created_at,
+                      "last_used": h.last_used} for h in hits])
+        return 0
+    for h in hits:
+        title = safe_text(h.title, 40) if h.title else "(untitled)"
+        print(f"{h.sha[:12]}  {title}  {h.role}: {safe_text(h.line)}")
+    return 0 if hits else 1
+
+
+def _find_export(store, query: str) -> str:
+    """A sha prefix, else the exact title of one titled session."""
+    from ds4tui.cache.entry import inspect_file
+
+    if _HEX.match(query) and store.find(query):
+        return _resolve(store, query)
+    titled = []
+    for sha in store.shas():
+        e = inspect_file(store.path_for(sha), deep=True, preview_bytes=0)
+        if e.valid and e.header is not None and e.header.titled and e.title == query:
+            titled.append(sha)
+    if not titled:
+        raise CliError(f"no .kv file or titled session matches {query!r} in {store.dir}")
+    if len(titled) > 1:
+        raise CliError(f"{query!r} names {len(titled)} sessions: {', '.join(s[:12] for s in titled[:8])}")
+    return titled[0]
+
+
+def cmd_export(args) -> int:
+    from ds4tui.cache.entry import inspect_file
+    from ds4tui.cache.files import read_text
+    from ds4tui.chat import transcript
+
+    store = _store(args)
+    sha = _find_export(store, args.query)
+    e = inspect_file(store.path_for(sha), deep=True, preview_bytes=0)
+    if not e.valid or e.header is None:
+        raise CliError(f"{sha[:12]}: {e.error}")
+    raw = read_text(store.path_for(sha), e.header.text_bytes)
+    if raw is None:
+        raise CliError(f"{sha[:12]}: its text could not be read")
+    text = raw.decode("utf-8", errors="replace")
+    template = transcript.template_for(text)
+    if template is None and args.model:
+        from ds4tui.engine import EngineError, load_model
+
+        try:
+            template = load_model(args.model).chat
+        except EngineError as exc:
+            raise CliError(str(exc)) from None
+    try:
+        messages = transcript.parse_text(text, template)
+    except ValueError as exc:
+        raise CliError(f"{sha[:12]}: {exc}") from None
+    h = e.header
+    title = e.title if h.titled else None
+    if args.format == "json":
+        out = json.dumps(transcript.to_json(messages, title, h.created_at, h.last_used, sha), indent=2) + "\n"
+    else:
+        out = transcript.to_markdown(messages, title, h.created_at, h.last_used)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fp:
+            fp.write(out)
+    elif args.format == "json":
+        print(out, end="")  # json.dumps escapes every non-ASCII and control character
+    else:
+        print("\n".join(safe_line(line) for line in out.split("\n")), end="")
+    return 0
+
+
+def safe_line(line: str) -> str:
+    """A line of exported text for a terminal: controls shown as escapes, whole otherwise."""
+    from ds4tui.cache.entry import safe_text
+
+    return safe_text(line)
 
 
 def cmd_evict(args) -> int:

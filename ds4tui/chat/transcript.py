@@ -1,0 +1,88 @@
+"""Transcripts in and out: a stored text parsed back into messages, Markdown and JSON
+export (OpenAI messages shape), and the JSON a chat is imported from.
+
+Torch-free on purpose (`ds4tui kv export` and `kv grep` run without loading a model):
+the chat template is chosen from the text itself when it is one ds4tui knows by its
+markers (ChatML, the DeepSeek V4 template); anything else needs the model's own template
+(`--model`), which the caller loads.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Sequence
+
+from ds4tui.engine.text.dsv4_chat import BOS, Dsv4ChatTemplate
+from ds4tui.engine.text.hf_tokenizer import IM_START, ChatMLTemplate
+
+ROLES = ("system", "user", "assistant")
+
+
+def template_for(text: str):
+    """The template that wrote `text`, judged by its first marker; None when unknown."""
+    if text.startswith(IM_START):
+        return ChatMLTemplate(None)
+    if text.startswith(BOS):
+        return Dsv4ChatTemplate()
+    return None
+
+
+def parse_text(text: str, template=None) -> list[dict]:
+    """Messages of a stored transcript. ValueError when no template fits it."""
+    template = template or template_for(text)
+    if template is None:
+        raise ValueError("the text is not in a chat template ds4tui recognizes without its model (use --model)")
+    return [{"role": m["role"], "content": m["content"]} for m in template.parse(text)]
+
+
+def _when(ts: int | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "?"
+
+
+def to_markdown(messages: Sequence[dict], title: str | None, created_at: int | None = None,
+                last_used: int | None = None) -> str:
+    lines = [f"# {title or 'Untitled chat'}", ""]
+    lines.append(f"_created {_when(created_at)} · last used {_when(last_used)}_")
+    for m in messages:
+        lines += ["", f"## {m['role']}", "", m["content"]]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(messages: Sequence[dict], title: str | None, created_at: int | None = None,
+            last_used: int | None = None, sha: str | None = None) -> dict:
+    """{"title", "created_at", "last_used", "sha", "messages": [{"role", "content"}]}: the
+    messages are what the OpenAI chat API takes."""
+    return {"title": title, "created_at": created_at, "last_used": last_used, "sha": sha,
+            "messages": [{"role": m["role"], "content": m["content"]} for m in messages]}
+
+
+def from_json(data: Any) -> tuple[list[dict], str | None, int | None]:
+    """(messages, title, created_at) of an exported chat, or of a bare OpenAI messages list.
+    ValueError naming what is wrong; roles other than system/user/assistant are refused."""
+    if isinstance(data, list):
+        data = {"messages": data}
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        raise ValueError("expected an object with a \"messages\" list, or a list of messages")
+    out = []
+    for i, m in enumerate(data["messages"]):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise ValueError(f"message {i}: role must be one of {', '.join(ROLES)}")
+        content = m.get("content")
+        if isinstance(content, list):  # OpenAI content parts: keep the text ones
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        if not isinstance(content, str):
+            raise ValueError(f"message {i}: content must be text")
+        out.append({"role": m["role"], "content": content})
+    title = data.get("title")
+    created = data.get("created_at")
+    return out, title if isinstance(title, str) and title.strip() else None, created if isinstance(created, int) else None
+
+
+def load_json_file(path) -> tuple[list[dict], str | None, int | None]:
+    with open(path, encoding="utf-8") as fp:
+        try:
+            data = json.load(fp)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+    return from_json(data)

@@ -1,0 +1,37 @@
+"""`ds4tui import FILE.json`: open an exported chat (or any OpenAI messages list) as a new chat.
+
+The file is read and checked here, before the full-screen UI starts (a bad file is one
+line on stderr); the chat then opens with the transcript, and its first message
+prefills it (or restores the longest cached prefix of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ds4tui.cli.errors import CliError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("import", help="open a chat exported as JSON (OpenAI messages) as a new chat",
+                              description="Open FILE.json ({title, created_at, messages} as `kv export --format json` "
+                                          "writes it, or a bare list of OpenAI messages) as a new chat.")
+    p.add_argument("file", metavar="FILE.json")
+    from ds4tui.cli.chat import add_chat_arguments
+
+    add_chat_arguments(p)
+    p.set_defaults(func=cmd_import)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from ds4tui.chat.transcript import load_json_file
+    from ds4tui.cli.chat import run_chat
+
+    try:
+        messages, title, created_at = load_json_file(args.file)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot import {args.file}: {exc}") from None
+    if not messages:
+        raise CliError(f"cannot import {args.file}: it holds no messages")
+    args.imported = {"messages": messages, "title": title, "created_at": created_at}
+    return run_chat(args)
