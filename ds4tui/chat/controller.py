@@ -28,6 +28,7 @@ from ds4tui.chat.checkpoints import Checkpoints, SavedSession
 from ds4tui.chat.conversation import MAX_TITLE_CHARS, Conversation, default_title
 from ds4tui.chat.events import ChatError, ChatEvent, ContextWontFit, Done, FitCheck
 from ds4tui.chat.moves import Moves
+from ds4tui.chat.search import SearchHit
 from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.registry import Conversations
 from ds4tui.chat.saved import SavedSessions
@@ -309,6 +310,26 @@ class ChatController:
             first = next((m["content"] for m in conv.messages if m["role"] == "user"), "")
             conv.title = default_title(first) if first else None
         return self.conversations.add(conv)
+
+    def search(self, pattern: str, regex: bool = False) -> list[tuple[SearchHit, str]]:
+        """Every saved chat in the cache directory whose title or transcript matches, each with
+        how it would resume here: "load N tok from disk" (this model's file: no prefill) or why
+        not. Reads every file: call off the UI thread."""
+        if self.checkpoints is None:
+            return []
+        from ds4tui.chat.search import search
+
+        ours = {s.sha for s in self.checkpoints.titled_sessions()}
+        out = []
+        for hit in search(self.checkpoints.store.dir, pattern, regex=regex):
+            if hit.sha in ours:
+                how = f"load {hit.tokens:,} tok from disk, no prefill"
+            elif hit.title is None and hit.model_id == self.model.info.model_id:
+                how = f"load {hit.tokens:,} tok from disk (a prompt prefix)"
+            else:
+                how = "another model's file: not loadable here"
+            out.append((hit, how))
+        return out
 
     # -- per-chat settings -------------------------------------------------------------------------
 

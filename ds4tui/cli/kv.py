@@ -335,7 +335,7 @@ def cmd_edit(args) -> int:
 
 def cmd_grep(args) -> int:
     from ds4tui.chat.search import search
-    from ds4tui.cache.entry import safe_text
+    from ds4tui.format.display import safe_text
 
     try:
         hits = search(_cache_dir(args), args.pattern, regex=args.regex)
@@ -408,15 +408,10 @@ def cmd_export(args) -> int:
     elif args.format == "json":
         print(out, end="")  # json.dumps escapes every non-ASCII and control character
     else:
-        print("\n".join(safe_line(line) for line in out.split("\n")), end="")
+        from ds4tui.format.display import safe_lines
+
+        print(safe_lines(out), end="")  # newlines kept, every other control escaped
     return 0
-
-
-def safe_line(line: str) -> str:
-    """A line of exported text for a terminal: controls shown as escapes, whole otherwise."""
-    from ds4tui.cache.entry import safe_text
-
-    return safe_text(line)
 
 
 def cmd_evict(args) -> int:

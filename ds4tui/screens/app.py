@@ -39,7 +39,7 @@ class Ds4TuiApp(App[None]):
 
     def __init__(self, config: Config | None = None, *, model: Model | None = None,
                  controller: ChatController | None = None, resume: str | None = None,
-                 cursor_blink: bool = True) -> None:
+                 cursor_blink: bool = True, imported: dict | None = None) -> None:
         """
         Args:
             config: Settings; the model named there is loaded in a worker.
@@ -47,10 +47,12 @@ class Ds4TuiApp(App[None]):
             controller: A ready controller (tests).
             resume: A titled session to open at start (sha prefix or title).
             cursor_blink: False keeps the cursor still (snapshot tests).
+            imported: A transcript to open as a new chat ({"messages", "title", "created_at"}).
         """
         super().__init__()
         self.config = config or Config()
-        self._screen_args = dict(model=model, controller=controller, resume=resume, cursor_blink=cursor_blink)
+        self._screen_args = dict(model=model, controller=controller, resume=resume, cursor_blink=cursor_blink,
+                                 imported=imported)
 
     def get_default_screen(self) -> ChatScreen:
         return ChatScreen(self.config, **self._screen_args)

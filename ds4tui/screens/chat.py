@@ -31,6 +31,8 @@ from ds4tui.config import Config
 from ds4tui.format.display import one_line
 from ds4tui.screens.chat_dialogs import ChatDialogs
 from ds4tui.screens.chat_events import EngineEventView
+from ds4tui.screens.chat_moves import ChatMoves, ChatMovesPalette
+from ds4tui.screens.widgets.chat_log import MessageAction
 from ds4tui.screens.widgets import fmt
 from ds4tui.screens.widgets.chat_pane import ChatPane
 from ds4tui.screens.widgets.conversation_list import ChatEntry, ConversationList
@@ -45,7 +47,7 @@ NOTIFY_TIMEOUT = 4.0  # seconds a cache toast stays up: long enough to read one 
 SHUTDOWN_WAIT_S = 30.0  # longest wait for a running turn at exit: one prefill chunk is far less
 
 
-class ChatScreen(EngineEventView, ChatDialogs, Screen):
+class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Screen):
     """The whole chat UI; the app's default screen."""
 
     BINDINGS = [
@@ -55,6 +57,8 @@ class ChatScreen(EngineEventView, ChatDialogs, Screen):
         Binding("f3", "settings", "Settings"),
         Binding("f4", "cache_browser", "Cache"),
         Binding("ctrl+b", "toggle_sidebar", "Chats"),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("ctrl+f", "find_chat", "Find"),
         Binding("ctrl+pageup", "cycle_chat(-1)", "Previous chat", show=False),
         Binding("ctrl+pagedown", "cycle_chat(1)", "Next chat", show=False),
     ]
@@ -67,6 +71,9 @@ class ChatScreen(EngineEventView, ChatDialogs, Screen):
     | f3 | Sampling settings and system prompt. |
     | f4 | Open the cache browser. |
     | ctrl+b | Show or hide the chat list. |
+    | ctrl+r | Regenerate the last reply (the old one stays: ←/→ on it). |
+    | ctrl+f | Find a chat: titles and transcripts of every saved session. |
+    | tab, then e / f / y / ← → | On a selected message: edit and resend, fork, copy, versions. |
     | ctrl+pageup / ctrl+pagedown | Previous / next open chat. |
     """
 
@@ -108,7 +115,7 @@ class ChatScreen(EngineEventView, ChatDialogs, Screen):
         """The shutdown saves are done; the app may exit."""
 
     def __init__(self, config: Config, *, model: Model | None = None, controller: ChatController | None = None,
-                 resume: str | None = None, cursor_blink: bool = True) -> None:
+                 resume: str | None = None, cursor_blink: bool = True, imported: dict | None = None) -> None:
         """
         Args:
             config: Settings (the model spec is loaded in a worker unless `model` or `controller` is given).
@@ -122,6 +129,7 @@ class ChatScreen(EngineEventView, ChatDialogs, Screen):
         self.controller = controller
         self._model = model
         self._resume = resume
+        self._imported = imported  # {"messages", "title", "created_at"}: `ds4tui import FILE`
         self._cursor_blink = cursor_blink
         self._active: str | None = None
         self._busy: str | None = None  # key of the chat whose turn is running
@@ -129,6 +137,7 @@ class ChatScreen(EngineEventView, ChatDialogs, Screen):
         self._last_speed = ""
         self._prefill_tok_s: float | None = None  # measured on the last long prefill (browser's resume cost)
         self._quitting = False
+        self._queued: str | None = None  # a message sent while the model loads
         self._saved: list = []  # titled sessions on disk, as last scanned (off the UI thread)
         # Set while no engine job runs; the shutdown worker waits on it.
         self._idle = threading.Event()
@@ -190,8 +199,17 @@ class ChatScreen(EngineEventView, ChatDialogs, Screen):
         self._scan_saved()
         if self._resume:
             self._start_resume(self._resume)
+        elif self._imported:
+            imp = self._imported
+            conv = self.controller.import_messages(imp["messages"], imp.get("title"), imp.get("created_at"))
+            pane = await self._add_pane(conv.key)
+            pane.log.show_messages(conv.visible_messages())
+            self._switch(conv.key)
         else:
             await self.action_new_chat()
+        if self._queued is not None and self._active is not None:
+            text, self._queued = self._queued, None
+            self._send(self._active, text)
 
     @on(ModelFailed)
     def _model_failed(self, message: ModelFailed) -> None:
@@ -211,16 +229,24 @@ class ChatScreen(EngineEventView, ChatDialogs, Screen):
         if not text.strip():
             return
         if self.controller is None or self._active is None:
-            self.notify("The model is still loading.", severity="warning", markup=False)
+            self._queued = text  # sent as soon as the model is ready
+            message.prompt_input.clear()
+            self.query_one(StatusBar).activity = "message queued: sent when the model is ready"
             return
         if self._engine_job:
             self.notify("Still working on the last reply (Escape cancels it).", severity="warning", markup=False)
             return
-        key = self._active
+        message.prompt_input.clear()
+        editing, self._editing = self._editing, None
+        if editing is not None and editing[0] == self._active:
+            self._resend_edited(editing[0], editing[1], text)
+            return
+        self._send(self._active, text)
+
+    def _send(self, key: str, text: str) -> None:
         pane = self._pane(key)
         pane.log.add_user(text)
         pane.reply = pane.log.add_assistant()
-        message.prompt_input.clear()
         self._busy = key
         self._begin_job()
         self.query_one(StatusBar).activity = "prefilling…"
@@ -241,6 +267,10 @@ class ChatScreen(EngineEventView, ChatDialogs, Screen):
             self._idle.set()
             self.post_message(self.TurnEnded(key, done))
 
+    @on(MessageAction)
+    def _message_action(self, message: MessageAction) -> None:
+        self.message_action(message)  # ChatMoves
+
     @on(EngineEvent)
     def _engine_event(self, message: EngineEvent) -> None:
         self._show_event(message.key, message.event)  # EngineEventView: one handler per type
@@ -256,9 +286,14 @@ class ChatScreen(EngineEventView, ChatDialogs, Screen):
         pane = self._pane_or_none(message.key)
         if pane is not None:
             pane.prefill.hide()
+            conv = self._conversation(message.key)
             if message.done is None and pane.reply is not None:
-                # Cancelled in prefill or failed: the controller withdrew the user message.
-                self._withdraw_turn(pane)
+                if conv is not None and conv.messages and conv.messages[-1].get("role") == "assistant":
+                    # A regenerate that did not happen: the old reply is back.
+                    pane.reply.set_text(conv.messages[-1]["content"])
+                else:
+                    # Cancelled in prefill or failed: the controller withdrew the user message.
+                    self._withdraw_turn(pane)
             pane.reply = None
         self._refresh_sidebar()
         self._update_context()

@@ -49,13 +49,31 @@ class ChatDialogs:
             return
         from ds4tui.screens.settings import SettingsScreen
 
-        def done(changes: dict | None) -> None:
-            if changes and self.controller is not None:
-                self.controller.update_config(**changes)
-                self.config = self.controller.config
-                self.notify("Settings applied (the system prompt applies to new chats).", markup=False)
+        from ds4tui.chat.settings import CHAT_KEYS
 
-        self.app.push_screen(SettingsScreen(self.controller.config), done)
+        key = self._active
+        chat = self.controller.chat_settings(key) if key is not None else None
+
+        def done(changes: dict | None) -> None:
+            if not changes or self.controller is None:
+                return
+            defaults = changes.pop("_defaults", None)
+            if defaults:
+                self.controller.update_config(**defaults)
+            if "swa_policy" in changes:
+                self.controller.update_config(swa_policy=changes.pop("swa_policy"))
+            self.config = self.controller.config
+            if key is not None and self.controller.find(key) is not None and changes:
+                mine = {k: v for k, v in changes.items() if k in CHAT_KEYS or k == "system_prompt"}
+                try:
+                    self.controller.set_chat_settings(key, **mine)
+                except RuntimeError:
+                    self.notify("The chat is busy: try again after the reply.", severity="warning", markup=False)
+                    return
+            self.notify("Settings applied to this chat" + (" and saved as the default" if defaults else "") + ".",
+                        markup=False)
+
+        self.app.push_screen(SettingsScreen(self.controller.config, chat), done)
 
     def action_cache_browser(self) -> None:
         from ds4tui.screens.cache_browser import CacheBrowserScreen

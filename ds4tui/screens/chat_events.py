@@ -118,4 +118,6 @@ class EngineEventView:
         ev.Saved: _show_notice,
         ev.SaveFailed: _show_notice,
         ev.Rejected: _show_notice,
+        ev.Forked: lambda self, event, pane: self._on_forked(event, pane),  # ChatMoves
+        ev.ContextWontFit: lambda self, event, pane: self._on_context_wont_fit(event, pane),  # ChatMoves
     }

@@ -80,14 +80,37 @@ def _chat_error(event: ev.ChatError) -> Notice:
     return Notice(None, event.message, f"Error: {event.where}", "error")
 
 
+def cache_line(report: ev.CacheReport) -> str:
+    """Where a turn's prefix came from and what it computed, e.g.
+    "reused 3,412 tok (live) · prefilled 57" or "reused 2,048 (disk 5f71a3…, 31 ms) · prefilled 1,380"."""
+    if report.source == "cold":
+        head = f"cold: {report.reason or 'no cached prefix'}"
+    elif report.source == "disk":
+        where = f"disk {report.sha[:6]}…" if report.sha else "disk"
+        if report.ms is not None:
+            where += f", {fmt.ms(report.ms)}"
+        head = f"reused {fmt.tokens(report.reused)} tok ({where})"
+    else:
+        head = f"reused {fmt.tokens(report.reused)} tok ({report.source})"
+        if report.replayed:
+            head += f", rewound re-running {fmt.tokens(report.replayed)}"
+    return f"{head} · prefilled {fmt.tokens(report.prefilled)}"
+
+
 def stats_line(done: ev.Done) -> str:
-    """The dim line under a finished reply."""
-    parts = [f"{fmt.tokens(done.tokens)} tokens", fmt.rate(done.tok_s)]
-    if done.prompt_tokens:
+    """The dim line under a finished reply: what the cache gave, then the speeds."""
+    parts = []
+    if done.cache is not None:
+        parts.append(cache_line(done.cache))
+    elif done.prompt_tokens:
         parts.append(f"prefill {fmt.tokens(done.prompt_tokens)} tok")
     if done.cached_tokens:
         parts.append(f"cached {fmt.tokens(done.cached_tokens)} tok")
-    parts.append(f"first token {fmt.ms(done.ttft_ms)}")
-    if done.stop not in ("eos", "stop-string"):
+    parts += [fmt.rate(done.tok_s), f"{fmt.tokens(done.tokens)} tokens", f"first token {fmt.ms(done.ttft_ms)}"]
+    if done.regenerated:
+        parts.append("regenerated" + ("" if done.forward_before_first_token else " from kept logits"))
+    if done.stop == "context-full":
+        parts.append("■ context full")
+    elif done.stop not in ("eos", "stop-string"):
         parts.append(f"stopped: {done.stop}")
     return " · ".join(parts)

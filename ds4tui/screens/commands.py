@@ -15,7 +15,11 @@ CHAT_COMMANDS = (
     ("New chat", "Start an empty conversation (ctrl+n)", "new_chat"),
     ("Rename chat", "Give the active conversation a new title (f2)", "rename"),
     ("Cache browser", "Browse, pin, delete or resume the .kv files on disk (f4)", "cache_browser"),
-    ("Settings", "Temperature, top-p, max tokens, system prompt (f3)", "settings"),
+    ("Settings", "Temperature, top-p, max tokens, system prompt of this chat (f3)", "settings"),
+    ("Regenerate reply", "Sample the last reply again; the old one stays (ctrl+r, then ←/→ on it)", "regenerate"),
+    ("Find a chat", "Search titles and transcripts of every saved session (ctrl+f)", "find_chat"),
+    ("Fork chat", "A new chat holding this one's state: no prefill (f on a selected message forks there)", "fork_chat"),
+    ("Export chat", "Write this chat as Markdown and JSON files beside the cache directory", "export_chat"),
     ("Quit", "Save live sessions and exit (ctrl+q)", "quit"),
 )
 

@@ -38,9 +38,12 @@ class SettingsScreen(ModalScreen[dict | None]):
     | escape | Close without changing anything. |
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, chat: dict | None = None) -> None:
+        """chat: the active chat's own values (ChatController.chat_settings); the form then
+        edits that chat, and the config file only when "save" is ticked."""
         super().__init__()
-        self._config = config
+        self._config = replace(config, **{k: v for k, v in (chat or {}).items() if hasattr(config, k)})
+        self._for_chat = chat is not None
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="settings-dialog", classes="dialog"):
@@ -53,9 +56,10 @@ class SettingsScreen(ModalScreen[dict | None]):
                 yield Label(Text("SWA policy (DSV4 files)"), classes="field-label")
                 yield Input(value=self._config.swa_policy, placeholder="full | periodic:K | zero",
                             id="set-swa_policy", classes="field-input")
-            yield Label(Text("System prompt for new chats (empty: the model's default)"), classes="field-label")
+            yield Label(Text("System prompt of this chat (empty: none)" if self._for_chat
+                             else "System prompt for new chats (empty: the model's default)"), classes="field-label")
             yield TextArea(self._config.system_prompt or "", id="set-system_prompt", soft_wrap=True)
-            yield Checkbox("Save to the config file", id="set-persist")
+            yield Checkbox("Also the default for new chats, saved to the config file", id="set-persist")
             yield Static("", id="settings-error")
             with Horizontal(classes="buttons"):
                 yield Button("Apply", variant="primary", id="settings-apply")
@@ -97,6 +101,8 @@ class SettingsScreen(ModalScreen[dict | None]):
                 return
             self.notify(f"Saved to {path}", markup=False)
         changes = {k: v for k, v in values.items() if getattr(self._config, k) != v}
+        if self.query_one("#set-persist", Checkbox).value:
+            changes["_defaults"] = values  # new chats take these too
         self.dismiss(changes)
 
     @on(Button.Pressed, "#settings-cancel")

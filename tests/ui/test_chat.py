@@ -119,8 +119,9 @@ async def test_saved_sessions_are_listed_and_open_from_the_sidebar(tiny_llama):
         assert app.chat.controller.get(resumed.key).saved_sha == conv.saved_sha
 
 
-async def test_settings_apply_to_the_controller(tiny_llama):
-    """f3 opens the settings; a bad value is refused in place, a good one applied."""
+async def test_settings_apply_to_the_active_chat(tiny_llama):
+    """f3 opens the active chat's settings; a bad value is refused in place, a good one applied
+    to that chat only: new chats keep the defaults."""
     app = ChatHost(tiny_llama)
     async with app.run_test(size=SIZE) as pilot:
         await app.wait_for(ChatScreen.ModelReady)
@@ -135,7 +136,11 @@ async def test_settings_apply_to_the_controller(tiny_llama):
         await pilot.click("#settings-apply")
         await pilot.pause()
         assert isinstance(app.screen, ChatScreen)
-        assert (app.chat.controller.config.temperature, app.chat.controller.config.max_tokens) == (0.5, 16)
+        ctl = app.chat.controller
+        mine = ctl.chat_settings(app.chat._active)
+        assert (mine["temperature"], mine["max_tokens"]) == (0.5, 16)
+        assert (ctl.config.temperature, ctl.config.max_tokens) == (0.0, 8)  # the defaults
+        assert ctl.chat_settings(ctl.new_conversation().key)["max_tokens"] == 8
 
 
 async def test_palette_offers_the_chat_commands(tiny_llama):

@@ -9,15 +9,37 @@ Leaves to the screen: which conversation is shown and when text arrives.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
+from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
 from ds4tui.format.display import safe_lines
 
 
-class UserMessage(Static):
+@dataclass
+class MessageAction(Message):
+    """A key pressed on a selected (focused) message: edit, fork, copy, or prev/next version."""
+
+    action: str
+    widget: Widget
+
+
+class SelectableMessage:
+    """Tab or a click selects a message; its keys act on it (the screen does the work)."""
+
+    can_focus = True
+
+    def _ask(self, action: str) -> None:
+        self.post_message(MessageAction(action, self))  # type: ignore[arg-type]
+
+
+class UserMessage(SelectableMessage, Static):
     """What the user sent, verbatim."""
 
     DEFAULT_CSS = """
@@ -26,20 +48,33 @@ class UserMessage(Static):
         padding: 0 1;
         border-left: thick $accent;
         background: $boost;
+        &:focus { border-left: thick $warning; background: $boost-lighten-1; }
     }
     """
+    BINDINGS = [Binding("e", "ask('edit')", "Edit & resend"), Binding("f", "ask('fork')", "Fork here"),
+                Binding("y", "ask('copy')", "Copy")]
+
+    def action_ask(self, action: str) -> None:
+        self._ask(action)
 
     def __init__(self, text: str) -> None:
         super().__init__(Text(safe_lines(text)))
         self.text = text
 
 
-class AssistantMessage(Vertical):
+class AssistantMessage(SelectableMessage, Vertical):
     """The model's reply: Markdown (code blocks highlighted) that grows as tokens stream in."""
+
+    BINDINGS = [Binding("left", "ask('prev')", "Prev version"), Binding("right", "ask('next')", "Next version"),
+                Binding("f", "ask('fork')", "Fork here"), Binding("y", "ask('copy')", "Copy")]
+
+    def action_ask(self, action: str) -> None:
+        self._ask(action)
 
     DEFAULT_CSS = """
     AssistantMessage {
         height: auto;
+        &:focus { background: $boost; }
         margin: 1 0 0 0;
         & > Markdown { margin: 0; padding: 0 1; }
         & > .stats { color: $text-muted; padding: 0 1; height: auto; }
@@ -60,6 +95,11 @@ class AssistantMessage(Vertical):
         """Add streamed text (whole characters, as the controller sends them)."""
         self.text += text
         self.query_one(Markdown).append(safe_lines(text))
+
+    def set_text(self, text: str) -> None:
+        """Replace the whole reply (another version of it)."""
+        self.text = text
+        self.query_one(Markdown).update(safe_lines(text))
 
     def set_stats(self, line: str) -> None:
         stats = self.query_one(".stats", Static)
@@ -118,6 +158,10 @@ class ChatLog(VerticalScroll):
                 self.add_user(str(message.get("content", "")))
             elif message.get("role") == "assistant":
                 self.add_assistant(str(message.get("content", "")))
+
+    def messages(self) -> list[Widget]:
+        """The user and assistant message widgets, in order (conv.visible_messages() order)."""
+        return [w for w in self.children if isinstance(w, (UserMessage, AssistantMessage))]
 
     @property
     def last_assistant(self) -> AssistantMessage | None:

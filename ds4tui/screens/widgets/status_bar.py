@@ -14,6 +14,17 @@ from ds4tui.format.display import safe_lines
 from ds4tui.screens.widgets import fmt
 
 
+METER_CELLS = 8
+
+
+def context_meter(used: int, total: int, cells: int = METER_CELLS) -> str:
+    """Context use as a bar of `cells` cells, e.g. ▰▰▰▱▱▱▱▱ (rounded up: any use shows)."""
+    if total <= 0:
+        return ""
+    full = min(cells, -(-used * cells // total)) if used > 0 else 0
+    return "▰" * full + "▱" * (cells - full)
+
+
 class StatusBar(Static):
     """`model · ctx used/total · speed · cache` (speed and cache only once known)."""
 
@@ -40,7 +51,8 @@ class StatusBar(Static):
     def render(self) -> Text:
         parts = [self.model_name]
         if self.ctx_total:
-            parts.append(f"ctx {fmt.tokens(self.ctx_used)}/{fmt.tokens(self.ctx_total)}")
+            parts.append(f"ctx {context_meter(self.ctx_used, self.ctx_total)} "
+                         f"{fmt.tokens(self.ctx_used)}/{fmt.tokens(self.ctx_total)}")
         if self.activity:
             parts.append(self.activity)
         if self.speed:

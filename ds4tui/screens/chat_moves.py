@@ -1,0 +1,281 @@
+"""The conversation moves on screen: regenerate (ctrl+r), a reply's versions (←/→), edit and
+resend (`e` on a selected user message), fork (`f`), copy (`y`), find a chat (ctrl+f), and
+the full-context choices.
+
+Owns: `ChatMoves`, mixed into `ChatScreen`: what each key does to the chat's pane and
+which controller call it runs on the engine worker (the turn's events stream into the
+pane as a normal reply's do). Leaves the moves themselves to the controller (chat/moves.py).
+Messages are selected by focus (Tab, or a click); the message widgets own their keys
+and post `MessageAction`, which the screen hands to `message_action` here.
+"""
+
+from __future__ import annotations
+
+from textual import work
+
+from ds4tui.chat import events as ev
+from ds4tui.chat.streaming import EventBatcher
+from ds4tui.format.display import one_line
+from ds4tui.screens.widgets import fmt
+from ds4tui.screens.widgets.chat_log import AssistantMessage, MessageAction, UserMessage
+from ds4tui.screens.widgets.prompt_input import PromptInput
+from ds4tui.screens.widgets.status_bar import StatusBar
+
+
+class ChatMoves:
+    """The `ChatScreen` side of regenerate, versions, edit, fork, copy, find and a full context."""
+
+    _editing: tuple[str, int] | None = None  # (chat, message index) the next Enter resends
+
+    # -- which message --------------------------------------------------------------------------
+
+    def _message_index(self, widget) -> int | None:
+        """conv.messages index of a message widget of the active pane."""
+        if self.controller is None or self._active is None:
+            return None
+        conv = self.controller.get(self._active)
+        shown = self._pane(self._active).log.messages()
+        if widget not in shown:
+            return None
+        real = [i for i, m in enumerate(conv.messages) if m.get("role") in ("user", "assistant")]
+        pos = shown.index(widget)
+        return real[pos] if pos < len(real) else None
+
+    def message_action(self, message: MessageAction) -> None:
+        index = self._message_index(message.widget)
+        if index is None or self.controller is None or self._active is None:
+            return
+        conv = self.controller.get(self._active)
+        text = conv.messages[index]["content"]
+        if message.action == "copy":
+            self.app.copy_to_clipboard(text)
+            self._toast(f"Copied {fmt.tokens(len(text))} characters", "Clipboard")
+        elif message.action == "edit":
+            self._editing = (self._active, index)
+            prompt = self.query_one("#prompt", PromptInput)
+            prompt.load_text(text)
+            prompt.focus()
+            self.query_one(StatusBar).activity = "editing: Enter resends, the old branch becomes a fork"
+        elif message.action == "fork":
+            role = conv.messages[index]["role"]
+            upto = index + 1 if role == "assistant" else index  # at a question: before it, text in the prompt
+            self._start_fork(self._active, upto, text if role == "user" else None)
+        elif message.action in ("prev", "next"):
+            self._switch_version(index, message.widget, -1 if message.action == "prev" else 1)
+
+    def _switch_version(self, index: int, widget, step: int) -> None:
+        if self._engine_job or self._active is None:
+            return
+        try:
+            text = self.controller.show_alternative(self._active, index, step)
+        except ValueError as exc:
+            self._toast(str(exc), "Versions", "warning")
+            return
+        shown, count = self.controller.alternatives(self._active, index)
+        if isinstance(widget, AssistantMessage):
+            widget.set_text(text)
+            widget.set_stats(f"version {shown + 1}/{count} · ←/→ switch")
+
+    # -- regenerate and edit ------------------------------------------------------------------------
+
+    def action_regenerate(self) -> None:
+        """ctrl+r: sample the last reply again (the old one stays as a version)."""
+        if self.controller is None or self._active is None or self._engine_job:
+            return
+        key = self._active
+        conv = self.controller.get(key)
+        if not conv.messages or conv.messages[-1].get("role") != "assistant":
+            self._toast("Nothing to regenerate yet.", "Regenerate", "warning")
+            return
+        pane = self._pane(key)
+        last = pane.log.last_assistant
+        if last is not None:
+            last.remove()
+        pane.reply = pane.log.add_assistant()
+        self._start_move(key, "regenerating…", lambda sink: self.controller.regenerate(key, sink))
+
+    def _resend_edited(self, key: str, index: int, text: str) -> None:
+        pane = self._pane(key)
+        shown = pane.log.messages()
+        visible = self._visible_position(key, index)
+        for widget in shown[visible:]:
+            widget.remove()
+        pane.log.add_user(text)
+        pane.reply = pane.log.add_assistant()
+
+        def run(sink):
+            done, fork = self.controller.edit(key, index, text, sink)
+            if fork is not None:
+                self._call_from_thread(self._fork_ready, fork.key, None, False)
+            return done
+
+        self._start_move(key, "prefilling the edit…", run)
+
+    def _visible_position(self, key: str, index: int) -> int:
+        conv = self.controller.get(key)
+        return sum(1 for m in conv.messages[:index] if m.get("role") in ("user", "assistant"))
+
+    def _start_move(self, key: str, activity: str, call) -> None:
+        self._busy = key
+        self._begin_job()
+        self.query_one(StatusBar).activity = activity
+        self._refresh_sidebar()
+        self._move_worker(key, call)
+
+    @work(thread=True, group="engine", description="a conversation move")
+    def _move_worker(self, key: str, call) -> None:
+        sink = EventBatcher(lambda event: self.post_message(self.EngineEvent(key, event)))
+        done = None
+        try:
+            done = call(sink)
+        except Exception as exc:  # a refused move (ValueError) or a bug: one line, never a traceback
+            sink(ev.ChatError("move", str(exc) or type(exc).__name__))
+        finally:
+            sink.flush()
+            self._idle.set()
+            self.post_message(self.TurnEnded(key, done))
+
+    # -- fork ------------------------------------------------------------------------------------------
+
+    def _start_fork(self, key: str, upto: int, prompt_text: str | None) -> None:
+        if self._engine_job:
+            self._toast("Wait for the reply to finish (Escape cancels it).", "Fork", "warning")
+            return
+        self._begin_job()
+        self.query_one(StatusBar).activity = "forking…"
+        self._fork_worker(key, upto, prompt_text)
+
+    @work(thread=True, group="engine", description="fork a chat")
+    def _fork_worker(self, key: str, upto: int, prompt_text: str | None) -> None:
+        sink = EventBatcher(lambda event: self.post_message(self.EngineEvent(key, event)))
+        fork_key = None
+        try:
+            fork_key = self.controller.fork(key, upto, sink).key
+        except Exception as exc:
+            sink(ev.ChatError("fork", str(exc) or type(exc).__name__))
+        finally:
+            sink.flush()
+            self._idle.set()
+            self._call_from_thread(self._fork_done, fork_key, prompt_text)
+
+    def _fork_done(self, fork_key: str | None, prompt_text: str | None) -> None:
+        self._engine_job = False
+        self.query_one(StatusBar).activity = ""
+        if fork_key is not None:
+            self._fork_ready(fork_key, prompt_text, True)
+
+    def _fork_ready(self, fork_key: str, prompt_text: str | None, switch: bool) -> None:
+        """Give the fork a pane (shown at once when `switch`)."""
+        async def add() -> None:
+            conv = self._conversation(fork_key)
+            if conv is None:
+                return
+            if self._pane_or_none(fork_key) is None:
+                pane = await self._add_pane(fork_key)
+                pane.log.show_messages(conv.visible_messages())
+            if switch:
+                self._switch(fork_key)
+                if prompt_text:
+                    self.query_one("#prompt", PromptInput).load_text(prompt_text)
+            self._refresh_sidebar()
+
+        self.run_worker(add(), group="panes", exclusive=False, exit_on_error=False)
+
+    def _on_forked(self, event: ev.Forked, pane) -> None:
+        if event.source == "none":
+            how = "nothing cached: its first message prefills"
+        else:
+            how = f"{fmt.tokens(event.tokens)} tokens from {event.source}, no prefill, {fmt.ms(event.ms)}"
+        conv = self._conversation(event.conversation)
+        title = conv.display_title if conv is not None else event.conversation
+        self._toast(f"{one_line(title, 39)}: {how}", "Fork")
+
+    # -- a full context ----------------------------------------------------------------------------
+
+    def _on_context_wont_fit(self, event: ev.ContextWontFit, pane) -> None:
+        from ds4tui.screens.widgets.choice_dialog import ChoiceDialog
+
+        c = event.check
+        key = self._active
+        lines = [f"This message needs {fmt.tokens(c.prompt_tokens)} tokens plus {fmt.tokens(c.reserve)} for the "
+                 f"reply; the context holds {fmt.tokens(c.ctx)}. Nothing was sent or dropped."]
+        choices = [("fresh", "Fresh chat (system prompt kept)")]
+        if c.drop_turns:
+            lines.append(f"Dropping the {c.drop_turns} oldest exchange(s) re-prefills "
+                         f"{fmt.tokens(c.drop_prefill or 0)} tokens.")
+            choices.append(("drop", f"Drop {c.drop_turns} oldest"))
+        choices.append(("cancel", "Cancel"))
+
+        def chosen(answer: str | None) -> None:
+            self._context_choice(key, answer, c)
+
+        self.app.push_screen(ChoiceDialog("\n".join(lines), choices), chosen)
+
+    def _context_choice(self, key: str | None, answer: str | None, check: ev.FitCheck) -> None:
+        if key is None or self.controller is None or answer in (None, "cancel"):
+            return
+        prompt = self.query_one("#prompt", PromptInput)
+        text = prompt.text
+        if answer == "drop" and check.drop_turns:
+            self.controller.drop_oldest(key, check.drop_turns)
+            pane = self._pane(key)
+            for widget in pane.log.messages():
+                widget.remove()
+            pane.log.show_messages(self.controller.get(key).visible_messages())
+            self._toast(f"Dropped {check.drop_turns} exchange(s); Enter sends the message.", "Context")
+        elif answer == "fresh":
+            fresh = self.controller.fresh_like(key)
+            self._fork_ready(fresh.key, text, True)
+            self._toast("Fresh chat with the same system prompt; Enter sends the message.", "Context")
+
+    # -- find a chat --------------------------------------------------------------------------------
+
+    def action_find_chat(self) -> None:
+        """ctrl+f: search every saved chat's title and transcript; Enter opens the one chosen."""
+        if self.controller is None:
+            return
+        from ds4tui.screens.find_chat import FindChatScreen
+
+        def chosen(sha: str | None) -> None:
+            if sha:
+                self.open_file(sha)
+
+        self.app.push_screen(FindChatScreen(self.controller), chosen)
+
+
+def _export_name(title: str) -> str:
+    """A file name from a title: letters, digits, dashes."""
+    name = "".join(c if c.isalnum() else "-" for c in title).strip("-")
+    return (name or "chat")[:60]
+
+
+class ChatMovesPalette:
+    """Palette-only moves: fork the whole chat, export it."""
+
+    def action_fork_chat(self) -> None:
+        if self.controller is None or self._active is None:
+            return
+        conv = self.controller.get(self._active)
+        if conv.messages:
+            self._start_fork(self._active, len(conv.messages), None)
+
+    def action_export_chat(self) -> None:
+        """Write the active chat as NAME.md and NAME.json (OpenAI messages) in the working directory."""
+        import json
+        from pathlib import Path
+
+        from ds4tui.chat import transcript
+
+        if self.controller is None or self._active is None:
+            return
+        conv = self.controller.get(self._active)
+        base = Path.cwd() / _export_name(conv.display_title)
+        try:
+            base.with_suffix(".md").write_text(transcript.to_markdown(conv.messages, conv.title, conv.created_at),
+                                               encoding="utf-8")
+            data = transcript.to_json(conv.messages, conv.title, conv.created_at, sha=conv.saved_sha)
+            base.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            self._toast(f"Export failed: {exc}", "Export", "error")
+            return
+        self._toast(f"Wrote {base.name}.md and .json", "Export")

@@ -1,0 +1,126 @@
+"""The conversation moves on screen, with Pilot: ctrl+r regenerate and the reply's versions
+(←/→), e (edit and resend), f (fork), y (copy), ctrl+f (find a chat), the stats line's cache
+report, the full-context dialog, and a message queued while the model loads."""
+
+from __future__ import annotations
+
+from ds4tui.chat import events as ev
+from ds4tui.screens.chat import ChatScreen
+from ds4tui.screens.widgets.chat_log import AssistantMessage, UserMessage
+from ds4tui.screens.widgets.status_bar import StatusBar, context_meter
+from tests.ui.chat_app import SIZE, ChatHost, chat_config, send, tiny_llama  # noqa: F401
+
+
+async def test_regenerate_and_versions(tiny_llama, tmp_path):
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, cache_dir=str(tmp_path), temperature=1.0, seed=3))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "Hello there.")
+        ctl, key = app.chat.controller, app.chat._active
+        first = ctl.get(key).messages[-1]["content"]
+        stats = str(app.chat._pane(key).log.last_assistant.query_one(".stats").render())
+        assert "cold: no cached prefix · prefilled" in stats
+        mark = len(app.seen)
+        await pilot.press("ctrl+r")
+        ended = await app.wait_for(ChatScreen.TurnEnded, after=mark)
+        assert ended.done.cache.prefilled == 0 and ended.done.regenerated
+        log = app.chat._pane(key).log
+        assert len(log.query(AssistantMessage)) == 1  # replaced, not added
+        stats = str(log.last_assistant.query_one(".stats").render())
+        assert "reused" in stats and "(live) · prefilled 0" in stats and "from kept logits" in stats
+        reply = log.last_assistant
+        reply.focus()
+        await pilot.press("left")
+        assert reply.text == first and ctl.alternatives(key, len(ctl.get(key).messages) - 1)[0] == 0
+        assert "version 1/2" in str(reply.query_one(".stats").render())
+
+
+async def test_edit_fork_and_copy_keys(tiny_llama, tmp_path):
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, cache_dir=str(tmp_path)))
+    copied = []
+    app.copy_to_clipboard = copied.append
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "First question.")
+        await send(pilot, "Second question.")
+        ctl, key = app.chat.controller, app.chat._active
+        log = app.chat._pane(key).log
+        second = log.query(UserMessage).last()
+        second.focus()
+        await pilot.press("y")
+        assert copied == ["Second question."]
+        second.focus()
+        await pilot.press("e")
+        prompt = app.chat.query_one("#prompt")
+        assert prompt.text == "Second question."
+        prompt.load_text("Second question, edited.")
+        mark = len(app.seen)
+        await pilot.press("enter")
+        ended = await app.wait_for(ChatScreen.TurnEnded, after=mark)
+        assert ended.done.cache.source == "live" and ended.done.cache.reused > 0
+        conv = ctl.get(key)
+        assert [m["content"] for m in conv.messages if m["role"] == "user"] == ["First question.", "Second question, edited."]
+        forks = [c for c in ctl.list() if c.display_title.endswith("(fork)")]
+        assert len(forks) == 1 and forks[0].messages[-2]["content"] == "Second question."
+        await pilot.pause()
+        # f on the first reply: a new chat with the first exchange, live, no prefill.
+        log.query(AssistantMessage).first().focus()
+        mark = len(app.seen)
+        await pilot.press("f")
+        forked = (await app.wait_for(ChatScreen.EngineEvent, lambda m: isinstance(m.event, ev.Forked), after=mark)).event
+        assert forked.source == "memory" and forked.tokens > 0
+        await pilot.pause()
+        fork = ctl.get(forked.conversation)
+        assert fork.live and [m["content"] for m in fork.messages][0] == "First question."
+
+
+async def test_find_a_chat(tiny_llama, tmp_path):
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, cache_dir=str(tmp_path)))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "Where is the lighthouse?")
+        await pilot.press("ctrl+f")
+        await pilot.pause()
+        screen = app.screen
+        screen.query_one("#query").value = "lighthouse"
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if screen.query_one("#results").option_count:
+                break
+        results = screen.query_one("#results")
+        assert results.option_count >= 1
+        text = str(results.get_option_at_index(0).prompt)
+        assert "Where is the lighthouse?" in text and "load" in text and "no prefill" in text
+
+
+async def test_full_context_dialog_offers_the_choices(tiny_llama, tmp_path):
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, cache_dir=str(tmp_path), ctx=128))
+    async with app.run_test(size=SIZE) as pilot:
+        ended = await send(pilot, "word " * 200)
+        assert ended.done is None
+        await pilot.pause()
+        from ds4tui.screens.widgets.choice_dialog import ChoiceDialog
+
+        assert isinstance(app.screen, ChoiceDialog)
+        labels = [str(b.label) for b in app.screen.query("Button")]
+        assert labels[0].startswith("Fresh chat") and labels[-1] == "Cancel"
+        await pilot.press("escape")
+        assert app.chat.query_one("#prompt").text.startswith("word word")  # nothing lost
+        assert app.chat.controller.get(app.chat._active).messages == []
+
+
+async def test_a_message_sent_while_loading_is_queued(tiny_llama, tmp_path):
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, cache_dir=str(tmp_path)))
+    app._screen_args["model"] = None  # load in the worker, as the real app does
+    app.config = chat_config(tiny_llama, cache_dir=str(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        prompt = app.chat.query_one("#prompt")
+        prompt.insert("Early message.")
+        await pilot.press("enter")
+        ended = await app.wait_for(ChatScreen.TurnEnded)
+        assert ended.done is not None
+        conv = app.chat.controller.get(app.chat._active)
+        assert conv.messages[0] == {"role": "user", "content": "Early message."}
+
+
+def test_context_meter():
+    assert context_meter(0, 100) == "▱" * 8 and context_meter(1, 100) == "▰" + "▱" * 7
+    assert context_meter(100, 100) == "▰" * 8 and context_meter(50, 100) == "▰" * 4 + "▱" * 4
+    assert StatusBar is not None
