@@ -124,3 +124,20 @@ def test_context_meter():
     assert context_meter(0, 100) == "▱" * 8 and context_meter(1, 100) == "▰" + "▱" * 7
     assert context_meter(100, 100) == "▰" * 8 and context_meter(50, 100) == "▰" * 4 + "▱" * 4
     assert StatusBar is not None
+
+
+async def test_browser_title_column_uses_its_width(tmp_path):
+    """At 160 columns a 19-character title is not cut (the column grows with the table)."""
+    from tests.ui.browser_app import BrowserHost
+    from tests.ui.kv_fixtures import titled_session
+
+    titled_session(tmp_path, title="A nineteen-char tit")
+    app = BrowserHost(tmp_path)
+    async with app.run_test(size=(160, 40)) as pilot:
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if app.shown:
+                break
+        table = app.browser.query_one("KvTable")
+        assert table.columns["title"].width > 18 + 10  # was a fixed 18: 19 characters were cut
+        assert "A nineteen-char tit" in str(table.get_row_at(0)[0])

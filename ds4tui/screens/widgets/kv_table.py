@@ -75,11 +75,14 @@ def status_text(e: KvEntry) -> Text:
     return safe_cell((e.not_loadable or e.error or "").split(",")[0], 40, "yellow")
 
 
+TITLE_CHARS = 120  # the column is as wide as the table allows; the cell ellipsizes beyond it
+
+
 def title_cell(e: KvEntry) -> Text:
     if e.title is not None:
-        return safe_cell(e.title, 40, "bold")
+        return safe_cell(e.title, TITLE_CHARS, "bold")
     first = (e.text_preview or "").lstrip().split("\n", 1)[0]
-    return safe_cell(first, 40, "dim")
+    return safe_cell(first, TITLE_CHARS, "dim")
 
 
 def row_cells(e: KvEntry, now: float) -> list[Text]:
@@ -140,6 +143,23 @@ class KvTable(DataTable):
     def on_mount(self) -> None:
         for c in COLUMNS:
             self.add_column(c.label, key=c.key, width=c.width)
+        self._fit_title()
+
+    def on_resize(self) -> None:
+        self._fit_title()
+
+    def _fit_title(self) -> None:
+        """The title column takes the width the fixed columns leave (2 cells of padding each,
+        2 for the scrollbar): at 160 columns a 60-character title shows whole."""
+        if "title" not in self.columns or not self.size.width:
+            return
+        fixed = sum((c.width or 0) + 2 for c in COLUMNS if c.key != "title")
+        width = max(_BY_KEY["title"].width or 18, self.size.width - fixed - 2 - 2)
+        column = self.columns["title"]
+        if column.width != width:
+            column.width = width
+            self._require_update_dimensions = True
+            self.refresh()
 
     @on(DataTable.HeaderSelected)
     def _on_header(self, event: DataTable.HeaderSelected) -> None:
