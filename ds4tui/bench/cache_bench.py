@@ -128,7 +128,48 @@ def _bench(model_spec: str, tokens: int, cache_dir: str, tmp: Path) -> dict:
         "same_first_token": cold["first_text"] == hit["first_text"],
         "goal_speedup": GOAL_SPEEDUP,
         "goal_restore_over_read": GOAL_RESTORE_OVER_READ,
+        "moves": _moves(model, model_spec, tokens, ctx),
     }
+
+
+def _moves(model, model_spec: str, tokens: int, ctx: int) -> dict:
+    """TTFT of each conversation move on a chat of ~`tokens` tokens (two user messages of half
+    each, so an edit of the second sits at the middle), against a cold prefill of the same
+    text in a fresh chat. In this process, disk cache off on both sides: what is measured is
+    the live session's reuse (rewind, fork), not the disk."""
+    from ds4tui.config import Config
+    from ds4tui.chat.controller import ChatController
+
+    def controller() -> ChatController:
+        return ChatController(model, Config(model=model_spec, ctx=ctx, temperature=0.0, max_tokens=16,
+                                            no_disk_cache=True))
+
+    def cold(messages: list[dict], text: str) -> float:
+        c = controller()
+        conv = c.import_messages(messages)
+        return c.send(conv.key, text, lambda e: None).ttft_ms
+
+    ctl = controller()
+    ctl.warm_up()
+    conv = ctl.new_conversation()
+    half = _first_message(model, tokens // 2)
+    ctl.send(conv.key, half, lambda e: None)
+    second = "And this:\n\n" + half
+    ctl.send(conv.key, second, lambda e: None)
+    index = len(conv.messages) - 2  # the second user message
+    before = [dict(m) for m in conv.messages[:index]]
+    regen = ctl.regenerate(conv.key, lambda e: None)
+    out = {"regenerate": {"ttft_ms": regen.ttft_ms, "prefilled": regen.cache.prefilled,
+                          "cold_ttft_ms": cold(before, second)}}
+    edited = second + " (edited)"
+    done, _ = ctl.edit(conv.key, index, edited, lambda e: None)
+    out["edit_middle"] = {"ttft_ms": done.ttft_ms, "prefilled": done.cache.prefilled, "reused": done.cache.reused,
+                          "cold_ttft_ms": cold(before, edited)}
+    fork = ctl.fork(conv.key, len(conv.messages), lambda e: None)
+    done = ctl.send(fork.key, FOLLOW_UP, lambda e: None)
+    out["fork"] = {"ttft_ms": done.ttft_ms, "prefilled": done.cache.prefilled, "reused": done.cache.reused,
+                   "cold_ttft_ms": cold([dict(m) for m in fork.messages[:-2]], FOLLOW_UP)}
+    return out
 
 
 def _first_message(model, tokens: int) -> str:
@@ -247,5 +288,9 @@ def _table(r: dict) -> str:
         ("warm_up (both)", f"cold side {r['warm_up_ms']['cold']:,.0f} ms, hit side {r['warm_up_ms']['hit']:,.0f} ms (before the message)"),
         ("same first token", "yes" if r["same_first_token"] else "NO"),
     ]
+    for name, key in (("regenerate", "regenerate"), ("edit at the middle", "edit_middle"), ("fork + message", "fork")):
+        m = r["moves"][key]
+        rows.append((f"{name} TTFT", f"{m['ttft_ms']:,.1f} ms, prefilled {m['prefilled']:,}  "
+                                     f"(cold prefill of the same text {m['cold_ttft_ms']:,.0f} ms)"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
