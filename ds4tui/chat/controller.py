@@ -123,9 +123,11 @@ class ChatController:
     def live_count(self) -> int:
         return self.pool.live_count()
 
-    def saved_sessions(self) -> list[SavedSession]:
-        """Titled sessions on disk that this model can load and that are not open already."""
-        return self.saved.listing()
+    def saved_sessions(self, with_problems: bool = False) -> list[SavedSession]:
+        """Titled sessions on disk that this model can load and that are not open already;
+        `with_problems`: also the ones that cannot be resumed, each with its `problem`
+        (a corrupt or unloadable titled session never drops out of a list silently)."""
+        return self.saved.listing(with_problems)
 
     def find_saved(self, query: str) -> list[SavedSession]:
         """Titled sessions whose file name starts with `query` or whose title equals it."""

@@ -70,6 +70,7 @@ class RemoteChatController:
                                   timeout=httpx.Timeout(READ_S, connect=CONNECT_S))
         self._cancel = threading.Event()
         self._lock = threading.Lock()
+        self.disk_cache_notice: str | None = None  # the KV cache is the server's own
         self._response: httpx.Response | None = None
 
     # -- what the screen shows ----------------------------------------------------------------
@@ -118,7 +119,8 @@ class RemoteChatController:
     def list(self) -> list[Conversation]:
         return self.conversations.all()
 
-    def saved_sessions(self) -> list[SavedSession]:
+    def saved_sessions(self, with_problems: bool = False) -> list[SavedSession]:
+        """Remote chats kept here as transcripts (a transcript has no state that can break)."""
         open_names = {c.saved_sha for c in self.conversations.all() if c.saved_sha}
         return [s for s in self.transcripts.listing() if s.sha not in open_names]
 

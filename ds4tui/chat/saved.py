@@ -30,12 +30,13 @@ class SavedSessions:
         self.pool = pool
         self.conversations = conversations
 
-    def listing(self) -> list[SavedSession]:
-        """Titled sessions on disk that this model can load and that are not open already."""
+    def listing(self, with_problems: bool = False) -> list[SavedSession]:
+        """Titled sessions on disk that this model can load and that are not open already;
+        `with_problems`: also those that cannot be resumed, each with its `problem`."""
         if self.checkpoints is None:
             return []
         open_shas = {c.saved_sha for c in self.conversations.all() if c.saved_sha}
-        return [s for s in self.checkpoints.titled_sessions() if s.sha not in open_shas]
+        return [s for s in self.checkpoints.titled_sessions(with_problems=with_problems) if s.sha not in open_shas]
 
     def find(self, query: str) -> list[SavedSession]:
         """Titled sessions whose file name starts with `query` or whose title equals it."""

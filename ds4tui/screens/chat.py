@@ -196,6 +196,8 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         assert self.controller is not None
         status.model_name = self.controller.model_name
         status.ctx_total = self.controller.ctx_size()
+        if self.controller.disk_cache_notice:  # the chat goes on without the disk cache
+            self._toast(self.controller.disk_cache_notice, "Disk cache", "warning")
         self._scan_saved()
         if self._resume:
             self._start_resume(self._resume)
@@ -358,6 +360,9 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         entry = message.entry
         if entry.key is not None:
             self._switch(entry.key)
+        elif entry.problem is not None:  # listed so it never vanishes silently; it cannot resume
+            self._toast(f"{entry.title}: cannot be resumed: {entry.problem} (delete it in the cache browser, F4)",
+                        "Saved session", "warning")
         elif entry.sha is not None:
             self._start_resume(entry.sha, exact=True)
 
@@ -497,7 +502,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         entries = [ChatEntry(c.display_title, key=c.key, live=c.live, busy=c.key == self._busy)
                    for c in self.controller.list()]
         open_shas = {c.saved_sha for c in self.controller.list() if c.saved_sha}
-        entries += [ChatEntry(s.title, sha=s.sha) for s in self._saved if s.sha not in open_shas]
+        entries += [ChatEntry(s.title, sha=s.sha, problem=s.problem) for s in self._saved if s.sha not in open_shas]
         # exit_on_error=False: a redraw racing the app's exit must not end in a traceback.
         self.run_worker(self.query_one(ConversationList).show_entries(entries, self._active),
                         group="sidebar", exclusive=False, exit_on_error=False)
@@ -507,7 +512,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         """Read the titled sessions on disk (deep inspection reads files: never on the UI thread)."""
         assert self.controller is not None
         try:
-            saved = self.controller.saved_sessions()
+            saved = self.controller.saved_sessions(with_problems=True)
         except Exception:  # an unreadable directory lists nothing; the chat goes on
             saved = []
         self._call_from_thread(self._saved_scanned, saved)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from textual.widgets import Label
+
 from ds4tui.chat import events as ev
 from ds4tui.screens.chat import ChatScreen
 from ds4tui.screens.widgets.chat_log import AssistantMessage, UserMessage
@@ -180,3 +182,38 @@ async def test_f2_renames_the_chat_and_f4_opens_the_cache_browser(tiny_llama):
         await pilot.press("f4")
         await until(pilot, lambda: isinstance(app.screen, CacheBrowserScreen), "the cache browser")
         assert app.screen.store.dir == app.chat.controller.cache_store.dir
+
+
+async def test_a_broken_saved_session_stays_listed_with_its_reason(tiny_llama):
+    """A titled file that cannot be resumed (here: truncated) is listed with ⚠, not dropped;
+    choosing it says why instead of resuming."""
+    writer = make_controller(tiny_llama)
+    conv = writer.new_conversation()
+    writer.send(conv.key, "A chat that will break", lambda e: None)
+    path = writer.cache_store.path_for(conv.saved_sha)
+    path.write_bytes(path.read_bytes()[:-100])
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.wait_for(ConversationList.Redrawn, lambda m: any(e.sha == conv.saved_sha for e in m.entries))
+        sidebar = app.chat.query_one("#sidebar")
+        broken = [i for i in sidebar.query(ChatItem) if i.entry.sha == conv.saved_sha][0]
+        assert broken.entry.problem and str(broken.query_one(Label).render()).startswith("⚠")
+        sidebar.index = list(sidebar.query(ChatItem)).index(broken)
+        sidebar.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        notes = [n.message for n in app._notifications]
+        assert any("cannot be resumed" in n and broken.entry.problem in n for n in notes)
+        assert all(c.saved_sha != conv.saved_sha for c in app.chat.controller.list())
+
+
+async def test_a_cache_dir_that_is_a_file_is_a_notice_and_the_chat_goes_on(tiny_llama, tmp_path):
+    not_a_dir = tmp_path / "cache"
+    not_a_dir.write_text("a regular file")
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, cache_dir=str(not_a_dir)))
+    async with app.run_test(size=SIZE) as pilot:
+        await app.wait_for(ChatScreen.ModelReady)
+        await pilot.pause()
+        assert any("disk cache off" in n.message for n in app._notifications)
+        ended = await send(pilot, "still answered")
+        assert ended.done is not None and not_a_dir.read_text() == "a regular file"

@@ -18,6 +18,7 @@ from textual.widgets import Label, ListItem, ListView
 from ds4tui.format.display import one_line
 
 LIVE, PARKED, SAVED, BUSY = "●", "○", "↺", "▶"
+BROKEN = "⚠"  # a saved session that cannot be resumed (the reason shows when chosen)
 TITLE_WIDTH = 26  # characters of a title, the "…" of a cut one included
 
 
@@ -30,6 +31,7 @@ class ChatEntry:
     sha: str | None = None
     live: bool = False
     busy: bool = False
+    problem: str | None = None  # a saved session that cannot be resumed, and why
 
 
 class ChatItem(ListItem):
@@ -41,11 +43,11 @@ class ChatItem(ListItem):
     @staticmethod
     def _label(entry: ChatEntry, active: bool) -> Text:
         if entry.key is None:
-            marker = SAVED
+            marker = BROKEN if entry.problem else SAVED
         else:
             marker = BUSY if entry.busy else (LIVE if entry.live else PARKED)
         label = Text(f"{marker} ")
-        label.append(one_line(entry.title, TITLE_WIDTH - 1), style="bold" if active else "")
+        label.append(one_line(entry.title, TITLE_WIDTH - 1), style="bold" if active else ("dim" if entry.problem else ""))
         return label
 
     def show(self, entry: ChatEntry, active: bool) -> None:
