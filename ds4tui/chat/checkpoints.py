@@ -25,6 +25,7 @@ from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc, title_sha
 from ds4tui.cache.policy import CachePolicy
 from ds4tui.cache.safe_open import CacheDirError, open_regular
 from ds4tui.cache.store import KvStore
+from ds4tui.chat.matching import match_sessions
 from ds4tui.format.payload import read_fingerprint
 from ds4tui.engine.errors import EngineError
 from ds4tui.engine.model import Model
@@ -215,18 +216,11 @@ class Checkpoints:
         return out
 
     def find_titled(self, query: str, *, with_problems: bool = False) -> list[SavedSession]:
-        """Sessions whose name starts with `query` (hex), else whose title equals it
-        (`with_problems`: among those that cannot be resumed too)."""
-        sessions = self.titled_sessions(with_problems=with_problems)
-        q = query.strip()
-        if q and all(c in "0123456789abcdefABCDEF" for c in q):
-            by_sha = [s for s in sessions if s.sha.startswith(q.lower())]
-            if by_sha:
-                return by_sha
-        exact = [s for s in sessions if s.title == q]
-        if exact:
-            return exact
-        return [s for s in sessions if s.title.casefold() == q.casefold()]
+        """Sessions `query` names: a file-name prefix, the title, or the start of the title
+        (chat/matching.py, the rule `--resume` uses too); `with_problems`: among those that
+        cannot be resumed too."""
+        return match_sessions(query, self.titled_sessions(with_problems=with_problems),
+                              lambda s: s.sha, lambda s: s.title or "")
 
 
 def _loader(session: Session) -> Callable[[BinaryIO, int], int]:

@@ -34,6 +34,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def command_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The (sub)parser of the deepest command named in `argv`, e.g. `kv ls`'s."""
+    for token in argv:
+        if token.startswith("-"):
+            continue
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or token not in subs[0].choices:
+            break
+        parser = subs[0].choices[token]
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     # OpenMP worker threads busy-wait after every torch op by default; on the 2 cores this
     # app targets they then compete with the C kernels' own pool (kernels/pool.c) wherever
@@ -42,7 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     # user's own setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse reports a subcommand's unknown flag with the top-level usage; the
+        # usage of the command that was typed (`kv ls`) is the one that helps.
+        command_parser(parser, sys.argv[1:] if argv is None else argv).error(
+            "unrecognized arguments: " + " ".join(extra))
     try:
         return int(args.func(args) or 0)
     except CliError as exc:

@@ -10,21 +10,36 @@ loaded by the UI, in a worker, behind a loading indicator.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
 def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="model spec: a name from `ds4tui models list`, a GGUF file or a checkpoint directory")
-    parser.add_argument("--cache-dir", help="KV cache directory (default: platformdirs cache dir /kv, or $DS4TUI_CACHE_DIR)")
-    parser.add_argument("--budget-mb", type=int, help="disk budget of the KV cache in MiB (default 4096)")
-    parser.add_argument("--ctx", type=int, help="context size in tokens")
-    parser.add_argument("--resume", metavar="SHA_PREFIX_OR_TITLE", help="open a saved session")
+    from ds4tui import paths
+    from ds4tui.config import DEFAULT_MODEL, Config
+
+    # The defaults printed are the real ones (the cache directory as resolved on this
+    # machine now); the config file, when it sets a key, overrides them.
+    defaults = Config()
+    parser.add_argument("--model", help="model spec: a name from `ds4tui models list`, a GGUF file or a"
+                                         f" checkpoint directory (default: {DEFAULT_MODEL})")
+    parser.add_argument("--cache-dir", help=f"KV cache directory (default: {paths.cache_dir()})")
+    parser.add_argument("--budget-mb", type=int,
+                        help=f"disk budget of the KV cache in MiB (default: {defaults.budget_mb})")
+    parser.add_argument("--ctx", type=int, help=f"context size in tokens (default: {DEFAULT_CTX_HELP})")
+    parser.add_argument("--resume", metavar="SHA_PREFIX_OR_TITLE",
+                        help="open a saved session: a file-name prefix, its title or the start of its title")
     parser.add_argument("--no-disk-cache", action="store_true", help="do not read or write .kv files")
     remote = parser.add_argument_group("remote engine", "chat with an OpenAI-compatible server instead of the "
                                        "embedded engine (ds4-server, llama-server, vLLM, SGLang, ds4tui serve)")
     remote.add_argument("--engine", metavar="URL", help="the server's /v1 base URL, e.g. http://127.0.0.1:8008/v1")
     remote.add_argument("--api-key-env", metavar="VAR", help="send `Authorization: Bearer $VAR`")
     remote.add_argument("--remote-model", metavar="NAME", help="model name to request (default: the first the server lists)")
+
+
+# Both engines default a session to min(the model's trained context, 4096): engine/llama/model.py
+# and engine/dsv4/model.py (DEFAULT_CTX), not imported here so that `--help` loads no torch.
+DEFAULT_CTX_HELP = "4096, or the model's own context if smaller"
 
 
 def chat_config(args: argparse.Namespace):
@@ -138,10 +153,9 @@ def check_resume(query: str, cache_dir: Path) -> None:
         e = inspect_file(store.path_for(sha), deep=True, preview_bytes=0)
         if e.valid and e.header is not None and e.header.titled and e.title is not None:
             titled.append((sha, e.title))
-    q = query.strip()
-    matches = [t for t in titled if q and t[0].startswith(q.lower())]
-    if not matches:
-        matches = [t for t in titled if t[1] == q] or [t for t in titled if t[1].casefold() == q.casefold()]
+    from ds4tui.chat.matching import match_sessions
+
+    matches = match_sessions(query, titled, lambda t: t[0], lambda t: t[1])
     if not matches:
         raise CliError(f"--resume {query!r}: no saved session matches in {cache_dir} (see `ds4tui kv ls`)")
     if len(matches) > 1:
@@ -171,6 +185,11 @@ def run_chat(args: argparse.Namespace) -> int:
         if config.no_disk_cache:
             raise CliError("--resume needs the disk cache (drop --no-disk-cache)")
         check_resume(resume, config.cache_path())
+
+    if not sys.stdout.isatty():
+        # Without a terminal the full-screen UI has nowhere to draw and would spin.
+        raise CliError("the chat needs a terminal: stdout is not one (for scripts: `ds4tui kv ...`,"
+                       " `ds4tui bench ...`)")
 
     from ds4tui.screens.app import Ds4TuiApp
 

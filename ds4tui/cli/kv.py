@@ -17,11 +17,12 @@ import argparse
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
 from ds4tui.cli.errors import CliError
-from ds4tui.format.display import human_bytes, safe_text
+from ds4tui.format.display import human_bytes, safe_text, score_text
 
 _HEX = re.compile(r"^[0-9a-fA-F]{1,40}$")
 
@@ -37,7 +38,8 @@ def register(subparsers) -> None:
     verbs = kv.add_subparsers(title="commands", metavar="VERB")
 
     p = verbs.add_parser("ls", parents=[common], help="one row per file (default)",
-                         description="One row per .kv file: sha, reason, tokens, hits, size, times, title, pin, model, eviction score, status.")
+                         description="One row per .kv file: sha (* = pinned), reason, tokens, hits, size, last used, eviction score"
+                                     " (per MiB: lowest goes first), model, title, status.")
     p.add_argument("--json", action="store_true", help="print a JSON list (same keys as inspect --json)")
     p.add_argument("--verify", action="store_true", help="read every file whole to check its checksum")
     p.set_defaults(func=cmd_ls, verify=False)
@@ -134,6 +136,62 @@ def _when(ts: int | None) -> str:
         return f"@{ts}"
 
 
+def _ago(ts: int | None, now: float) -> str:
+    """`just now`, `5m ago`, `3h ago`, `2d ago`: what `kv ls` needs to tell files apart."""
+    if not ts:
+        return "-"
+    delta = now - ts
+    if abs(delta) < 60:
+        return "just now"
+    ahead, delta = delta < 0, abs(delta)
+    for limit, div, unit in ((3600, 60, "m"), (86400, 3600, "h"), (86400 * 365, 86400, "d")):
+        if delta < limit:
+            amount = f"{int(delta // div)}{unit}"
+            break
+    else:
+        amount = f"{int(delta // (86400 * 365))}y"
+    return f"in {amount}" if ahead else f"{amount} ago"
+
+
+# `kv ls` title column: at least this wide, wider when the terminal has room.
+LS_TITLE_MIN, LS_TITLE_MAX = 14, 48
+
+
+def ls_lines(entries, now: float, columns: int) -> list[str]:
+    """The `kv ls` table: fixed columns first, then the title (as wide as the terminal allows)
+    and the status. A `*` after the SHA marks a pinned file; exact times are in `kv inspect`.
+    The model column appears only when the files come from more than one model (the footer
+    names the one model otherwise)."""
+    models = {e.model for e in entries}
+    model_w = max(len("MODEL"), *(len(m) for m in models)) if len(models) > 1 else 0
+    fixed = 11 + 1 + 13 + 1 + 6 + 1 + 4 + 1 + 9 + 1 + 8 + 1 + 6 + 1 + (model_w + 1 if model_w else 0)
+    # The status is last: "ok" for a healthy file; a long verdict may run past the edge.
+    title_w = max(LS_TITLE_MIN, min(LS_TITLE_MAX, columns - fixed - 1 - len("STATUS")))
+
+    def row(sha, reason, tokens, hits, size, used, score, model, title, status) -> str:
+        model_cell = f"{model:<{model_w}} " if model_w else ""
+        return (f"{sha:<11} {reason:<13} {tokens:>6} {hits:>4} {size:>9} {used:<8} {score:>6} "
+                f"{model_cell}{_fit(title, title_w):<{title_w}} {status}")
+
+    out = [row("SHA", "REASON", "TOKENS", "HITS", "SIZE", "USED", "SCORE", "MODEL", "TITLE", "STATUS")]
+    for e in entries:
+        h = e.header
+        out.append(row((e.sha or "?")[:10] + ("*" if e.pinned else ""), h.reason if h else "?",
+                       h.tokens if h else 0, h.hits if h else 0, human_bytes(e.file_bytes),
+                       _ago(h.last_used if h else None, now), score_text(e.score.score) if e.score else "-",
+                       e.model, safe_text(e.title) or "-", _status(e)))
+    return out
+
+
+def _fit(shown: str, width: int) -> str:
+    """Cut already-escaped text to `width` columns, "…" last (escapes make text longer)."""
+    return shown if len(shown) <= width else shown[:width - 1] + "…"
+
+
+def _status(e) -> str:
+    return "ok" if e.valid else safe_text(e.error, 80)
+
+
 def _print_json(obj) -> None:
     print(json.dumps(obj, indent=2))
 
@@ -168,19 +226,12 @@ def cmd_ls(args) -> int:
     if not entries:
         print(f"no .kv files in {store.dir}")
         return 0
-    # Fixed-width columns first; the title and the status (which can be long) last.
-    print(f"{'SHA':<12}  {'REASON':<13} {'TOKENS':>7} {'HITS':>5} {'SIZE':>10}  {'CREATED':<16}  "
-          f"{'LAST USED':<16}  PIN  {'MODEL':<18} {'SCORE':>9}  {'TITLE':<24}  STATUS")
-    for e in entries:
-        h = e.header
-        status = "ok" if e.valid else safe_text(e.error, 80)
-        score = f"{e.score.score:9.3g}" if e.score else f"{'-':>9}"
-        print(f"{(e.sha or '?')[:12]:<12}  {(h.reason if h else '?'):<13} {(h.tokens if h else 0):>7} "
-              f"{(h.hits if h else 0):>5} {human_bytes(e.file_bytes):>10}  {_when(h.created_at if h else None):<16}  "
-              f"{_when(h.last_used if h else None):<16}  {'yes' if e.pinned else '-':<3}  {e.model:<18} {score}  "
-              f"{safe_text(e.title, 23) or '-':<24}  {status}")
+    for line in ls_lines(entries, time.time(), shutil.get_terminal_size().columns):
+        print(line)
     total = sum(e.file_bytes for e in entries)
-    print(f"{len(entries)} file(s), {human_bytes(total)} in {store.dir}")
+    models = sorted({e.model for e in entries})
+    one_model = f", model {models[0]}" if len(models) == 1 else ""
+    print(f"{len(entries)} file(s), {human_bytes(total)}{one_model} in {store.dir}")
     temp = store.temp_bytes()
     if temp:
         print(f"plus {human_bytes(temp)} of saves in progress (temp files, counted toward the budget)")
@@ -271,7 +322,7 @@ def _print_detail(e) -> None:
         rows.append(("trailers", "; ".join(parts) or "none"))
     if e.score:
         s = e.score
-        rows.append(("score", f"{s.score:.4g} (effective hits {s.effective_hits:.2f}, anchor x{s.anchor_weight:g}, "
+        rows.append(("score", f"{score_text(s.score)} per MiB (effective hits {s.effective_hits:.2f}, anchor x{s.anchor_weight:g}, "
                               f"superseded x{s.superseded_factor:.3g}){'  pinned: never evicted' if e.pinned else ''}"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
@@ -423,7 +474,7 @@ def cmd_evict(args) -> int:
     ev = store.evict(dry_run=args.dry_run)
     verb = "would evict" if args.dry_run else "evicted"
     for f in ev.files:
-        print(f"{verb} {f.sha[:12]}  {f.reason:<13} tokens={f.tokens} hits={f.hits} size={human_bytes(f.bytes)} score={f.score:.3g}")
+        print(f"{verb} {f.sha[:12]}  {f.reason:<13} tokens={f.tokens} hits={f.hits} size={human_bytes(f.bytes)} score={score_text(f.score)}")
     left = total - ev.bytes
     if not ev.files:
         print(f"nothing to evict: {human_bytes(total)} within the {budget} MiB budget")

@@ -1,4 +1,5 @@
-"""How file-derived text and byte counts are shown: one terminal-safety rule, one size format.
+"""How file-derived text, byte counts and eviction scores are shown: one terminal-safety rule,
+one size format, one score format.
 
 Owns the rule every screen, CLI verb and cache message uses for text that came
 from a file or a model, and the one byte-size format. Pure functions (stdlib
@@ -75,3 +76,19 @@ def human_bytes(n: int) -> str:
         if size < 1024 or unit == "GiB":
             break
     return f"{size:.1f} {unit}"
+
+
+def score_text(score: float) -> str:
+    """An eviction score for people: the score per MiB of file, so the SmolLM2-sized files of a
+    chat read `22.6` rather than `2.16e-05` (a file's score is hits x tokens / bytes x weights,
+    and a token's KV takes tens of KB). Never scientific notation; same order as the raw score."""
+    value = score * 1024 * 1024
+    if value <= 0:
+        return "0"
+    if value < 0.01:
+        return "<0.01"
+    if value < 10:
+        return f"{value:.2f}"
+    if value < 1000:
+        return f"{value:.1f}"
+    return f"{value:,.0f}"

@@ -32,3 +32,58 @@ def test_resume_that_matches_nothing(capsys):
 def test_resume_without_disk_cache(capsys):
     assert main(["--model", "tiny-llama", "--resume", "x", "--no-disk-cache"]) == 1
     assert "--resume needs the disk cache" in capsys.readouterr().err
+
+
+def _titled(directory, title: str, created: int) -> str:
+    """A titled session file as the store writes it (a minimal valid one)."""
+    from tests.cli.test_kv_cli import dsv4_payload, title_trailer, write_kv
+    from ds4tui.format.kvc import EXT_SESSION_TITLE, title_sha
+
+    sha = title_sha(title.encode(), created)
+    write_kv(directory, b"chat text " + title.encode(), dsv4_payload(5), name=f"{sha}.kv", tokens=5,
+             model=0x80, abi=128, reason=6, ext=EXT_SESSION_TITLE, created=created,
+             trailers=title_trailer(title.encode()))
+    return sha
+
+
+def test_resume_by_the_start_of_a_title(tmp_path, monkeypatch, capsys):
+    """`--resume "Long paste"` names "Long paste chat": it gets past the check (and then
+    refuses only because this test's stdout is not a terminal)."""
+    d = tmp_path / "kv"
+    _titled(d, "Long paste chat", 1_700_000_000)
+    _titled(d, "Lisbon trip", 1_700_000_100)
+    assert main(["--model", "tiny-llama", "--resume", "long  PASTE"]) == 1
+    assert "needs a terminal" in capsys.readouterr().err
+    assert main(["--model", "tiny-llama", "--resume", "L"]) == 1
+    assert "matches 2 sessions" in capsys.readouterr().err
+
+
+def test_chat_outside_a_terminal_refuses_with_one_line(capsys):
+    assert main(["--model", "tiny-llama"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ds4tui: the chat needs a terminal") and err.count("\n") == 1
+
+
+def test_help_shows_the_defaults_and_the_real_cache_dir(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = "".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere, even at a hyphen
+
+    def shown(text: str) -> bool:
+        return "".join(text.split()) in out
+
+    assert shown(f"(default: {paths.cache_dir()})") and not shown("platformdirs")
+    assert shown("(default: 4096, or the model's own context if smaller)")
+    assert shown("(default: smollm2-135m-instruct)") and shown("(default: 4096)")
+
+
+def test_a_verbs_bad_flag_prints_that_verbs_usage(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        main(["kv", "ls", "--bogus"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.startswith("usage: ds4tui kv ls") and "unrecognized arguments: --bogus" in err

@@ -49,7 +49,8 @@ def run(capsys, *argv):
     return code, out, err
 
 
-def test_ls_shows_one_row_per_file_with_escaped_text(kvdir, capsys):
+def test_ls_shows_one_row_per_file_with_escaped_text(kvdir, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")  # room for the whole title
     code, out, err = run(capsys, "kv", "ls")
     assert code == 0 and err == ""
     lines = out.splitlines()
@@ -185,3 +186,21 @@ def test_bad_flags_exit_2_with_usage(capsys, argv):
         main(argv)
     assert exc.value.code == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_ls_fits_a_100_column_terminal_and_widens_the_title(kvdir, capsys, monkeypatch):
+    """The table was 150 columns; at 100 the rows of valid files fit (this directory mixes
+    models, so the model column is there), and a wider terminal goes to the title."""
+    monkeypatch.setenv("COLUMNS", "100")
+    narrow = run(capsys, "kv", "ls")[1].splitlines()
+    ok_rows = [line for line in narrow[1:-1] if line.endswith(" ok")]
+    assert len(ok_rows) == 2 and all(len(line) <= 100 for line in ok_rows)
+    assert "Evil \\e]0;pwned" not in "\n".join(narrow)  # cut to the narrow title column
+    monkeypatch.setenv("COLUMNS", "160")
+    wide = run(capsys, "kv", "ls")[1]
+    assert "Evil \\e]0;pwned\\x07 title" in wide
+
+
+def test_ls_scores_read_without_exponents(kvdir, capsys):
+    out = run(capsys, "kv", "ls")[1]
+    assert "e-0" not in out and "e+0" not in out
