@@ -469,9 +469,13 @@ class KvStore:
             entries = self.scan()
         except CacheDirError as exc:
             return failed(str(exc))
-        if any(e.sha == sha and e.pinned for e in entries):
-            # Re-saving a pinned session must not drop its pin.
-            header = header.with_(ext_flags=header.ext_flags | EXT_PINNED)
+        previous = next((e for e in entries if e.sha == sha and e.header is not None), None)
+        if previous is not None:
+            # Re-saving a session (the same name) keeps what belongs to the file, not to
+            # this state: its pin, and its hit counter (each resume counted one).
+            header = header.with_(hits=previous.header.hits)
+            if previous.pinned:
+                header = header.with_(ext_flags=header.ext_flags | EXT_PINNED)
         # Other saves in progress hold disk space too; they count as if pinned.
         pinned_bytes = sum(e.file_bytes for e in entries if e.pinned and e.sha != sha) + self.temp_bytes()
         if required + pinned_bytes > self.budget_bytes:

@@ -303,6 +303,15 @@ def test_re_saving_a_pinned_session_keeps_the_pin(store):
     assert e.pinned and e.header.tokens == 120
 
 
+def test_re_saving_a_session_keeps_its_hit_count(store):
+    """A titled session resumed three times reads `hits 3` after its next reply is saved."""
+    sha = save(store, "v1", title="Resumed chat", created_at=7, reason="agent-session").event.sha
+    for _ in range(3):
+        assert store.load_file(sha, ENGINE, loader()).hit is not None
+    assert save(store, "v1 and v2", tokens=120, title="Resumed chat", created_at=7).event.sha == sha
+    assert inspect_file(store.path_for(sha)).header.hits == 3
+
+
 def test_tool_map_trailer_comes_back_on_load(store):
     from ds4tui.format.kvc import ToolMapEntry
     tm = (ToolMapEntry(b"call_1", b"<dsml/>"),)
