@@ -115,6 +115,12 @@ class ChatController:
         """Context size of this controller's sessions (the engine's default unless config.ctx is set)."""
         return self.pool.ctx_size()
 
+    def has_sliding_window(self) -> bool:
+        """Whether this model's sessions have sliding-window layers, i.e. whether the
+        `swa_policy` setting means anything here (Session.set_storage_policy). Call off
+        the UI thread the first time (it may probe with a session; warm_up does)."""
+        return self.pool.sliding_window()
+
     def warm_up(self) -> None:
         """Pay the engine's first-use costs for sessions of ctx_size() now, off the UI thread
         (the app's model-loading worker): see Model.warm_up. Changes no result."""

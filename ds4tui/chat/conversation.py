@@ -48,6 +48,7 @@ class Conversation:
     saved_upto: int = 0  # tokens that titled file holds: the session's state is on disk when equal
     stored_upto: int = 0  # tokens covered by the last cold/continued checkpoint (frontier bookkeeping)
     busy: bool = False  # a worker is using the session right now
+    parked_tokens: int = 0  # tokens of the state it had when its session was freed (parked on disk)
     overrides: dict = field(default_factory=dict)  # this chat's own sampling settings (settings.CHAT_KEYS)
     # Regenerated replies: message index -> every version of that reply; the message shows one.
     alternatives: dict[int, list[str]] = field(default_factory=dict)
@@ -77,7 +78,8 @@ class Conversation:
 
     @property
     def context_tokens(self) -> int:
-        return len(self.session.tokens) if self.session is not None else 0
+        """Tokens of its context: the live session's, or while parked the state it left on disk."""
+        return len(self.session.tokens) if self.session is not None else self.parked_tokens
 
     def visible_messages(self) -> list[dict]:
         """What the chat view shows: user and assistant turns (the system prompt stays hidden)."""

@@ -29,6 +29,7 @@ class SessionPool:
         self.conversations = conversations
         self.checkpoints = checkpoints
         self._ctx_size: int | None = None
+        self._sliding_window = False
 
     def ctx_size(self) -> int:
         """Context size of these sessions (the engine's default unless config.ctx is set)."""
@@ -39,7 +40,14 @@ class SessionPool:
                 # with a throwaway session rather than guess. Call off the UI thread.
                 live = self.model.new_session(self.settings.config.ctx)
             self._ctx_size = live.ctx_size
+            # Same probe: only families with sliding-window layers take a storage policy.
+            self._sliding_window = bool(live.set_storage_policy(self.settings.config.swa_policy))
         return self._ctx_size
+
+    def sliding_window(self) -> bool:
+        """Whether these sessions have sliding-window layers (the SWA storage policy applies)."""
+        self.ctx_size()
+        return self._sliding_window
 
     def live_count(self) -> int:
         return len(self.conversations.live())
@@ -82,6 +90,7 @@ class SessionPool:
                    and self.checkpoints is not None and self.checkpoints.store.path_for(conv.saved_sha).exists())
         if session.tokens and self.checkpoints is not None and not on_disk:
             self.checkpoints.save(session, conv.session_text, reason, on_event)
+        conv.parked_tokens = len(session.tokens)
         conv.session, conv.session_text, conv.stored_upto = None, b"", 0
         on_event(SessionFreed(conversation=conv.key, reason=reason))
 

@@ -57,6 +57,13 @@ class Ds4TuiApp(App[None]):
     def get_default_screen(self) -> ChatScreen:
         return ChatScreen(self.config, **self._screen_args)
 
+    def get_system_commands(self, screen):
+        """Textual's own entries, less its "Quit": the palette's one Quit is the chat's
+        (commands.py), which saves live sessions first and says so."""
+        for command in super().get_system_commands(screen):
+            if command.title != "Quit":
+                yield command
+
     @property
     def chat(self) -> ChatScreen:
         """The chat screen (the bottom of the screen stack)."""

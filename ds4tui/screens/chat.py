@@ -135,6 +135,8 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         self._busy: str | None = None  # key of the chat whose turn is running
         self._engine_job = False  # any engine work (turn, resume, shutdown) in flight
         self._last_speed = ""
+        self._cache_lines: dict[str, str] = {}  # chat key -> its last cache event (status bar)
+        self._event_key = ""  # the chat of the event being shown
         self._prefill_tok_s: float | None = None  # measured on the last long prefill (browser's resume cost)
         self._quitting = False
         self._queued: str | None = None  # a message sent while the model loads
@@ -340,6 +342,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         conv = self._conversation(key)
         if conv is not None:
             conv.touch()
+        self.query_one(StatusBar).cache = self._cache_lines.get(key, "")
         self._refresh_sidebar()
         self._update_context()
         self.query_one("#prompt", PromptInput).focus()
@@ -414,6 +417,8 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         if pane is None:
             pane = await self._add_pane(conv.key)
             pane.log.show_messages(conv.visible_messages())
+        if "" in self._cache_lines:  # the resume's disk hit, reported before the chat existed
+            self._cache_lines[conv.key] = self._cache_lines.pop("")
         self._switch(conv.key)
         self._scan_saved()
         self._toast(f"Resumed {one_line(conv.display_title, 39)} ({fmt.tokens(conv.context_tokens)} tokens,"

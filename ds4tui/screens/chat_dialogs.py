@@ -16,6 +16,13 @@ from ds4tui.chat.conversation import MAX_TITLE_CHARS
 from ds4tui.chat.streaming import EventBatcher
 
 
+def settings_notice(saved_to: str | None) -> str:
+    """What the chat says after the settings dialog: applied, and saved or for this chat only."""
+    if saved_to:
+        return f"Settings applied to this chat and saved as the default for new chats ({saved_to})."
+    return "Settings applied to this chat only, not saved (tick \"Also the default\" to keep them)."
+
+
 class ChatDialogs:
     """The `ChatScreen` actions that open a dialog or another screen."""
 
@@ -70,10 +77,14 @@ class ChatDialogs:
                 except RuntimeError:
                     self.notify("The chat is busy: try again after the reply.", severity="warning", markup=False)
                     return
-            self.notify("Settings applied to this chat" + (" and saved as the default" if defaults else "") + ".",
-                        markup=False)
+            self.notify(settings_notice(dialog.saved_to), markup=False)
 
-        self.app.push_screen(SettingsScreen(self.controller.config, chat), done)
+        # A remote controller (ds4tui --engine) has no local model: no SWA field, no template default.
+        sliding = getattr(self.controller, "has_sliding_window", lambda: False)()
+        template = getattr(getattr(self.controller, "model", None), "chat", None)
+        dialog = SettingsScreen(self.controller.config, chat, sliding_window=sliding,
+                                default_system_prompt=getattr(template, "default_system_prompt", None))
+        self.app.push_screen(dialog, done)
 
     def action_cache_browser(self) -> None:
         from ds4tui.screens.cache_browser import CacheBrowserScreen

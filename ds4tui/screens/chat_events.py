@@ -7,7 +7,7 @@ entry (a test checks that every `ChatEvent` type has one). Wording and severity
 of the cache and error notices: chat_notices.py.
 Leaves to `ChatScreen`: receiving the `EngineEvent` message (Textual collects
 `@on` handlers only from the Screen class itself), the state the handlers set
-(`_prefill_tok_s`, `_last_speed`) and the helpers they call (`_pane_or_none`,
+(`_prefill_tok_s`, `_last_speed`, `_cache_lines`: each chat's last cache event) and the helpers they call (`_pane_or_none`,
 `_conversation`, `_toast`, `_refresh_sidebar`, `_scan_saved`, `_update_context`).
 """
 
@@ -33,9 +33,20 @@ class EngineEventView:
         """Route `event` of chat `key` to its handler (`pane` is None when that chat is not on screen)."""
         handler = self._EVENT_HANDLERS.get(type(event))
         if handler is not None:
+            self._event_key = key
             handler(self, event, self._pane_or_none(key))
         if key == self._active:
             self._update_context()
+
+    def _set_cache_line(self, line: str) -> None:
+        """The status bar's cache slot belongs to a chat: remember it for the chat the event
+        is about, and show it only when that chat is the one on screen. Events of no chat
+        (a resume before its chat exists, the shutdown saves) show at once; a resumed chat
+        then takes the line over (`ChatScreen._resumed`)."""
+        key = self._event_key
+        self._cache_lines[key] = line
+        if not key or key == self._active:
+            self.query_one(StatusBar).cache = line
 
     def _on_token_text(self, event: ev.TokenText, pane: ChatPane | None) -> None:
         if pane is not None and pane.reply is not None:
@@ -48,7 +59,7 @@ class EngineEventView:
         self._refresh_sidebar()  # a first message has just become the chat's title
         status = self.query_one(StatusBar)
         if event.source != "cold" and event.cached:
-            status.cache = f"reused {fmt.tokens(event.cached)} tokens ({event.source})"
+            self._set_cache_line(f"reused {fmt.tokens(event.cached)} tokens ({event.source})")
         if event.total == 0:
             status.activity = "generating…"
 
@@ -83,7 +94,7 @@ class EngineEventView:
         """Cache and error events: a status-bar line and a toast for the notable ones."""
         notice = notice_for(event)
         if notice.status is not None:
-            self.query_one(StatusBar).cache = notice.status
+            self._set_cache_line(notice.status)
         if notice.toast is not None:
             self._toast(notice.toast, notice.title, notice.severity)
 

@@ -1,5 +1,7 @@
 """Command palette entries (ctrl+p) for the chat: new chat, rename, cache browser, settings, quit.
 
+The app drops Textual's own "Quit" (app.py), so the palette lists Quit once.
+
 Owns: the names and help lines; each entry runs the chat screen's action of
 the same name, so the palette, the key bindings and the footer stay in step.
 """

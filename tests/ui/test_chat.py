@@ -217,3 +217,31 @@ async def test_a_cache_dir_that_is_a_file_is_a_notice_and_the_chat_goes_on(tiny_
         assert any("disk cache off" in n.message for n in app._notifications)
         ended = await send(pilot, "still answered")
         assert ended.done is not None and not_a_dir.read_text() == "a regular file"
+async def test_palette_lists_quit_once(tiny_llama):
+    from ds4tui.screens.commands import ChatCommands
+
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SIZE):
+        await app.wait_for(ChatScreen.ModelReady)
+        system = [c.title for c in app.get_system_commands(app.chat)]
+        ours = [name for name, _, _ in ChatCommands(app.chat)._commands()]
+        assert (system + ours).count("Quit") == 1 and "Quit" in ours
+
+
+async def test_a_parked_chat_keeps_its_context_and_its_own_status_line(tiny_llama):
+    """Chat 1 goes to disk when chat 2 needs the one live slot; back on chat 1 the status bar
+    shows chat 1's context (not 0) and chat 1's last cache event (not chat 2's)."""
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, live_sessions=1))
+    async with app.run_test(size=SIZE) as pilot:
+        first = await send(pilot, "First chat")
+        tokens = app.chat.controller.get(first.key).context_tokens
+        await pilot.press("ctrl+n")
+        second = await send(pilot, "Second chat, a longer message than the first one")
+        conv = app.chat.controller.get(first.key)
+        assert not conv.live and conv.context_tokens == tokens
+        status = app.chat.query_one(StatusBar)
+        other = app.chat.controller.get(second.key).context_tokens
+        assert status.cache == f"session saved ({other:,} tok)"
+        await pilot.press("ctrl+pageup")
+        assert status.ctx_used == tokens
+        assert status.cache == f"session saved ({tokens:,} tok)"
