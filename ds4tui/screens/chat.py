@@ -61,6 +61,9 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         Binding("ctrl+f", "find_chat", "Find"),
         Binding("ctrl+pageup", "cycle_chat(-1)", "Previous chat", show=False),
         Binding("ctrl+pagedown", "cycle_chat(1)", "Next chat", show=False),
+        # Priority: from the message box too (a TextArea would take them for its own cursor).
+        Binding("pageup", "scroll_transcript(-1)", "Scroll", key_display="PgUp/Dn", priority=True),
+        Binding("pagedown", "scroll_transcript(1)", "Scroll down", show=False, priority=True),
     ]
     """
     | Key | Description |
@@ -75,6 +78,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
     | ctrl+f | Find a chat: titles and transcripts of every saved session. |
     | tab, then e / f / y / ← → | On a selected message: edit and resend, fork, copy, versions. |
     | ctrl+pageup / ctrl+pagedown | Previous / next open chat. |
+    | pageup / pagedown | Scroll the transcript, from the message box too. |
     """
 
     # -- messages (posted by workers, bubbling to the app so tests can watch them) -----------
@@ -249,6 +253,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
 
     def _send(self, key: str, text: str) -> None:
         pane = self._pane(key)
+        pane.follow()  # sending means wanting to see the answer, wherever the view was
         pane.log.add_user(text)
         pane.reply = pane.log.add_assistant()
         self._busy = key
@@ -353,6 +358,16 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         keys = [c.key for c in self.controller.list()]
         if len(keys) > 1:
             self._switch(keys[(keys.index(self._active) + step) % len(keys)])
+
+    def action_scroll_transcript(self, pages: int) -> None:
+        """PageUp/PageDown: scroll the active chat's transcript, wherever the focus is."""
+        pane = self._pane_or_none(self._active) if self._active else None
+        if pane is None:
+            return
+        if pages < 0:
+            pane.log.scroll_page_up(animate=False)
+        else:
+            pane.log.scroll_page_down(animate=False)
 
     def action_toggle_sidebar(self) -> None:
         sidebar = self.query_one(ConversationList)

@@ -51,6 +51,7 @@ class EngineEventView:
     def _on_token_text(self, event: ev.TokenText, pane: ChatPane | None) -> None:
         if pane is not None and pane.reply is not None:
             pane.reply.append(event.text)
+            pane.text_arrived()
         status = self.query_one(StatusBar)
         if status.activity.startswith("prefill"):
             status.activity = "generating…"

@@ -245,3 +245,20 @@ async def test_a_parked_chat_keeps_its_context_and_its_own_status_line(tiny_llam
         await pilot.press("ctrl+pageup")
         assert status.ctx_used == tokens
         assert status.cache == f"session saved ({tokens:,} tok)"
+
+
+async def test_pageup_from_the_message_box_scrolls_the_transcript(tiny_llama):
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "Hello")
+        log = _pane(app).log
+        log.show_messages([{"role": "user", "content": f"line {i}\n" * 4} for i in range(20)])
+        await pilot.pause()
+        log.scroll_end(animate=False)
+        await pilot.pause()
+        bottom = log.scroll_y
+        assert app.chat.focused is app.chat.query_one("#prompt") and bottom > 0
+        await pilot.press("pageup")
+        assert log.scroll_y < bottom
+        await pilot.press("pagedown")
+        assert log.scroll_y == bottom

@@ -124,7 +124,13 @@ class NoticeLine(Static):
 
 
 class ChatLog(VerticalScroll):
-    """The scrolling list of one conversation's messages; stays pinned to the newest one."""
+    """The scrolling list of one conversation's messages.
+
+    Follows the newest text (Textual's anchor) until the user scrolls up to read; from
+    then on new text does not move the view, and `reading_above` is True until the user
+    is back at the bottom (PageDown, End, the wheel) or sends a message (`follow`).
+    Posts `AtBottom` when the view reaches the bottom again, so the pane can drop its
+    "new reply" marker."""
 
     DEFAULT_CSS = """
     ChatLog {
@@ -133,8 +139,25 @@ class ChatLog(VerticalScroll):
     }
     """
 
+    class AtBottom(Message):
+        """The view is at the newest text again."""
+
     def on_mount(self) -> None:
         self.anchor()
+
+    def follow(self) -> None:
+        """Jump to the newest text and follow it again."""
+        self.anchor()
+
+    @property
+    def reading_above(self) -> bool:
+        """The user scrolled away from the newest text (and new text will not move the view)."""
+        return self.max_scroll_y - self.scroll_y > 1
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if new_value >= self.max_scroll_y - 1 and old_value < new_value:
+            self.post_message(self.AtBottom())
 
     def add_user(self, text: str) -> UserMessage:
         message = UserMessage(text)
