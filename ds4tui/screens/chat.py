@@ -43,6 +43,13 @@ if TYPE_CHECKING:
     from ds4tui.chat.controller import ChatController
     from ds4tui.engine.model import Model
 
+SIDEBAR_HIDE_BELOW = 60  # columns: narrower, the transcript needs them all
+
+
+def sidebar_width(columns: int) -> int:
+    return max(20, min(44, columns // 4))
+
+
 NOTIFY_TIMEOUT = 4.0  # seconds a cache toast stays up: long enough to read one line
 SHUTDOWN_WAIT_S = 30.0  # longest wait for a running turn at exit: one prefill chunk is far less
 
@@ -51,8 +58,9 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
     """The whole chat UI; the app's default screen."""
 
     BINDINGS = [
-        Binding("ctrl+n", "new_chat", "New chat"),
-        Binding("f2", "rename", "Rename"),
+        # Short labels: the footer holds them all at 80 columns (the palette has the long names).
+        Binding("ctrl+n", "new_chat", "New"),
+        Binding("f2", "rename", "Rename", show=False),  # in the palette; the footer is full at 80
         Binding("escape", "cancel", "Cancel"),
         Binding("f3", "settings", "Settings"),
         Binding("f4", "cache_browser", "Cache"),
@@ -62,7 +70,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         Binding("ctrl+pageup", "cycle_chat(-1)", "Previous chat", show=False),
         Binding("ctrl+pagedown", "cycle_chat(1)", "Next chat", show=False),
         # Priority: from the message box too (a TextArea would take them for its own cursor).
-        Binding("pageup", "scroll_transcript(-1)", "Scroll", key_display="PgUp/Dn", priority=True),
+        Binding("pageup", "scroll_transcript(-1)", "Scroll", key_display="PgUp", priority=True),
         Binding("pagedown", "scroll_transcript(1)", "Scroll down", show=False, priority=True),
     ]
     """
@@ -144,6 +152,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         self._prefill_tok_s: float | None = None  # measured on the last long prefill (browser's resume cost)
         self._quitting = False
         self._queued: str | None = None  # a message sent while the model loads
+        self._sidebar_folded = False  # folded once for a narrow terminal; ctrl+b still toggles
         self._saved: list = []  # titled sessions on disk, as last scanned (off the UI thread)
         # Set while no engine job runs; the shutdown worker waits on it.
         self._idle = threading.Event()
@@ -158,7 +167,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
                 yield PromptInput(id="prompt", placeholder="Message · Enter sends · ctrl+j new line",
                                   cursor_blink=self._cursor_blink)
         yield StatusBar(id="status")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#prompt", PromptInput).focus()
@@ -358,6 +367,16 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         keys = [c.key for c in self.controller.list()]
         if len(keys) > 1:
             self._switch(keys[(keys.index(self._active) + step) % len(keys)])
+
+    def on_resize(self, event) -> None:
+        """The chat list takes a quarter of the width (20..44 columns), so titles use what the
+        terminal has; below 60 columns it folds away (ctrl+b shows it)."""
+        sidebar = self.query_one(ConversationList)
+        width = event.size.width
+        sidebar.styles.width = sidebar_width(width)
+        if width < SIDEBAR_HIDE_BELOW and not self._sidebar_folded:
+            self._sidebar_folded = True
+            sidebar.display = False
 
     def action_scroll_transcript(self, pages: int) -> None:
         """PageUp/PageDown: scroll the active chat's transcript, wherever the focus is."""

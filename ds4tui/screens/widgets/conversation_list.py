@@ -19,7 +19,6 @@ from ds4tui.format.display import one_line
 
 LIVE, PARKED, SAVED, BUSY = "●", "○", "↺", "▶"
 BROKEN = "⚠"  # a saved session that cannot be resumed (the reason shows when chosen)
-TITLE_WIDTH = 26  # characters of a title, the "…" of a cut one included
 
 
 @dataclass(frozen=True)
@@ -46,8 +45,9 @@ class ChatItem(ListItem):
             marker = BROKEN if entry.problem else SAVED
         else:
             marker = BUSY if entry.busy else (LIVE if entry.live else PARKED)
-        label = Text(f"{marker} ")
-        label.append(one_line(entry.title, TITLE_WIDTH - 1), style="bold" if active else ("dim" if entry.problem else ""))
+        # Cut by the label's width with "…" (the whole sidebar's width, whatever it is now).
+        label = Text(f"{marker} ", no_wrap=True, overflow="ellipsis")
+        label.append(one_line(entry.title), style="bold" if active else ("dim" if entry.problem else ""))
         return label
 
     def show(self, entry: ChatEntry, active: bool) -> None:
@@ -64,6 +64,7 @@ class ConversationList(ListView):
     ConversationList {
         width: 32;
         & > ChatItem.-saved { color: $text-muted; }
+        & > ChatItem > Label { width: 100%; text-wrap: nowrap; text-overflow: ellipsis; }
     }
     """
 
