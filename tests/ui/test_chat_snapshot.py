@@ -70,7 +70,8 @@ class MarkdownHost(App):
             {"role": "user", "content": "Show me [red]markup[/red] and a bell\x07"},
             {"role": "assistant", "content": (
                 "## A heading\n\nSome **bold** text and a list:\n\n- one\n- two\n\n"
-                "```python\ndef greet(name):\n    return f\"hi {name}\"\n```\n\nEscape \x1b[31m stays visible."
+                "```python\ndef greet(name):\n    return f\"hi {name}\"  # a long comment that goes past the edge of"
+                " the pane and wraps\n```\n\nEscape \x1b[31m stays visible."
             )},
         ])
 

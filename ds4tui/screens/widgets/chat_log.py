@@ -18,8 +18,9 @@ from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Markdown, Static
+from textual.widgets.markdown import MarkdownFence
 
-from ds4tui.format.display import safe_lines
+from ds4tui.format.display import one_line, safe_lines
 
 
 @dataclass
@@ -62,6 +63,42 @@ class UserMessage(SelectableMessage, Static):
         self.text = text
 
 
+class ReplyFence(MarkdownFence):
+    """A code block in a reply: framed, its language on the frame, long lines wrapped (a cut
+    line hides code; the fence's own sideways scroll has no bar and no key)."""
+
+    DEFAULT_CSS = """
+    ReplyFence {
+        overflow: hidden hidden;
+        border: round $foreground 25%;
+        border-title-align: left;
+        border-title-color: $text-muted;
+        padding: 0;
+        & > Label { width: 100%; padding: 0 1; text-wrap: wrap; }
+    }
+    """
+
+    @property
+    def allow_horizontal_scroll(self) -> bool:
+        return False
+
+    def on_mount(self) -> None:
+        self._label_language()
+
+    async def _update_from_block(self, block) -> None:
+        await super()._update_from_block(block)
+        self._label_language()
+
+    def _label_language(self) -> None:
+        self.border_title = Text(one_line(self.lexer, 24) or "code")
+
+
+class ReplyMarkdown(Markdown):
+    """Markdown with framed, labelled, wrapped code blocks."""
+
+    BLOCKS = {**Markdown.BLOCKS, "fence": ReplyFence, "code_block": ReplyFence}
+
+
 class AssistantMessage(SelectableMessage, Vertical):
     """The model's reply: Markdown (code blocks highlighted) that grows as tokens stream in."""
 
@@ -76,7 +113,7 @@ class AssistantMessage(SelectableMessage, Vertical):
         height: auto;
         &:focus { background: $boost; }
         margin: 1 0 0 0;
-        & > Markdown { margin: 0; padding: 0 1; }
+        & > ReplyMarkdown { margin: 0; padding: 0 1; }
         & > .stats { color: $text-muted; padding: 0 1; height: auto; }
         & > .stats.-empty { display: none; }
     }
@@ -88,13 +125,13 @@ class AssistantMessage(SelectableMessage, Vertical):
         self.text = text
 
     def compose(self) -> ComposeResult:
-        yield Markdown(safe_lines(self._initial))
+        yield ReplyMarkdown(safe_lines(self._initial))
         yield Static("", classes="stats -empty")
 
     def append(self, text: str) -> None:
         """Add streamed text (whole characters, as the controller sends them)."""
         self.text += text
-        self.query_one(Markdown).append(safe_lines(text))
+        self.query_one(ReplyMarkdown).append(safe_lines(text))
 
     def set_text(self, text: str) -> None:
         """Replace the whole reply (another version of it)."""
