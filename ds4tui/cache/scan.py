@@ -36,6 +36,18 @@ class BrowserScan:
     entries: list[KvEntry]
     raw_headers: dict[str, bytes] = field(default_factory=dict)  # path -> first (up to) 52 bytes
     fingerprints: dict[str, bytes] = field(default_factory=dict)  # path -> 32-byte model fingerprint
+    # Untitled files -> the chat they belong to (see `chat_of`).
+    chats: dict[str, ChatOf] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ChatOf:
+    """Which titled session an untitled file belongs to: `sha`/`title` of that session, or
+    `shared` > 1 when the file is the common start (e.g. the system prompt) of that many."""
+
+    sha: str | None = None
+    title: str | None = None
+    shared: int = 0
 
 
 class TextIndex:
@@ -43,8 +55,8 @@ class TextIndex:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # path -> ((inode, size, mtime_ns), casefolded text, preview)
-        self._texts: dict[str, tuple[tuple[int, int, int], str, str]] = {}
+        # path -> ((inode, size, mtime_ns), casefolded text, preview, text)
+        self._texts: dict[str, tuple[tuple[int, int, int], str, str, str]] = {}
 
     def refresh(self, e: KvEntry) -> None:
         """Make sure `e`'s text is current; give a corrupt file (no preview from inspection) one."""
@@ -64,11 +76,17 @@ class TextIndex:
                         text = fp.read(min(e.header.text_bytes, FILTER_TEXT_CAP)).decode("utf-8", "replace")
                 except OSError:
                     pass
-            cached = (key, text.casefold(), text[:PREVIEW_BYTES])
+            cached = (key, text.casefold(), text[:PREVIEW_BYTES], text)
             with self._lock:
                 self._texts[e.path] = cached
         if not e.text_preview:
             e.text_preview = cached[2]
+
+    def text(self, path: str) -> str | None:
+        """The file's text as last read (up to FILTER_TEXT_CAP), None when never read."""
+        with self._lock:
+            cached = self._texts.get(path)
+        return cached[3] if cached else None
 
     def forget_except(self, paths: set[str]) -> None:
         with self._lock:
@@ -137,7 +155,41 @@ def scan(store: KvStore, acceptor: Acceptor, *, gen: int, now: float, texts: Tex
     texts.forget_except(paths)
     if checksums is not None:
         checksums.forget_except(paths)
+    result.chats = chat_of(result.entries, texts)
     return result
+
+
+def chat_of(entries: list[KvEntry], texts: TextIndex) -> dict[str, ChatOf]:
+    """For each untitled file, the titled session (same model) it belongs to: the one whose
+    text equals or extends it (the store's `held_by`), or the one it extends (a checkpoint
+    written after the chat's last save). A file that starts several sessions (a shared
+    system prompt) belongs to none of them: it is `shared` by them."""
+    titled = [e for e in entries if e.header is not None and e.header.titled and e.sha and not e.corrupt]
+    out: dict[str, ChatOf] = {}
+    for e in entries:
+        if e.header is None or e.header.titled or e.corrupt or not titled:
+            continue
+        text = texts.text(e.path)
+        if not text:
+            continue
+        extends, started = [], []
+        for t in titled:
+            if t.header.model_id != e.header.model_id:
+                continue
+            other = texts.text(t.path)
+            if not other:
+                continue
+            if other.startswith(text):
+                started.append(t)
+            elif text.startswith(other):
+                extends.append(t)
+        if len(started) == 1 or (not started and extends):
+            # The closest: the session it starts, else the longest one it extends.
+            owner = started[0] if started else max(extends, key=lambda t: t.header.text_bytes)
+            out[e.path] = ChatOf(owner.sha, owner.title)
+        elif len(started) > 1:
+            out[e.path] = ChatOf(shared=len(started))
+    return out
 
 
 def _read_raw(e: KvEntry, result: BrowserScan, model_fingerprint: bytes | None) -> None:

@@ -57,11 +57,12 @@ from ds4tui.cache.eviction import EvictionPlan
 from ds4tui.cache.store import KvStore
 from ds4tui.cache.watch import CacheChanges, CacheWatcher
 from ds4tui.chat.conversation import MAX_TITLE_CHARS
-from ds4tui.format.display import human_bytes
+from ds4tui.format.display import human_bytes, one_line
 from ds4tui.cache import scan as cache_scan
 from ds4tui.screens.widgets.budget_gauge import BudgetGauge
 from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
 from ds4tui.screens.widgets.eviction_preview import EvictionPreview
+from ds4tui.screens.widgets.file_names import FileName, name_files, name_of
 from ds4tui.screens.widgets.kv_detail import KvDetail, KvDetailInfo
 from ds4tui.screens.widgets.kv_format import DEFAULT_DISK_MB_S, DEFAULT_PREFILL_TOK_S, ResumeCost, safe_cell
 from ds4tui.screens.widgets.kv_table import KvTable
@@ -128,9 +129,10 @@ class CacheBrowserScreen(Screen[None]):
             self.shas = shas
 
     class _Scanned(Message):
-        def __init__(self, scan: cache_scan.BrowserScan) -> None:
+        def __init__(self, scan: cache_scan.BrowserScan, names: dict[str, FileName]) -> None:
             super().__init__()
             self.scan = scan
+            self.names = names
 
     class _Changed(Message):
         def __init__(self, changes: CacheChanges) -> None:
@@ -187,6 +189,7 @@ class CacheBrowserScreen(Screen[None]):
         self._by_sha: dict[str, KvEntry] = {}
         self._texts = cache_scan.TextIndex()
         self._checksums = cache_scan.ChecksumIndex()
+        self._names: dict[str, FileName] = {}
         self._filter = ""
         self._select_next: str | None = None
         self._detail_of: KvEntry | None = None
@@ -254,7 +257,7 @@ class CacheBrowserScreen(Screen[None]):
         result = cache_scan.scan(self.store, self.acceptor, gen=gen, now=self._clock(), texts=self._texts,
                                  model_fingerprint=self.model.fingerprint if self.model else None,
                                  checksums=self._checksums)
-        self.post_message(self._Scanned(result))
+        self.post_message(self._Scanned(result, name_files(result, self._texts)))
 
     @on(_Scanned)
     def _on_scanned(self, event: _Scanned) -> None:
@@ -262,6 +265,7 @@ class CacheBrowserScreen(Screen[None]):
             return  # an older scan finished after a newer one
         self._shown_gen = event.scan.gen
         self._scan = event.scan
+        self._names = event.names
         self._by_sha = {e.sha: e for e in event.scan.entries if e.sha}
         entries = event.scan.entries
         self.query_one(BudgetGauge).set_usage(
@@ -274,12 +278,23 @@ class CacheBrowserScreen(Screen[None]):
         if self._scan is None:
             return
         table = self.query_one(KvTable)
-        visible = [e for e in self._scan.entries if self._texts.matches(e, self._filter)]
-        table.show(visible, self._scan.now, select=self._select_next)
+        visible = [e for e in self._scan.entries if self._matches(e)]
+        table.show(visible, self._scan.now, select=self._select_next, names=self._names)
         self._show_sort(table.sort_description)
         self._select_next = None
         self._show_detail()
         self.post_message(self.Refreshed(tuple(table.shas)))
+
+    def _matches(self, e: KvEntry) -> bool:
+        """The filter: titles, stored text, and the name a checkpoint is shown under."""
+        if self._texts.matches(e, self._filter):
+            return True
+        name = self._names.get(e.path)
+        return name is not None and self._filter.casefold() in name.text.casefold()
+
+    def name_of(self, e: KvEntry) -> FileName:
+        """What the table calls `e` (file_names.py)."""
+        return self._names.get(e.path) or name_of(e, self._scan, None)
 
     @on(KvTable.Sorted)
     def _on_sorted(self, event: KvTable.Sorted) -> None:
@@ -355,7 +370,12 @@ class CacheBrowserScreen(Screen[None]):
     # -- actions -----------------------------------------------------------------
 
     def action_close(self) -> None:
-        if self.focused is self.query_one("#browser-filter", Input):
+        """Escape/q: clear and leave the filter first (a filter left applied hides files), else close."""
+        box = self.query_one("#browser-filter", Input)
+        if self.focused is box or box.value:
+            box.value = ""  # Input.Changed re-applies the empty filter
+            self._filter = ""
+            self._apply()
             self.query_one(KvTable).focus()
         elif len(self.app.screen_stack) > 1:
             self.dismiss(None)
@@ -367,6 +387,20 @@ class CacheBrowserScreen(Screen[None]):
         if e is None:
             return
         block = self._resume_block(e)
+        name = self.name_of(e)
+        owner = self._by_sha.get(name.chat_sha) if name.chat_sha else None
+        if block is None and owner is not None and self._resume_block(owner) is None:
+            # A checkpoint of a titled chat: opening it would make a second copy of that chat.
+            question = Text("This checkpoint belongs to the chat ")
+            question.append_text(safe_cell(name.chat_title, 60, "bold"))
+            question.append(". Open that chat?")
+
+            def answered(yes: bool | None) -> None:
+                if yes:
+                    self.post_message(self.ResumeRequested(owner.path, owner.sha, owner.title))
+
+            self.app.push_screen(ConfirmDialog(question, yes_label="Open the chat", danger=False), answered)
+            return
         if block is None:
             self.post_message(self.ResumeRequested(e.path, e.sha, e.title))
             return
@@ -385,7 +419,7 @@ class CacheBrowserScreen(Screen[None]):
         except (OSError, ValueError) as exc:
             self.app.call_from_thread(self.notify, f"no text to show: {exc}", severity="error", markup=False)
             return
-        self.post_message(self._Transcript(e.title, text, note))
+        self.post_message(self._Transcript(self.name_of(e).text, text, note))
 
     @on(_Transcript)
     def _on_transcript(self, event: _Transcript) -> None:
@@ -399,18 +433,26 @@ class CacheBrowserScreen(Screen[None]):
             self.notify("cannot pin: the header does not decode", severity="error", markup=False)
             return
         pin = not e.pinned
-        self._io(lambda: self.store.set_pinned(e.sha, pin), f"{'pinned' if pin else 'unpinned'} {e.sha[:12]}",
-                 f"could not {'pin' if pin else 'unpin'} {e.sha[:12]}", select=e.sha)
+        label = self.name_of(e).text[:48] or e.sha[:12]
+        self._io(lambda: self.store.set_pinned(e.sha, pin), f"{'Pinned' if pin else 'Unpinned'} {label}",
+                 f"could not {'pin' if pin else 'unpin'} {label}", select=e.sha)
 
     def action_delete(self) -> None:
         e = self.selected
         if e is None:
             return
-        what = Text.assemble("Delete ", (e.sha[:12], "bold"))
-        if e.title is not None:
-            what.append(" ")
-            what.append_text(safe_cell(e.title, 40, "italic"))
-        what.append(f" ({human_bytes(e.file_bytes)}, {e.header.tokens if e.header else '?'} tokens)?")
+        name = self.name_of(e)
+        if name.kind == "title":
+            what = Text("Delete the chat ")
+            what.append_text(safe_cell(e.title, 60, "bold"))
+        elif name.kind == "chat":
+            what = Text(f"Delete this {e.header.reason if e.header else ''} checkpoint of the chat ")
+            what.append_text(safe_cell(name.chat_title, 60, "bold"))
+            what.append(" (the chat itself stays)")
+        else:
+            what = Text("Delete the checkpoint ")
+            what.append(name.text[:60] or "(no text)", "italic")
+        what.append(f"\n{e.sha[:12]}, {human_bytes(e.file_bytes)}, {e.header.tokens if e.header else '?'} tokens?")
 
         def second(yes: bool | None) -> None:
             if yes:
@@ -429,7 +471,8 @@ class CacheBrowserScreen(Screen[None]):
         self.app.push_screen(ConfirmDialog(what, yes_label="Delete"), first)
 
     def _delete(self, e: KvEntry) -> None:
-        self._io(lambda: self.store.delete(e.sha), f"deleted {e.sha[:12]}", f"{e.sha[:12]} was already gone")
+        label = self.name_of(e).text[:48] or e.sha[:12]
+        self._io(lambda: self.store.delete(e.sha), f"Deleted {label}", f"{label} was already gone")
 
     def action_rename(self) -> None:
         e = self.selected
@@ -455,7 +498,7 @@ class CacheBrowserScreen(Screen[None]):
             self.app.call_from_thread(self.notify, f"rename failed: {exc}", severity="error", markup=False)
             return
         self._select_next = new_sha
-        self.app.call_from_thread(self.notify, f"renamed to {new_sha[:12]}", markup=False)
+        self.app.call_from_thread(self.notify, f"Renamed to “{one_line(title, 60)}”", markup=False)
         self.app.call_from_thread(self.rescan)
 
     def action_eviction(self) -> None:

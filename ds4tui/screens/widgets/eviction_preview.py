@@ -16,7 +16,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from ds4tui.cache.eviction import EvictionPlan
-from ds4tui.format.display import human_bytes
+from ds4tui.format.display import human_bytes, score_text
 from ds4tui.screens.widgets.kv_table import title_cell
 
 
@@ -63,7 +63,7 @@ class EvictionPreview(ModalScreen[None]):
             freed += e.file_bytes
             table.add_row(
                 str(i), (e.sha or "?")[:8], title_cell(e), e.header.reason if e.header else "—",
-                human_bytes(e.file_bytes), f"{e.score.score:.3g}" if e.score else "—", human_bytes(freed),
+                human_bytes(e.file_bytes), score_text(e.score.score) if e.score else "—", human_bytes(freed),
                 Text("evict", style="bold red") if e.path in self.plan.now else "",
                 key=e.path,
             )

@@ -20,7 +20,8 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from ds4tui.cache.entry import KvEntry
-from ds4tui.format.display import human_bytes
+from ds4tui.format.display import human_bytes, score_text
+from ds4tui.screens.widgets.file_names import BELONGS, FileName, name_of
 from ds4tui.screens.widgets.kv_format import relative_time, safe_cell
 
 
@@ -46,7 +47,7 @@ def _title_key(e: KvEntry) -> str:
 
 
 COLUMNS: tuple[Column, ...] = (
-    Column("title", "title / text", 18, _title_key),
+    Column("title", "title / chat", 18, _title_key),
     Column("last_used", "last used", 9, lambda e: _h(e, "last_used"), True),
     Column("created", "created", 8, lambda e: _h(e, "created_at"), True),
     Column("size", "size", 9, lambda e: e.file_bytes, True),
@@ -62,6 +63,31 @@ COLUMN_KEYS = tuple(c.key for c in COLUMNS)
 _BY_KEY = {c.key: c for c in COLUMNS}
 DEFAULT_SORT = "last_used"
 
+# Which columns stay when the table is narrow, most important first: what a file is (title),
+# why it was saved, whether it loads, then pin (so pinning shows), age, size, score.
+PRIORITY = ("title", "reason", "status", "pinned", "last_used", "tokens", "size", "score", "hits", "model", "created")
+TITLE_MIN, TITLE_MAX = 16, 64
+NARROW_STATUS = 12  # the status column's width when the table is narrow (the detail has it all)
+CELL_PADDING = 2  # DataTable pads each cell by one column on each side
+SCROLLBAR = 2
+
+
+def fit_columns(width: int) -> tuple[tuple[str, ...], dict[str, int]]:
+    """The columns that fit `width` (by PRIORITY, in COLUMNS order) and their widths; the
+    title takes what is left, up to TITLE_MAX."""
+    widths = {c.key: c.width or 8 for c in COLUMNS}
+    room = width - SCROLLBAR
+    if room < 110:
+        widths["status"] = NARROW_STATUS
+    chosen, used = [], 0
+    for key in PRIORITY:
+        need = (TITLE_MIN if key == "title" else widths[key]) + CELL_PADDING
+        if used + need <= room or key == "title":
+            chosen.append(key)
+            used += need
+    widths["title"] = max(TITLE_MIN, min(TITLE_MAX, TITLE_MIN + room - used))
+    return tuple(k for k in COLUMN_KEYS if k in chosen), widths
+
 
 def status_text(e: KvEntry) -> Text:
     """A short verdict for the table (the detail pane shows the whole error):
@@ -75,24 +101,25 @@ def status_text(e: KvEntry) -> Text:
     return safe_cell((e.not_loadable or e.error or "").split(",")[0], 40, "yellow")
 
 
-TITLE_CHARS = 120  # the column is as wide as the table allows; the cell ellipsizes beyond it
+_NAME_STYLES = {"title": "bold", "chat": "italic", "shared": "dim italic", "message": "", "text": "dim"}
 
 
-def title_cell(e: KvEntry) -> Text:
-    if e.title is not None:
-        return safe_cell(e.title, TITLE_CHARS, "bold")
-    first = (e.text_preview or "").lstrip().split("\n", 1)[0]
-    return safe_cell(first, TITLE_CHARS, "dim")
+def title_cell(e: KvEntry, name: FileName | None = None) -> Text:
+    """The file's name (file_names.py): its title, the chat it belongs to, or its first message.
+    Already one terminal-safe line; the cell cuts it to the column's width with "…"."""
+    if name is None:
+        name = name_of(e, None, None)
+    return Text(name.text, style=_NAME_STYLES.get(name.kind, ""), no_wrap=True, overflow="ellipsis")
 
 
-def row_cells(e: KvEntry, now: float) -> list[Text]:
+def row_cells(e: KvEntry, now: float, name: FileName | None = None) -> dict[str, Text]:
     h = e.header
 
     def num(v: int | None) -> Text:
         return Text("—" if v is None else str(v), justify="right")
 
-    return [
-        title_cell(e),
+    cells = [
+        title_cell(e, name),
         Text(relative_time(h.last_used, now) if h else "—"),
         Text(relative_time(h.created_at, now) if h else "—"),
         Text(human_bytes(e.file_bytes), justify="right"),
@@ -101,9 +128,10 @@ def row_cells(e: KvEntry, now: float) -> list[Text]:
         Text(h.reason if h else "—"),
         Text(e.model if h else "—"),
         Text("●" if e.pinned else "", style="bold magenta"),
-        Text(f"{e.score.score:.3g}" if e.score is not None else "—", justify="right"),
+        Text(score_text(e.score.score) if e.score is not None else "—", justify="right"),
         status_text(e),
     ]
+    return dict(zip(COLUMN_KEYS, cells))
 
 
 class KvTable(DataTable):
@@ -135,31 +163,35 @@ class KvTable(DataTable):
     def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, name=name, id=id, classes=classes)
         self._entries: list[KvEntry] = []
+        self._names: dict[str, FileName] = {}
         self._now = 0.0
+        self._shown_columns: tuple[str, ...] = ()
+        self._widths: dict[str, int] = {}
         self.sort_column = DEFAULT_SORT
         # Newest first is what a user opening the browser wants to see.
         self.sort_reverse = True
 
     def on_mount(self) -> None:
-        for c in COLUMNS:
-            self.add_column(c.label, key=c.key, width=c.width)
-        self._fit_title()
+        self._fit(self.size.width or 140)
 
-    def on_resize(self) -> None:
-        self._fit_title()
+    def on_resize(self, event) -> None:
+        self._fit(event.size.width)
 
-    def _fit_title(self) -> None:
-        """The title column takes the width the fixed columns leave (2 cells of padding each,
-        2 for the scrollbar): at 160 columns a 60-character title shows whole."""
-        if "title" not in self.columns or not self.size.width:
+    def _fit(self, width: int) -> None:
+        """Show the columns that fit (PRIORITY), the title as wide as what is left."""
+        keys, widths = fit_columns(width)
+        if keys == self._shown_columns and widths == self._widths:
             return
-        fixed = sum((c.width or 0) + 2 for c in COLUMNS if c.key != "title")
-        width = max(_BY_KEY["title"].width or 18, self.size.width - fixed - 2 - 2)
-        column = self.columns["title"]
-        if column.width != width:
-            column.width = width
-            self._require_update_dimensions = True
-            self.refresh()
+        self._shown_columns, self._widths = keys, widths
+        self.clear(columns=True)
+        for key in keys:
+            self.add_column(_BY_KEY[key].label, key=key, width=widths[key])
+        self._rebuild()
+
+    @property
+    def shown_columns(self) -> tuple[str, ...]:
+        """Keys of the columns on screen now."""
+        return self._shown_columns
 
     @on(DataTable.HeaderSelected)
     def _on_header(self, event: DataTable.HeaderSelected) -> None:
@@ -172,8 +204,9 @@ class KvTable(DataTable):
         self._resort()
 
     def action_next_sort(self) -> None:
-        i = COLUMN_KEYS.index(self.sort_column)
-        key = COLUMN_KEYS[(i + 1) % len(COLUMN_KEYS)]
+        keys = self._shown_columns or COLUMN_KEYS
+        i = keys.index(self.sort_column) if self.sort_column in keys else -1
+        key = keys[(i + 1) % len(keys)]
         self.sort_column, self.sort_reverse = key, _BY_KEY[key].numeric
         self._resort()
 
@@ -207,27 +240,39 @@ class KvTable(DataTable):
         """SHAs in display order."""
         return [row.key.value for row in self.ordered_rows]
 
-    def show(self, entries: Sequence[KvEntry], now: float, *, select: str | None = None) -> None:
-        """Replace the rows; the cursor stays on `select` (default: the current SHA) if it is still listed."""
+    def show(self, entries: Sequence[KvEntry], now: float, *, select: str | None = None,
+             names: dict[str, FileName] | None = None) -> None:
+        """Replace the rows; the cursor stays on `select` (default: the current SHA) if it is still listed.
+        `names`: path -> what the title column calls the file (file_names.py)."""
         self._entries = list(entries)
+        self._names = names or {}
         self._now = now
         self._rebuild(select)
 
     def _sorted(self) -> list[KvEntry]:
-        col = _BY_KEY[self.sort_column]
+        if self.sort_column == "title":
+            def sort_key(e: KvEntry):
+                name = self._names.get(e.path)
+                return name.text.removeprefix(BELONGS).casefold() if name else _title_key(e)
+        else:
+            sort_key = _BY_KEY[self.sort_column].sort_key
         # SHA as the tie-breaker keeps the order stable between refreshes.
         out = sorted(self._entries, key=lambda e: e.sha or "")
-        return sorted(out, key=col.sort_key, reverse=self.sort_reverse)
+        return sorted(out, key=sort_key, reverse=self.sort_reverse)
 
     def _rebuild(self, select: str | None = None) -> None:
         keep = select or self.selected_sha
         old_row = self.cursor_row
+        if not self._shown_columns:
+            return  # not mounted yet: on_mount adds the columns, then comes back here
         self.clear()
         for e in self._sorted():
-            self.add_row(*row_cells(e, self._now), key=e.sha or e.path)
-        for c in COLUMNS:
+            cells = row_cells(e, self._now, self._names.get(e.path))
+            self.add_row(*(cells[k] for k in self._shown_columns), key=e.sha or e.path)
+        for key in self._shown_columns:
             # Underlined rather than an arrow in the label: the widths are tight at 140 columns.
-            self.columns[c.key].label = Text(c.label, style="underline" if c.key == self.sort_column else "")
+            label = _BY_KEY[key].label
+            self.columns[key].label = Text(label, style="underline" if key == self.sort_column else "")
         if not self.row_count:
             return
         if keep is not None and keep in self.rows:

@@ -1,0 +1,49 @@
+"""What the cache browser calls each file: a title for every row, untitled checkpoints included.
+
+Owns the naming rule (docs/cache-browser.md, "Names"): a titled session is its
+title; an untitled checkpoint is named after the chat it belongs to (`↳ title`,
+from `cache.scan.chat_of`), else as the shared start of several chats, else by
+its first user message (the template parsed back), else its first line. Pure
+functions, no Textual; the scan worker calls `name_files` off the UI thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ds4tui.cache.entry import KvEntry
+from ds4tui.cache.scan import BrowserScan, TextIndex
+from ds4tui.engine.text.transcripts import first_user_message
+from ds4tui.format.display import one_line
+
+BELONGS = "↳ "  # before the title of the chat an untitled checkpoint belongs to
+
+
+@dataclass(frozen=True)
+class FileName:
+    text: str  # one line, terminal-safe
+    kind: str  # "title" | "chat" (of a titled session) | "shared" | "message" | "text"
+    chat_sha: str | None = None  # kind "chat": the titled session it belongs to
+    chat_title: str | None = None
+
+
+def name_of(e: KvEntry, scan: BrowserScan | None, text: str | None) -> FileName:
+    if e.title is not None:
+        return FileName(one_line(e.title), "title")
+    chat = scan.chats.get(e.path) if scan is not None else None
+    if chat is not None and chat.sha is not None:
+        return FileName(BELONGS + one_line(chat.title), "chat", chat.sha, chat.title)
+    body = text if text is not None else e.text_preview
+    first = first_user_message(body or "")
+    if chat is not None and chat.shared:
+        what = one_line(first) if first else "system prompt"
+        return FileName(f"start of {chat.shared} chats: {what}", "shared")
+    if first:
+        return FileName(one_line(first), "message")
+    line = next((ln for ln in (body or "").splitlines() if ln.strip()), "")
+    return FileName(one_line(line), "text")
+
+
+def name_files(scan: BrowserScan, texts: TextIndex) -> dict[str, FileName]:
+    """path -> its name, for every file of `scan`."""
+    return {e.path: name_of(e, scan, texts.text(e.path)) for e in scan.entries}
