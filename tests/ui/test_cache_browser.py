@@ -132,7 +132,9 @@ async def test_resume_refused_shows_why_and_the_transcript(tmp_path):
             await until(pilot, lambda: isinstance(app.screen, TranscriptView), "the transcript")
             assert why in app.screen._note
             text = app.screen.query_one("#transcript-text").render()
-            assert (fx.DS4_TEXT if sha == ds4 else "careful code reviewer") in str(text)
+            # Shown as messages: ds4's system text without the template's markers.
+            assert ("You are DeepSeek. Summarize the repository layout." if sha == ds4
+                    else "careful code reviewer") in str(text)
             await pilot.press("escape")
             await until(pilot, lambda: app.screen is app.browser, "the transcript to close")
         assert app.resumes == []
