@@ -59,7 +59,8 @@ from ds4tui.cache.watch import CacheChanges, CacheWatcher
 from ds4tui.chat.conversation import MAX_TITLE_CHARS
 from ds4tui.format.display import human_bytes, one_line
 from ds4tui.cache import scan as cache_scan
-from ds4tui.screens.widgets.budget_gauge import BudgetGauge
+from ds4tui.screens.widgets.budget_gauge import NARROW_BELOW, BudgetGauge
+from ds4tui.screens.widgets.cache_map import CacheMap, by_kind
 from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
 from ds4tui.screens.widgets.eviction_preview import EvictionPreview
 from ds4tui.screens.widgets.file_names import FileName, name_files, name_of
@@ -71,6 +72,14 @@ from ds4tui.screens.widgets.transcript_view import TranscriptView
 
 if TYPE_CHECKING:  # only its attributes are read; the browser never needs the engine loaded
     from ds4tui.engine.model import ModelInfo
+
+def short_dir(path) -> str:
+    """The directory as people write it: the home directory as `~`."""
+    text, home = str(path), os.path.expanduser("~")
+    if home not in ("", "/", "~") and (text == home or text.startswith(home + os.sep)):
+        return "~" + text[len(home):]
+    return text
+
 
 # The transcript modal reads at most this much text.
 TRANSCRIPT_CAP = 16 << 20
@@ -198,13 +207,21 @@ class CacheBrowserScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="browser-top"):
-            yield Static(safe_cell(str(self.store.dir), 200), id="browser-dir", markup=False)
+            yield Static(safe_cell(short_dir(self.store.dir), 200), id="browser-dir", markup=False)
             yield Static("", id="browser-sort", markup=False)
             yield BudgetGauge(id="browser-gauge")
-        yield Input(placeholder="/ filter titles and text", id="browser-filter")
+        yield CacheMap(id="browser-map")
+        yield Input(placeholder="/ filter titles and text", id="browser-filter", compact=True)
         yield KvTable(id="browser-table")
         yield KvDetail(id="browser-detail")
-        yield Footer()
+        yield Footer(compact=True)
+
+    def on_resize(self, event) -> None:
+        # At 80 columns the header keeps the gauge's numbers and the pinned count; the
+        # directory gives way first, then the sort label (the table underlines the sort column).
+        narrow = event.size.width < NARROW_BELOW
+        self.query_one(BudgetGauge).narrow = narrow
+        self.query_one("#browser-sort").display = not narrow
 
     def on_mount(self) -> None:
         if self._watch:
@@ -270,7 +287,8 @@ class CacheBrowserScreen(Screen[None]):
         entries = event.scan.entries
         self.query_one(BudgetGauge).set_usage(
             used_bytes=sum(e.file_bytes for e in entries), budget_bytes=self.store.budget_bytes,
-            file_count=len(entries), pinned_count=sum(1 for e in entries if e.pinned))
+            file_count=len(entries), pinned_count=sum(1 for e in entries if e.pinned), shares=by_kind(entries))
+        self.query_one(CacheMap).show(entries)
         self._apply()
 
     def _apply(self) -> None:
@@ -333,7 +351,17 @@ class CacheBrowserScreen(Screen[None]):
             fingerprint=scan.fingerprints.get(e.path) if scan else None,
             model_fingerprint=self.model.fingerprint if self.model else None,
             resume_block=self._resume_block(e),
+            name=self.name_of(e).text, chat_saves=self._chat_saves(e),
         )
+
+    def _chat_saves(self, e: KvEntry) -> tuple[int, ...]:
+        """created_at of every file of e's chat: its titled session and the checkpoints named after it."""
+        name = self.name_of(e)
+        chat = e.sha if name.kind == "title" else name.chat_sha
+        if chat is None or self._scan is None:
+            return (e.header.created_at,) if e.header else ()
+        return tuple(sorted(f.header.created_at for f in self._scan.entries if f.header is not None and (
+            f.sha == chat or self.name_of(f).chat_sha == chat)))
 
     def _show_detail(self) -> None:
         e = self.selected

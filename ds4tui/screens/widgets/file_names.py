@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ds4tui.cache.entry import KvEntry
 from ds4tui.cache.scan import BrowserScan, TextIndex
-from ds4tui.engine.text.transcripts import first_user_message
+from ds4tui.engine.text.transcripts import parse_transcript
 from ds4tui.format.display import one_line
 
 BELONGS = "↳ "  # before the title of the chat an untitled checkpoint belongs to
@@ -34,12 +34,15 @@ def name_of(e: KvEntry, scan: BrowserScan | None, text: str | None) -> FileName:
     if chat is not None and chat.sha is not None:
         return FileName(BELONGS + one_line(chat.title), "chat", chat.sha, chat.title)
     body = text if text is not None else e.text_preview
-    first = first_user_message(body or "")
+    messages = [m for m in parse_transcript(body or "") or [] if str(m.get("content", "")).strip()]
+    first = next((m["content"] for m in messages if m.get("role") == "user"), None)
     if chat is not None and chat.shared:
         what = one_line(first) if first else "system prompt"
         return FileName(f"start of {chat.shared} chats: {what}", "shared")
     if first:
         return FileName(one_line(first), "message")
+    if messages:  # no user turn yet: a system prompt checkpoint, say, named by its role
+        return FileName(f"{one_line(messages[0].get('role'))}: {one_line(messages[0]['content'])}", "message")
     line = next((ln for ln in (body or "").splitlines() if ln.strip()), "")
     return FileName(one_line(line), "text")
 

@@ -22,7 +22,7 @@ from ds4tui.cache.entry import KvEntry
 from ds4tui.format.kvc import HEADER_FIELDS, PREFIX_BYTES, payload_abi_name
 from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI
 from ds4tui.format.swa_policy import describe_payload
-from ds4tui.format.display import human_bytes
+from ds4tui.format.display import human_bytes, score_text
 from ds4tui.screens.widgets.kv_format import ResumeCost, duration, file_text, local_time, relative_time, safe_cell
 
 # Alternating styles tell neighbouring fields apart in the hex dump.
@@ -41,6 +41,39 @@ class KvDetailInfo:
     fingerprint: bytes | None = None  # ds4tui payloads only: the writing model's identity
     model_fingerprint: bytes | None = None  # the running model's, when there is one
     resume_block: str | None = None  # why resume is refused here; None when it would load
+    name: str | None = None  # what the table calls it (untitled: the chat it belongs to, or its first message)
+    chat_saves: tuple[int, ...] = ()  # created_at of every file of the same chat (this one included)
+
+
+TIMELINE_WIDTH = 36
+
+
+def timeline(info: KvDetailInfo) -> Text:
+    """One line of time, oldest left: ● created, ○ each save of the same chat, ◆ last used;
+    then what the marks are, in words."""
+    h = info.entry.header
+    if h is None:
+        return Text("—", style="dim")
+    marks = [(t, "○", "cyan") for t in info.chat_saves if t and t != h.created_at]
+    marks.append((h.created_at, "●", "green"))
+    if h.last_used:
+        marks.append((h.last_used, "◆", "magenta"))
+    lo = min(t for t, _, _ in marks)
+    hi = max(max(t for t, _, _ in marks), lo + 1)
+    cells = ["─"] * TIMELINE_WIDTH
+    styles = ["dim"] * TIMELINE_WIDTH
+    for t, mark, style in sorted(marks, key=lambda m: m[1] != "○"):  # created/last used drawn last
+        i = round((t - lo) / (hi - lo) * (TIMELINE_WIDTH - 1))
+        cells[i], styles[i] = mark, style
+    out = Text(no_wrap=True)
+    for ch, style in zip(cells, styles):
+        out.append(ch, style)
+    saves = len([t for t in info.chat_saves if t])
+    out.append(f"\n● created {relative_time(h.created_at, info.now)}", "green")
+    if saves > 1:
+        out.append(f"  ○ {saves} saves of this chat", "cyan")
+    out.append(f"  ◆ last used {relative_time(h.last_used, info.now)}", "magenta")
+    return out
 
 
 def _field_value(raw: bytes, offset: int, size: int, name: str) -> str:
@@ -74,15 +107,16 @@ def hex_table(raw: bytes) -> Text:
     return out
 
 
-def hex_dump(raw: bytes) -> Text:
-    """The bytes 16 per line, each field in its own colour (same colours as the table)."""
+def hex_dump(raw: bytes, per_row: int = 16) -> Text:
+    """The bytes `per_row` per line (16, or 8 in a narrow pane, so a row never wraps),
+    each field in its own colour (same colours as the table)."""
     style_at = []
     for i, (_, size, _) in enumerate(HEADER_FIELDS):
         style_at += [_FIELD_STYLES[i % len(_FIELD_STYLES)]] * size
-    out = Text()
-    for line_start in range(0, len(raw), 16):
+    out = Text(no_wrap=True)
+    for line_start in range(0, len(raw), per_row):
         out.append(f"{line_start:04x}  ", "dim")
-        for j, b in enumerate(raw[line_start:line_start + 16]):
+        for j, b in enumerate(raw[line_start:line_start + per_row]):
             out.append(f"{b:02x}", style_at[line_start + j])
             out.append(" ")
         out.append("\n")
@@ -142,7 +176,7 @@ def score_section(info: KvDetailInfo) -> Text:
     if s is None:
         return _kv([("score", "—")])
     rows: list[tuple[str, Text | str]] = [
-        ("score", f"{s.score:.4g}"),
+        ("score", f"{score_text(s.score)} per MiB (lowest goes first)"),
         ("effective hits", f"{s.effective_hits:.2f} (hits halve every 6 h unused)"),
         ("anchor weight", f"{s.anchor_weight:g}"),
         ("superseded", f"×{s.superseded_factor:.2f}" + (" (a newer file covers it)" if e.superseded else "")),
@@ -210,6 +244,9 @@ def status_line(info: KvDetailInfo) -> Text:
     if e.title is not None:
         head.append_text(safe_cell(e.title, 80, "bold"))
         head.append("  ")
+    elif info.name:
+        head.append(info.name[:80], "italic")
+        head.append("  ")
     head.append((e.sha or "?"), "dim")
     head.append("\n")
     if e.valid:
@@ -231,18 +268,24 @@ def _titled(title: str, body: Text) -> Text:
 class KvDetail(VerticalScroll):
     """Shows one `KvDetailInfo` (or a hint when nothing is selected)."""
 
+    # Below this width the two columns stack and the hex dump shows 8 bytes a row.
+    NARROW_BELOW = 110
+
     DEFAULT_CSS = """
     KvDetail {
         & #detail-status { padding: 0 1; background: $boost; }
         & Horizontal { height: auto; }
+        &.-narrow Horizontal { layout: vertical; }
         & Vertical { width: 1fr; height: auto; padding: 0 1; }
         & Static { height: auto; margin-bottom: 1; }
         & #detail-preview { padding: 0 1; }
+        & #detail-timeline { padding: 0 1; margin-bottom: 1; }
     }
     """
 
     def compose(self) -> ComposeResult:
         yield Static(Text("no file selected", style="dim"), id="detail-status", markup=False)
+        yield Static("", id="detail-timeline", markup=False)
         with Horizontal():
             with Vertical():
                 yield Static("", id="detail-hex", markup=False)
@@ -254,17 +297,33 @@ class KvDetail(VerticalScroll):
                 yield Static("", id="detail-trailers", markup=False)
         yield Static("", id="detail-preview", markup=False)
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._info: KvDetailInfo | None = None
+
+    def on_resize(self, event) -> None:
+        narrow = self.app.size.width < self.NARROW_BELOW
+        if narrow != self.has_class("-narrow"):
+            self.set_class(narrow, "-narrow")
+            self.show(self._info)
+
+    @property
+    def hex_per_row(self) -> int:
+        return 8 if self.has_class("-narrow") else 16
+
     def show(self, info: KvDetailInfo | None) -> None:
         """Fill every section from `info`; None clears the pane."""
+        self._info = info
         if info is None:
             self.query_one("#detail-status", Static).update(Text("no file selected", style="dim"))
-            for sid in ("hex", "payload", "fields", "score", "cost", "trailers", "preview"):
+            for sid in ("timeline", "hex", "payload", "fields", "score", "cost", "trailers", "preview"):
                 self.query_one(f"#detail-{sid}", Static).update("")
             return
         self.query_one("#detail-status", Static).update(status_line(info))
+        self.query_one("#detail-timeline", Static).update(timeline(info))
         self.query_one("#detail-hex", Static).update(_titled(
             f"Header ({len(info.raw_header)} of {PREFIX_BYTES} bytes)",
-            Text("\n\n").join([hex_dump(info.raw_header), hex_table(info.raw_header)])))
+            Text("\n\n").join([hex_dump(info.raw_header, self.hex_per_row), hex_table(info.raw_header)])))
         self.query_one("#detail-payload", Static).update(_titled("DSV4 payload header", payload_section(info)))
         self.query_one("#detail-fields", Static).update(_titled("Decoded", decoded_section(info)))
         self.query_one("#detail-score", Static).update(_titled("Eviction score", score_section(info)))

@@ -42,7 +42,7 @@ def relative_time(ts: int | None, now: float) -> str:
     delta = now - ts
     ahead = delta < 0
     delta = abs(delta)
-    if delta < 45:
+    if delta < 60:  # below a minute: "just now", never "0m ago"
         return "just now"
     for limit, div, unit in ((3600, 60, "m"), (86400, 3600, "h"), (86400 * 365, 86400, "d")):
         if delta < limit:

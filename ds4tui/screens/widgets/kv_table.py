@@ -66,7 +66,8 @@ DEFAULT_SORT = "last_used"
 # Which columns stay when the table is narrow, most important first: what a file is (title),
 # why it was saved, whether it loads, then pin (so pinning shows), age, size, score.
 PRIORITY = ("title", "reason", "status", "pinned", "last_used", "tokens", "size", "score", "hits", "model", "created")
-TITLE_MIN, TITLE_MAX = 16, 64
+TITLE_MIN, TITLE_MAX = 22, 64
+WIDE_TITLE_MIN, WIDE_FROM = 40, 120  # on a wide table the title comes before model and created
 NARROW_STATUS = 12  # the status column's width when the table is narrow (the detail has it all)
 CELL_PADDING = 2  # DataTable pads each cell by one column on each side
 SCROLLBAR = 2
@@ -79,13 +80,14 @@ def fit_columns(width: int) -> tuple[tuple[str, ...], dict[str, int]]:
     room = width - SCROLLBAR
     if room < 110:
         widths["status"] = NARROW_STATUS
+    title_min = WIDE_TITLE_MIN if room >= WIDE_FROM else TITLE_MIN
     chosen, used = [], 0
     for key in PRIORITY:
-        need = (TITLE_MIN if key == "title" else widths[key]) + CELL_PADDING
+        need = (title_min if key == "title" else widths[key]) + CELL_PADDING
         if used + need <= room or key == "title":
             chosen.append(key)
             used += need
-    widths["title"] = max(TITLE_MIN, min(TITLE_MAX, TITLE_MIN + room - used))
+    widths["title"] = max(title_min, min(TITLE_MAX, title_min + room - used))
     return tuple(k for k in COLUMN_KEYS if k in chosen), widths
 
 
