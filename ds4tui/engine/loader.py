@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from ds4tui.engine.errors import ModelNotFoundError, WeightsError
@@ -25,17 +26,19 @@ DSV4_MODEL_TYPES = {"deepseek_v4", "deepseek-v4", "dsv4"}
 LLAMA_MODEL_TYPES = {"llama", "mistral", "smollm", "smollm2", "qwen2"}
 
 
-def load_model(spec: str) -> Model:
+def load_model(spec: str, progress: Callable[[str, float], None] | None = None) -> Model:
+    """`progress(what, fraction)` is called while a one-time preparation runs (a GGUF's
+    conversion to its fast-loading copy), never for a plain load."""
     key = str(spec)
     with _LOCK:
         model = _LOADED.get(key)
         if model is None:
-            model = _load_uncached(key)
+            model = _load_uncached(key, progress)
             _LOADED[key] = model
         return model
 
 
-def _load_uncached(spec: str) -> Model:
+def _load_uncached(spec: str, progress: Callable[[str, float], None] | None = None) -> Model:
     if spec == "tiny-dsv4":
         from ds4tui.engine.dsv4.tiny import ensure_tiny_dsv4
 
@@ -57,7 +60,7 @@ def _load_uncached(spec: str) -> Model:
     if path.is_file() and path.suffix == ".gguf":
         from ds4tui.engine.llama.gguf import load_llama_gguf
 
-        return load_llama_gguf(path, name=spec if not Path(spec).exists() else path.stem)
+        return load_llama_gguf(path, name=spec if not Path(spec).exists() else path.stem, progress=progress)
     if path.is_dir():
         return _load_dir(path, name=spec if not Path(spec).exists() else path.name)
     raise ModelNotFoundError(f"{spec}: expected a .gguf file or a checkpoint directory with config.json")

@@ -46,6 +46,11 @@ if TYPE_CHECKING:
 SIDEBAR_HIDE_BELOW = 60  # columns: narrower, the transcript needs them all
 
 
+def preparing_text(what: str, fraction: float) -> str:
+    """The status line while a model is converted for fast loading, the first time only."""
+    return f"preparing {what} for fast loading (once) … {fraction:.0%}"
+
+
 def sidebar_width(columns: int) -> int:
     return max(20, min(44, columns // 4))
 
@@ -94,6 +99,13 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
     @dataclass
     class ModelReady(Message):
         """The model is loaded and the controller exists."""
+
+    @dataclass
+    class Preparing(Message):
+        """The model's one-time preparation (a GGUF's conversion) is `fraction` done."""
+
+        what: str
+        fraction: float
 
     @dataclass
     class ModelFailed(Message):
@@ -185,8 +197,16 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         from ds4tui.engine.loader import load_model
         from ds4tui.engine.errors import EngineError
 
+        last = [-1]
+
+        def progress(what: str, fraction: float) -> None:
+            percent = int(fraction * 100)
+            if percent != last[0]:  # one message per percent, not per step
+                last[0] = percent
+                self.post_message(self.Preparing(what, fraction))
+
         try:
-            model = load_model(spec)
+            model = load_model(spec, progress=progress)
             self._make_controller(model)
             assert self.controller is not None
             # Probes the context size (may build a session) and pays the engine's first-use
@@ -227,6 +247,10 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         if self._queued is not None and self._active is not None:
             text, self._queued = self._queued, None
             self._send(self._active, text)
+
+    @on(Preparing)
+    def _preparing(self, message: Preparing) -> None:
+        self.query_one(StatusBar).model_name = preparing_text(message.what, message.fraction)
 
     @on(ModelFailed)
     def _model_failed(self, message: ModelFailed) -> None:

@@ -262,3 +262,13 @@ async def test_pageup_from_the_message_box_scrolls_the_transcript(tiny_llama):
         assert log.scroll_y < bottom
         await pilot.press("pagedown")
         assert log.scroll_y == bottom
+
+
+async def test_first_start_conversion_is_shown_with_its_progress(tiny_llama):
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.wait_for(ChatScreen.ModelReady)
+        app.chat.post_message(ChatScreen.Preparing("SmolLM2-135M-Instruct", 0.43))
+        await pilot.pause()
+        assert app.chat.query_one(StatusBar).model_name == (
+            "preparing SmolLM2-135M-Instruct for fast loading (once) … 43%")

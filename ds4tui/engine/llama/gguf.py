@@ -24,6 +24,7 @@ import shutil
 import tempfile
 import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +56,14 @@ def converted_dir(sha256: str) -> Path:
     return paths.data_dir() / "converted" / f"{sha256[:16]}-v{CONVERT_VERSION}"
 
 
-def load_llama_gguf(path: str | Path, name: str) -> LlamaModel:
-    """A llama-family GGUF (converted once to a cached fp32 copy, memory-mapped after)."""
+# progress(what, fraction): the one-time conversion's progress, `what` naming the model
+# (the GGUF's file name up to its first dot, e.g. "SmolLM2-135M-Instruct"), fraction 0..1.
+ConvertProgress = Callable[[str, float], None]
+
+
+def load_llama_gguf(path: str | Path, name: str, progress: ConvertProgress | None = None) -> LlamaModel:
+    """A llama-family GGUF (converted once to a cached fp32 copy, memory-mapped after).
+    `progress` hears about the conversion only: a converted copy loads without a word."""
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"{path}: no such GGUF file")
@@ -69,7 +76,7 @@ def load_llama_gguf(path: str | Path, name: str) -> LlamaModel:
                 return load_converted(out, meta, name)
             except WeightsError:
                 shutil.rmtree(out, ignore_errors=True)  # a damaged copy: rebuild it once below
-        convert_gguf(path, sha, out)
+        convert_gguf(path, sha, out, progress)
         meta = _read_meta(out, sha)
         if meta is None:
             raise WeightsError(f"{out}: conversion of {path.name} left no readable meta.json")
@@ -107,11 +114,18 @@ def load_converted(out: Path, meta: dict, name: str) -> LlamaModel:
     return model
 
 
-def convert_gguf(path: Path, sha: str, out: Path) -> None:
-    """Read the GGUF once and write the converted cache directory (temp dir + rename)."""
+def convert_gguf(path: Path, sha: str, out: Path, progress: ConvertProgress | None = None) -> None:
+    """Read the GGUF once and write the converted cache directory (temp dir + rename).
+    `progress` gets the share done after each step (most of the time goes to the layers'
+    dequantization and to writing the copy)."""
     import gguf
     from safetensors.torch import save_file
 
+    def step(fraction: float) -> None:
+        if progress is not None:
+            progress(path.name.split(".")[0], fraction)
+
+    step(0.0)
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as exc:  # the gguf package raises ValueError/struct errors on bad files
@@ -146,8 +160,11 @@ def convert_gguf(path: Path, sha: str, out: Path) -> None:
         max_position_embeddings=int(meta("llama.context_length", 2048)),
         tie_word_embeddings="output.weight" not in tensors_by_name,
     )
-    tensors = gguf_tensors_to_internal(cfg, tensors_by_name, str(path))
+    step(0.05)
+    tensors = gguf_tensors_to_internal(cfg, tensors_by_name, str(path),
+                                       on_layer=lambda i: step(0.05 + 0.6 * (i + 1) / cfg.num_layers))
     raw, raw_types = gguf_raw_blocks(cfg, tensors_by_name, unpermute_rope_rows)
+    step(0.7)
     tensors.update(raw)
     tok = build_tokenizer(tokens, meta("tokenizer.ggml.merges") or [], meta("tokenizer.ggml.token_type") or [],
                           meta("tokenizer.ggml.pre", "default"), str(path))
@@ -158,8 +175,10 @@ def convert_gguf(path: Path, sha: str, out: Path) -> None:
     bits = quant_bits(reader.tensors)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    step(0.75)
     try:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"source": path.name})
+        step(0.95)
         tok.save(str(tmp / "tokenizer.json"))
         info = {
             "convert_version": CONVERT_VERSION,
@@ -182,6 +201,7 @@ def convert_gguf(path: Path, sha: str, out: Path) -> None:
             except OSError:
                 if _read_meta(out, sha) is None:
                     raise
+        step(1.0)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -204,7 +224,8 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def gguf_tensors_to_internal(cfg: LlamaConfig, by_name: dict, source: str) -> dict[str, torch.Tensor]:
+def gguf_tensors_to_internal(cfg: LlamaConfig, by_name: dict, source: str,
+                             on_layer: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
     from gguf.quants import dequantize
 
     def get(name: str) -> np.ndarray:
@@ -235,6 +256,8 @@ def gguf_tensors_to_internal(cfg: LlamaConfig, by_name: dict, source: str) -> di
         out[f"layers.{i}.ffn_norm"] = t(get(b + "ffn_norm.weight"))
         out[f"layers.{i}.w13"] = t(np.concatenate([get(b + "ffn_gate.weight"), get(b + "ffn_up.weight")]))
         out[f"layers.{i}.w2"] = t(get(b + "ffn_down.weight"))
+        if on_layer is not None:
+            on_layer(i)
     for name, shape in expected_shapes(cfg).items():
         if tuple(out[name].shape) != shape:
             raise WeightsError(f"{source}: {name} came out {tuple(out[name].shape)}, config needs {shape}")

@@ -201,3 +201,22 @@ def test_file_hash_memo_follows_size_and_mtime(tmp_path, monkeypatch):
     f.write_bytes(b"b" * 100)
     os.utime(f, ns=(1, 1))  # same size, different mtime: must be hashed again
     assert file_sha256(f) == hashlib.sha256(b"b" * 100).hexdigest()
+
+
+def test_conversion_reports_its_progress_once(env):
+    """The first load converts and says how far it is (the chat shows "preparing … 43%");
+    the next load uses the copy and says nothing."""
+    import shutil
+
+    _, ggufs = env
+    path = ggufs[Q.F16]
+    shutil.rmtree(gguf_loader.converted_dir(file_sha256(path)), ignore_errors=True)
+    heard: list[tuple[str, float]] = []
+    load_llama_gguf(path, "tiny-gguf", progress=lambda what, f: heard.append((what, f)))
+    fractions = [f for _, f in heard]
+    assert {what for what, _ in heard} == {"tiny-F16"}
+    assert fractions[0] == 0.0 and fractions[-1] == 1.0 and fractions == sorted(fractions)
+    assert len(set(fractions)) >= 5  # per layer, not just start and end
+    heard.clear()
+    load_llama_gguf(path, "tiny-gguf", progress=lambda what, f: heard.append((what, f)))
+    assert heard == []
