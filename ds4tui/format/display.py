@@ -91,4 +91,8 @@ def score_text(score: float) -> str:
         return f"{value:.2f}"
     if value < 1000:
         return f"{value:.1f}"
-    return f"{value:,.0f}"
+    if value < 10_000:
+        return f"{value:,.0f}"
+    if value < 1_000_000:
+        return f"{value / 1000:.0f}k"  # tiny files score high; keep the column narrow
+    return f"{value / 1_000_000:.1f}M"

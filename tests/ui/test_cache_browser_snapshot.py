@@ -34,3 +34,17 @@ def test_browser_snapshot(snap_compare, tmp_path, monkeypatch, utc):
         await select(pilot, shas["titled"])
 
     assert snap_compare(app, terminal_size=(140, 40), run_before=run_before)
+
+
+def test_browser_at_80x24(snap_compare, tmp_path, monkeypatch, utc):
+    """80x24: title, reason, pin and status kept, the header's numbers and pinned count, the
+    map of the cache, the detail stacked with the hex dump at 8 bytes a row."""
+    monkeypatch.chdir(tmp_path)
+    shas = fx.fixture_dir(tmp_path / "kv")
+    app = BrowserHost("kv", watch=False)
+
+    async def run_before(pilot):
+        await until(pilot, lambda: len(app.shown) == 4, "four rows")
+        await select(pilot, shas["titled"])
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)

@@ -78,3 +78,28 @@ class MarkdownHost(App):
 
 def test_reply_markdown_rendering(snap_compare):
     assert snap_compare(MarkdownHost(), terminal_size=(70, 26))
+
+
+def test_chat_at_80x24(snap_compare, tiny_llama):
+    """80x24: a narrower sidebar with the title cut by its width, the whole footer, the status bar."""
+    app = ChatHost(tiny_llama)
+
+    async def run_before(pilot) -> None:
+        await send(pilot, "Please summarize the following text about Lisbon's old town")
+        app.clear_notifications()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+def test_settings_dialog_at_80x24(snap_compare, tiny_llama):
+    """F3 at 80x24: the form scrolls, the error line and the buttons stay on screen; no SWA
+    field for a model without sliding-window layers; the default system prompt shown."""
+    app = ChatHost(tiny_llama)
+
+    async def run_before(pilot) -> None:
+        await app.wait_for(ChatScreen.ModelReady)
+        await pilot.press("f3")
+        await pilot.pause()
+        app.clear_notifications()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)

@@ -286,15 +286,16 @@ class KvDetail(VerticalScroll):
     def compose(self) -> ComposeResult:
         yield Static(Text("no file selected", style="dim"), id="detail-status", markup=False)
         yield Static("", id="detail-timeline", markup=False)
+        # The decoded fields first: stacked on a narrow screen, they are what shows first.
         with Horizontal():
-            with Vertical():
-                yield Static("", id="detail-hex", markup=False)
-                yield Static("", id="detail-payload", markup=False)
             with Vertical():
                 yield Static("", id="detail-fields", markup=False)
                 yield Static("", id="detail-score", markup=False)
                 yield Static("", id="detail-cost", markup=False)
                 yield Static("", id="detail-trailers", markup=False)
+            with Vertical():
+                yield Static("", id="detail-hex", markup=False)
+                yield Static("", id="detail-payload", markup=False)
         yield Static("", id="detail-preview", markup=False)
 
     def __init__(self, *args, **kwargs) -> None:
