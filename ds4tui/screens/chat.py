@@ -52,7 +52,7 @@ def preparing_text(what: str, fraction: float) -> str:
 
 
 def sidebar_width(columns: int) -> int:
-    return max(20, min(44, columns // 4))
+    return max(20, min(48, int(columns * 0.3)))
 
 
 NOTIFY_TIMEOUT = 4.0  # seconds a cache toast stays up: long enough to read one line
@@ -393,7 +393,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
             self._switch(keys[(keys.index(self._active) + step) % len(keys)])
 
     def on_resize(self, event) -> None:
-        """The chat list takes a quarter of the width (20..44 columns), so titles use what the
+        """The chat list takes 30% of the width (20..48 columns), so titles use what the
         terminal has; below 60 columns it folds away (ctrl+b shows it)."""
         sidebar = self.query_one(ConversationList)
         width = event.size.width

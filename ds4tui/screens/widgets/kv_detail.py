@@ -245,7 +245,8 @@ def status_line(info: KvDetailInfo) -> Text:
         head.append_text(safe_cell(e.title, 80, "bold"))
         head.append("  ")
     elif info.name:
-        head.append(info.name[:80], "italic")
+        name = info.name if len(info.name) <= 48 else info.name[:47] + "…"
+        head.append(name, "italic")
         head.append("  ")
     head.append((e.sha or "?"), "dim")
     head.append("\n")

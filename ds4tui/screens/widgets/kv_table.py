@@ -140,7 +140,8 @@ class KvTable(DataTable):
     """Rows of `KvEntry`, keyed by SHA. Click a header or press `s`/`S` to sort."""
 
     BINDINGS = [
-        Binding("s", "next_sort", "Sort", show=True),
+        # Not in the footer (the underlined header shows the sort): it is full at 80 columns.
+        Binding("s", "next_sort", "Sort", show=False),
         Binding("S", "reverse_sort", "Reverse", show=False),
     ]
     """
