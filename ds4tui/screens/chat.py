@@ -69,9 +69,10 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         Binding("escape", "cancel", "Cancel"),
         Binding("f3", "settings", "Settings"),
         Binding("f4", "cache_browser", "Cache"),
-        Binding("ctrl+b", "toggle_sidebar", "Chats"),
-        Binding("ctrl+r", "regenerate", "Regenerate"),
-        Binding("ctrl+f", "find_chat", "Find"),
+        # ctrl+b and ctrl+f are in the palette; with them the footer no longer fits 80 columns.
+        Binding("ctrl+b", "toggle_sidebar", "Chats", show=False),
+        Binding("ctrl+r", "regenerate", "Regen"),
+        Binding("ctrl+f", "find_chat", "Find", show=False),
         Binding("ctrl+pageup", "cycle_chat(-1)", "Previous chat", show=False),
         Binding("ctrl+pagedown", "cycle_chat(1)", "Next chat", show=False),
         # Priority: from the message box too (a TextArea would take them for its own cursor).

@@ -19,6 +19,7 @@ CHAT_COMMANDS = (
     ("Cache browser", "Browse, pin, delete or resume the .kv files on disk (f4)", "cache_browser"),
     ("Settings", "Temperature, top-p, max tokens, system prompt of this chat (f3)", "settings"),
     ("Regenerate reply", "Sample the last reply again; the old one stays (ctrl+r, then ←/→ on it)", "regenerate"),
+    ("Show/hide the chat list", "The sidebar of open and saved chats (ctrl+b)", "toggle_sidebar"),
     ("Find a chat", "Search titles and transcripts of every saved session (ctrl+f)", "find_chat"),
     ("Fork chat", "A new chat holding this one's state: no prefill (f on a selected message forks there)", "fork_chat"),
     ("Export chat", "Write this chat as Markdown and JSON files beside the cache directory", "export_chat"),
