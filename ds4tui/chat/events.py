@@ -134,6 +134,9 @@ class SessionFreed:
 
     conversation: str
     reason: str
+    # True when a checkpoint was written; False when the chat's titled file already held the
+    # state (nothing written), or when the disk cache is off or the save failed.
+    written: bool = True
 
 
 @dataclass(frozen=True)

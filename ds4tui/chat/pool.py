@@ -88,11 +88,12 @@ class SessionPool:
             return
         on_disk = (conv.saved_sha is not None and conv.saved_upto == len(session.tokens)
                    and self.checkpoints is not None and self.checkpoints.store.path_for(conv.saved_sha).exists())
+        written = False
         if session.tokens and self.checkpoints is not None and not on_disk:
-            self.checkpoints.save(session, conv.session_text, reason, on_event)
+            written = self.checkpoints.save(session, conv.session_text, reason, on_event) is not None
         conv.parked_tokens = len(session.tokens)
         conv.session, conv.session_text, conv.stored_upto = None, b"", 0
-        on_event(SessionFreed(conversation=conv.key, reason=reason))
+        on_event(SessionFreed(conversation=conv.key, reason=reason, written=written))
 
     def free_all(self, reason: str, on_event: EventFn) -> None:
         for conv in self.conversations.live():

@@ -107,7 +107,8 @@ class EngineEventView:
     def _on_session_freed(self, event: ev.SessionFreed, pane: ChatPane | None) -> None:
         conv = self._conversation(event.conversation)
         title = conv.display_title if conv is not None else event.conversation
-        self._toast(f"{one_line(title, 39)} left memory (saved to disk: {event.reason})", "Sessions")
+        where = f"saved to disk: {event.reason}" if event.written else "its saved session holds its state"
+        self._toast(f"{one_line(title, 39)} left memory ({where})", "Sessions")
         self._refresh_sidebar()
 
     def _on_chat_error(self, event: ev.ChatError, pane: ChatPane | None) -> None:

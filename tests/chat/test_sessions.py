@@ -97,6 +97,7 @@ def test_live_session_cap_frees_the_least_recently_used_one(tiny_llama, tmp_path
     freed = events.of(ev.SessionFreed)
     assert [f.conversation for f in freed] == [convs[0].key]
     assert [s for s in events.of(ev.Saved) if s.reason == "evict"] == []
+    assert not freed[0].written  # the chat says so instead of "saved to disk: evict"
     assert [c.live for c in convs] == [False, True, True] and ctl.live_count() == 2
 
     again, titled = Recorder(), convs[0].saved_sha
