@@ -331,12 +331,15 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
             pane.prefill.hide()
             conv = self._conversation(message.key)
             if message.done is None and pane.reply is not None:
-                if conv is not None and conv.messages and conv.messages[-1].get("role") == "assistant":
+                shown = len(pane.log.query("UserMessage"))
+                kept = sum(1 for m in conv.messages if m.get("role") == "user") if conv is not None else 0
+                if shown > kept or conv is None or not conv.messages or conv.messages[-1].get("role") != "assistant":
+                    # Cancelled in prefill or failed: the controller withdrew the user message
+                    # (the screen still shows it; the chat's earlier replies are not this turn's).
+                    self._withdraw_turn(pane)
+                else:
                     # A regenerate that did not happen: the old reply is back.
                     pane.reply.set_text(conv.messages[-1]["content"])
-                else:
-                    # Cancelled in prefill or failed: the controller withdrew the user message.
-                    self._withdraw_turn(pane)
             pane.reply = None
         self._refresh_sidebar()
         self._update_context()

@@ -272,3 +272,27 @@ async def test_first_start_conversion_is_shown_with_its_progress(tiny_llama):
         await pilot.pause()
         assert app.chat.query_one(StatusBar).model_name == (
             "preparing SmolLM2-135M-Instruct for fast loading (once) … 43%")
+
+
+async def test_escape_in_a_later_prefill_withdraws_only_that_message(tiny_llama):
+    """A chat with earlier turns: cancelling the next message's prefill removes that message
+    and its empty reply and puts the text back; the earlier reply is not shown twice."""
+    controller = GatedController(tiny_llama, chat_config(tiny_llama, no_disk_cache=True))
+    controller.gate.set()
+    app = ChatHost(tiny_llama, controller=controller)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "First question")
+        before = [a.text for a in _pane(app).query(AssistantMessage)]
+        controller.gate.clear()
+        mark = len(app.seen)
+        text = "word " * 420
+        app.chat.query_one("#prompt").insert(text)
+        await pilot.press("enter")
+        await app.wait_for(ChatScreen.EngineEvent, lambda m: isinstance(m.event, ev.PrefillProgress), after=mark)
+        await pilot.press("escape")
+        ended = await app.wait_for(ChatScreen.TurnEnded, after=mark)
+        await pilot.pause()
+        assert ended.done is None
+        assert [u.text for u in _pane(app).query(UserMessage)] == ["First question"]
+        assert [a.text for a in _pane(app).query(AssistantMessage)] == before
+        assert app.chat.query_one("#prompt").text == text
