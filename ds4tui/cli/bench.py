@@ -14,6 +14,7 @@ import importlib
 BENCH_MODULES = [
     "ds4tui.bench.engine_bench",  # bench engine: prefill/decode speed, payload size, save/load speed
     "ds4tui.bench.cache_bench",  # bench cache: cold vs disk-hit TTFT of one conversation (chat controller)
+    "ds4tui.bench.startup_bench",  # bench startup: first paint, typing-ready, model-ready of the chat (pty)
     "ds4tui.bench.swa_bench",  # bench swa: file size, restore and recompute per SWA storage policy
     "ds4tui.bench.checksum_bench",  # bench checksum: restore time with and without the .kv checksum
     "ds4tui.bench.reliability",  # bench reliability: fault injection against the disk cache

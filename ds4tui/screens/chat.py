@@ -189,7 +189,9 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         if self.controller is not None:
             self.post_message(self.ModelReady())
         else:
-            self._load_model(self.config.model)
+            # After the first frame: the worker's torch import holds the GIL for long stretches
+            # and would otherwise delay the first paint (`ds4tui bench startup`).
+            self.call_after_refresh(self._load_model, self.config.model)
 
     # -- model loading -------------------------------------------------------------------------
 
