@@ -146,15 +146,24 @@ class Moves:
 
     # -- the context ---------------------------------------------------------------------------------
 
-    def _count(self, messages: list[dict], generation: bool = True) -> int:
-        return len(self.model.tokenizer.encode(self.model.chat.render(messages, add_generation_prompt=generation)))
+    def _count(self, messages: list[dict], generation: bool = True, conv: Conversation | None = None) -> int:
+        """Tokens of the rendered messages. With `conv`: when its live session's text starts the
+        prompt, its tokens plus the rest's (what the turn will hold), so a message into a long
+        chat encodes only the new text, not the whole transcript again."""
+        prompt = self.model.chat.render(messages, add_generation_prompt=generation)
+        session = conv.session if conv is not None else None
+        if session is not None and session.tokens:
+            have = conv.session_text.decode("utf-8", errors="replace")
+            if prompt.startswith(have):
+                return len(session.tokens) + len(self.model.tokenizer.encode(prompt[len(have):]))
+        return len(self.model.tokenizer.encode(prompt))
 
     def check_fit(self, conv: Conversation, text: str, upto: int | None = None) -> FitCheck:
         msgs = list(conv.messages[:upto] if upto is not None else conv.messages)
         ctx = self.pool.ctx_size()
         reserve = min(self.settings.max_tokens(conv), REPLY_RESERVE, max(1, ctx // 8))
         user = {"role": "user", "content": text}
-        n = self._count(msgs + [user])
+        n = self._count(msgs + [user], conv=conv)
         if n + reserve <= ctx:
             return FitCheck(True, n, reserve, ctx)
         system = [m for m in msgs[:1] if m.get("role") == "system"]

@@ -441,3 +441,24 @@ def test_eviction_never_prefers_a_titled_session_over_its_anonymous_copies(tmp_p
     assert t.score.anchor_weight == 2.0  # the user's own session weighs like ds4's anchors
     order = [e.sha for e in eviction.choose_victims(list(by_sha.values()), 0)]
     assert order.index(d.sha) == 0 and order.index(p.sha) < order.index(t.sha)
+
+
+def test_lookup_sees_every_change_between_messages(store):
+    """The lookup keeps each file's header between calls; a grown titled session (same name,
+    new file), a new file, a deleted one and a header rewritten in place are all seen."""
+    sha = save(store, "chat v1", tokens=10, title="Chat", created_at=5, reason="agent-session").event.sha
+    assert [e.header.tokens for e in store.lookup("chat v1 and v2, next", ENGINE)] == [10]
+    save(store, "chat v1 and v2", tokens=20, title="Chat", created_at=5, reason="agent-session")
+    assert [e.header.tokens for e in store.lookup("chat v1 and v2, next", ENGINE)] == [20]
+    other = save(store, "chat", tokens=4).event.sha
+    assert [e.sha for e in store.lookup("chat v1 and v2, next", ENGINE)] == [sha, other]
+    store.delete(sha)
+    assert [e.sha for e in store.lookup("chat v1 and v2, next", ENGINE)] == [other]
+    # Another model's header written in place (same inode and size): no longer a candidate.
+    path = store.path_for(other)
+    st = os.stat(path)
+    with open(path, "r+b") as fp:
+        fp.seek(7)
+        fp.write(bytes([0x81]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # a coarse clock may not tick
+    assert store.lookup("chat v1 and v2, next", ENGINE) == []

@@ -211,3 +211,25 @@ def test_import_opens_a_chat_that_prefills_its_transcript(tiny_llama, tmp_path):
     done = ctl.send(conv.key, "New question.", Recorder())
     assert done.cache.source == "cold" and done.prompt_tokens == len(
         tiny_llama.tokenizer.encode(tiny_llama.chat.render(msgs + [{"role": "user", "content": "New question."}])))
+
+
+def test_fit_check_of_a_live_chat_counts_what_the_turn_holds(tiny_llama, tmp_path):
+    """On a live chat the check counts the session's tokens plus the new text's, without
+    encoding the transcript again: the count is the prompt the turn then holds."""
+    ctl = make_controller(tiny_llama, tmp_path, max_tokens=3)
+    conv = chat(ctl, "Tell me about the river.", "What is a cat?")
+    text = "Which is older?"
+    prompt = tiny_llama.chat.render(conv.messages + [{"role": "user", "content": text}])
+    assert prompt.startswith(conv.session_text.decode())  # the replies hold whole characters only
+    calls = []
+    encode = tiny_llama.tokenizer.encode
+    tiny_llama.tokenizer.encode = lambda s: calls.append(s) or encode(s)
+    try:
+        check = ctl.check_fit(conv.key, text)
+    finally:
+        del tiny_llama.tokenizer.encode
+    assert check.fits and len(calls) == 1 and "river" not in calls[0] and text in calls[0]
+    events = Recorder()
+    ctl.send(conv.key, text, events)
+    started = events.of(ev.PrefillStarted)[0]
+    assert started.source == "live" and check.prompt_tokens == started.cached + started.total

@@ -51,12 +51,17 @@ class HFTokenizer:
         }
         self._bytes_cache: dict[int, bytes] = {}
         self._decoder_map = _byte_decoder() if byte_level else None
+        self._encode_fast = getattr(tok, "encode_batch_fast", None)  # tokenizers >= 0.21
 
     @property
     def special_ids(self) -> frozenset[int]:
         return frozenset(self._special)
 
     def encode(self, text: str) -> list[int]:
+        # encode_batch_fast skips the character offsets encode() computes and nothing here
+        # reads: a 4K-token prompt in 3.7 ms instead of 5.2 (docs/perf.md, "Time to first token of a disk hit").
+        if self._encode_fast is not None:
+            return self._encode_fast([text], add_special_tokens=False)[0].ids
         return self.tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -62,3 +62,12 @@ def test_tokenizer_ids(smol):
     assert tk.encode("Hello world") == [19556, 905]  # no BOS is added
     assert 2 in tk.eos_ids and tk.vocab_size == 49152
     assert tk.decode(tk.encode("café 3.14 ✓")) == "café 3.14 ✓"
+
+
+def test_encode_equals_the_tokenizers_own_encode(smol):
+    """encode() takes tokenizers' offset-free batch path: the same ids as Tokenizer.encode."""
+    from ds4tui.engine.text.tiny_tokenizer import corpus_text
+
+    text = smol.chat.render([{"role": "user", "content": corpus_text()[:6000] + " café ✓ 12345\n\n\t x"},
+                             {"role": "assistant", "content": "ok <|im_end|> not special here?"}])
+    assert smol.tokenizer.encode(text) == smol.tokenizer.tok.encode(text, add_special_tokens=False).ids
