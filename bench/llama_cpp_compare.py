@@ -99,6 +99,23 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+# The flags that pick a kernel variant here or in llama.cpp's native build.
+SIMD_FLAGS = ("sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+              "avx512_vnni", "avx512_bf16", "avx512vbmi")
+
+
+def cpu_flags() -> str:
+    """The SIMD flags of /proc/cpuinfo, in SIMD_FLAGS order."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return " ".join(f for f in SIMD_FLAGS if f in have)
+    except OSError:
+        pass
+    return "unknown"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH", "/tmp/lcpp/build/bin/llama-bench"))
@@ -151,6 +168,7 @@ def main() -> int:
         rows.append((f"decode 64 after {args.depth} tokens", "our_tg_d", "lc_tg_d"))
     print(f"{datetime.date.today().isoformat()}, {cpu_name()}, {os.cpu_count()} CPUs, {args.threads} threads, "
           f"kernels: {kernel_backend()}, medians of {args.rounds} alternating rounds, tok/s")
+    print(f"CPU flags: {cpu_flags()}; load average at the end: {os.getloadavg()[0]:.1f}")
     if busy_seen:
         print(f"other load before each measurement: {min(busy_seen):.2f}-{max(busy_seen):.2f} busy cores")
     best = {k: max(v) for k, v in samples.items() if v}
