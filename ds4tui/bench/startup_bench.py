@@ -56,7 +56,10 @@ def run_bench_startup(args: argparse.Namespace) -> int:
 
     if args.runs < 1:
         raise CliError("--runs must be at least 1")
-    result = bench_startup(args.model, args.runs)
+    try:
+        result = bench_startup(args.model, args.runs)
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        raise CliError(str(exc)) from None
     print(json.dumps(result, indent=2) if args.json else _table(result))
     return 0
 
