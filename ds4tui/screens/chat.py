@@ -190,7 +190,8 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
             self.post_message(self.ModelReady())
         else:
             # After the first frame: the worker's torch import holds the GIL for long stretches
-            # and would otherwise delay the first paint (`ds4tui bench startup`).
+            # and would otherwise delay the first paint and the first keys typed
+            # (docs/perf.md, "Start-up").
             self.call_after_refresh(self._load_model, self.config.model)
 
     # -- model loading -------------------------------------------------------------------------

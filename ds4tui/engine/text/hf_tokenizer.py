@@ -59,7 +59,7 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         # encode_batch_fast skips the character offsets encode() computes and nothing here
-        # reads: a 4K-token prompt in 3.7 ms instead of 5.2 (docs/perf.md, "Time to first token of a disk hit").
+        # reads: a 4K-token prompt in 3.7 ms instead of 5.2 (docs/perf.md, "Disk hit with a hot and a cold page cache").
         if self._encode_fast is not None:
             return self._encode_fast([text], add_special_tokens=False)[0].ids
         return self.tok.encode(text, add_special_tokens=False).ids
