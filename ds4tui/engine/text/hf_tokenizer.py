@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer as _HfTok
 
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 ENDOFTEXT = "<|endoftext|>"
@@ -41,8 +42,10 @@ class HFTokenizer:
     map, which `token_bytes` must undo to give the exact bytes of a token.
     """
 
-    def __init__(self, tok: _HfTok, eos_ids: Iterable[int], byte_level: bool = True) -> None:
+    def __init__(self, tok: _HfTok, eos_ids: Iterable[int], byte_level: bool = True, spm: bool = False) -> None:
+        """spm: pieces are SentencePiece's ("▁" for a space, "<0xXX>" for a raw byte)."""
         self.tok = tok
+        self.spm = spm
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.byte_level = byte_level
@@ -50,7 +53,7 @@ class HFTokenizer:
             tid: t.content for tid, t in tok.get_added_tokens_decoder().items() if t.special
         }
         self._bytes_cache: dict[int, bytes] = {}
-        self._decoder_map = _byte_decoder() if byte_level else None
+        self._decoder_map = _byte_decoder() if byte_level and not spm else None
         self._encode_fast = getattr(tok, "encode_batch_fast", None)  # tokenizers >= 0.21
 
     @property
@@ -79,7 +82,12 @@ class HFTokenizer:
         piece = self.tok.id_to_token(token_id)
         if piece is None:
             out = b""
-        elif token_id in self._special or self._decoder_map is None:
+        elif token_id in self._special:
+            out = piece.encode("utf-8")
+        elif self.spm:
+            m = _BYTE_PIECE.fullmatch(piece)
+            out = bytes([int(m.group(1), 16)]) if m else piece.replace("\u2581", " ").encode("utf-8")
+        elif self._decoder_map is None:
             out = piece.encode("utf-8")
         else:
             dm = self._decoder_map
