@@ -48,7 +48,7 @@ class EngineBenchResult:
     save_mb_s: float
     load_mb_s: float
     restore_exact: bool  # the loaded session's logits equal the saved one's, bit for bit
-    kernels: str  # the C kernel variant (avx512, avx2, scalar) or "torch"
+    kernels: str  # the C kernel variant (avx512, avx2, scalar), and whether decode is the fused step; or "torch"
     weights: str  # the quant mix: which tensor types the C kernels read, which fall back to fp32
     chat: dict | None = None  # --chat-tokens: greedy vs sampled replies through the controller
 
@@ -168,7 +168,7 @@ def measure_engine(
         save_mb_s=round(size / MB / med("save_s"), 1),
         load_mb_s=round(size / MB / med("load_s"), 1),
         restore_exact=all(r["exact"] for r in runs),
-        kernels=qgemv.backend() if getattr(model, "fast", None) is not None else "torch",
+        kernels=_kernels(model, qgemv.backend()),
         weights=mix.summary() if mix is not None else "fp32 (not a GGUF)",
         chat=chat,
     )
@@ -230,3 +230,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"{k:<8} {v}")
     return 0
 
+
+def _kernels(model, variant: str) -> str:
+    """The C kernel variant and what runs on it: the fused decode step (a plain llama), or the
+    block products of the torch forward (the other architectures); "torch" when neither."""
+    if getattr(model, "fast", None) is not None:
+        return variant
+    if getattr(model, "use_blocks", False):
+        return f"{variant} block products (no fused decode step for this architecture)"
+    return "torch"

@@ -334,7 +334,7 @@ def _print_detail(e) -> None:
             print(f"  {k:<20} {shown}")
         from ds4tui.format.swa_policy import describe_payload
 
-        print(f"  {'swa_policy':<20} {describe_payload(e.payload)}")
+        print(f"  {'swa_policy':<20} {describe_payload(e.payload, h.model_id)}")
     elif e.deep and h.payload_bytes:
         print("payload: opaque (does not start with DSV4)")
     if e.text_preview:

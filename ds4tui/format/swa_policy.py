@@ -32,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from ds4tui.format.payload import MODEL_ID_LLAMA
+
 FULL, PERIODIC, ZERO = "full", "periodic", "zero"
 CODES = {FULL: 1, PERIODIC: 2, ZERO: 3}
 KINDS = {code: kind for kind, code in CODES.items()}
@@ -131,8 +133,10 @@ def stored_window_at(policy: SwaPolicy, tokens: int, chunk: int) -> int:
     return 0
 
 
-def describe_payload(header: Mapping[str, int]) -> str:
-    """One line for `kv inspect`, from the DSV4 header fields alone (52 bytes, no torch)."""
+def describe_payload(header: Mapping[str, int], model_id: int | None = None) -> str:
+    """One line for `kv inspect`, from the DSV4 header fields alone (52 bytes, no torch) and the
+    KVC header's model id (a llama-family file's zero replay depends on how many of its layers
+    slide, which the header does not say: the line gives the bound for all of them)."""
     try:
         policy = policy_of_version(int(header["payload_version"]))
     except (KeyError, ValueError) as exc:
@@ -143,5 +147,8 @@ def describe_payload(header: Mapping[str, int]) -> str:
     if policy.kind == PERIODIC:
         p = stored_window_at(policy, t, chunk)
         return f"{policy} (raw window as of token {p}; a load re-runs {t - p} tokens)"
+    if model_id == MODEL_ID_LLAMA:
+        start = zero_replay_start(t, int(header.get("layer_count", 0)), int(header.get("raw_window", 1)), chunk, chunk)
+        return f"zero (no sliding-window rows; a load re-runs at most the last {t - start} tokens)"
     start = zero_replay_start(t, int(header.get("layer_count", 0)), int(header.get("raw_window", 1)), chunk)
     return f"zero (no raw window; a load re-runs the last {t - start} tokens)"

@@ -41,15 +41,8 @@ from ds4tui.engine.payload import (
     write_framing,
     write_tensor,
 )
-from ds4tui.engine.dsv4.swa import (
-    SwaLayout,
-    finish_load,
-    layout_for_save,
-    layout_from_header,
-    raw_rows_for_save,
-    read_marker,
-    write_marker,
-)
+from ds4tui.engine.dsv4.swa import finish_load, layout_for_save, layout_from_header, raw_rows_for_save
+from ds4tui.engine.swa_layout import SwaLayout, read_marker, write_marker
 from ds4tui.engine.dsv4.state import Dsv4State
 from ds4tui.engine.errors import PayloadError
 

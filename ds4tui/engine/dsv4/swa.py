@@ -2,9 +2,9 @@
 
 Owns, per session (`SwaState`, `session.swa`): the policy a save uses, the
 snapshot of the raw windows at the last periodic frontier, and what the last
-load recomputed; per payload (`SwaLayout`): which raw window is stored, where
-the replay starts, and the 16-byte marker block of periodic and zero payloads;
-and the replay itself. The policy's text form and header tag are
+load recomputed; per payload: which raw window is stored and where the replay
+starts (`SwaLayout` and the marker block are shared with the llama family:
+ds4tui/engine/swa_layout.py); and the replay itself. The policy's text form and header tag are
 ds4tui/format/swa_policy.py's; the framing and sections payload.py's.
 
 Why a replay is exact. Every policy stores the compressed and indexer rows of
@@ -28,59 +28,23 @@ complete). What the replay recomputes is the raw window:
 
 from __future__ import annotations
 
-import struct
 import time
-from dataclasses import dataclass, field
-from typing import BinaryIO
 
 import torch
 
 from ds4tui.format.payload import Dsv4Header
-from ds4tui.engine.payload import PayloadReader
 from ds4tui.engine.dsv4.state import Dsv4State, RestoreInfo
-from ds4tui.engine.errors import PayloadError
+from ds4tui.engine.swa_layout import SwaLayout, header_policy
 from ds4tui.format.swa_policy import (
-    CODES,
-    FULL,
     FULL_POLICY,
-    MARKER_BYTES,
-    MARKER_MAGIC,
     PERIODIC,
     QUERY_BLOCK,
     ZERO,
     SwaPolicy,
     parse_policy,
-    payload_version,
-    policy_of_version,
     stored_window_at,
     zero_replay_start,
 )
-
-
-_MARKER = struct.Struct("<4sIII")  # magic, layout code, period K, position of the stored window
-
-
-
-@dataclass(frozen=True)
-class SwaLayout:
-    """How one payload stores the raw windows."""
-
-    policy: SwaPolicy  # periodic: with the effective period (a multiple of the chunk)
-    tokens: int  # T
-    raw_at: int  # the stored raw rows are the window live after this many tokens: T, P or 0
-    replay_from: int  # a load re-runs tokens replay_from..T-1 (T: none)
-
-    @property
-    def version(self) -> int:
-        return payload_version(self.policy)
-
-    @property
-    def marker_bytes(self) -> int:
-        return 0 if self.policy.kind == FULL else MARKER_BYTES
-
-    @property
-    def replayed(self) -> int:
-        return self.tokens - self.replay_from
 
 
 # -- the session side -------------------------------------------------------------------------
@@ -146,40 +110,14 @@ def raw_rows_for_save(s: Dsv4State, layout: SwaLayout, layer: int) -> torch.Tens
 
 def layout_from_header(h: Dsv4Header) -> SwaLayout:
     """The layout a payload announces in its header; PayloadError for unknown versions."""
-    try:
-        pol = policy_of_version(h.payload_version)
-    except ValueError:
-        raise PayloadError(
-            f"payload_version is {h.payload_version:#x}: not a DSV4 layout this engine reads "
-            f"(1 full, (K << 8) | 2 periodic, 3 zero)"
-        ) from None
+    pol = header_policy(h)
     t, chunk = h.token_count, h.prefill_chunk
-    if pol.kind == PERIODIC and (chunk == 0 or pol.period % chunk):
-        raise PayloadError(f"periodic payload: period {pol.period} is not a multiple of the chunk {chunk}")
     raw_at = stored_window_at(pol, t, max(chunk, 1))
     if pol.kind == ZERO:
         replay_from = zero_replay_start(t, h.layer_count, max(h.raw_window, 1), max(chunk, 1), QUERY_BLOCK)
     else:
         replay_from = raw_at
     return SwaLayout(pol, t, raw_at, replay_from)
-
-
-def write_marker(fp: BinaryIO, layout: SwaLayout) -> None:
-    if layout.marker_bytes:
-        fp.write(_MARKER.pack(MARKER_MAGIC, CODES[layout.policy.kind], layout.policy.period, layout.raw_at))
-
-
-def read_marker(r: PayloadReader, layout: SwaLayout) -> None:
-    """Check the marker block against the header: a file is never read under another policy."""
-    if not layout.marker_bytes:
-        return
-    magic, code, period, raw_at = _MARKER.unpack(r.read_bytes(MARKER_BYTES, "the SWA marker block"))
-    want = (MARKER_MAGIC, CODES[layout.policy.kind], layout.policy.period, layout.raw_at)
-    if (magic, code, period, raw_at) != want:
-        raise PayloadError(
-            f"SWA marker block {magic!r} code {code} period {period} window at {raw_at} disagrees with "
-            f"the header ({layout.policy}, window at {layout.raw_at})"
-        )
 
 
 def finish_load(s: Dsv4State, layout: SwaLayout) -> None:

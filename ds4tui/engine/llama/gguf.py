@@ -1,7 +1,8 @@
-"""GGUF (llama architecture) -> LlamaModel, through a converted fp32 cache for fast starts.
+"""GGUF (llama, qwen2, qwen3, gemma3) -> LlamaModel, through a converted fp32 cache for fast starts.
 
 Owns: reading a GGUF with the `gguf` package (metadata, tokenizer, tensors
-dequantized by `gguf.quants.dequantize`), undoing llama.cpp's q/k row permutation,
+dequantized by `gguf.quants.dequantize`), undoing llama.cpp's q/k row permutation
+(llama architecture only; arch.py reads each architecture's metadata),
 building the byte-level BPE tokenizer from the GGUF vocab, and the converted cache.
 
 Why a converted cache: `GGUFReader` spends seconds parsing the 49k tokenizer strings
@@ -24,41 +25,39 @@ import shutil
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
 from ds4tui import paths
-from ds4tui.engine.text.hf_tokenizer import ChatMLTemplate, HFTokenizer
+from ds4tui.engine.text.chat_formats import chat_template_for
+from ds4tui.engine.text.gguf_vocab import build_gguf_tokenizer
+from ds4tui.engine.text.hf_tokenizer import HFTokenizer
 from ds4tui.engine.kernels.quants import BLOCK_TYPES, QuantMix, gguf_name
 from ds4tui.engine.kernels.raw_weights import gguf_quant_mix, gguf_raw_blocks, split_raw
+from ds4tui.engine.llama.arch import GGUF_LAYER_NORMS, gguf_permutes_qk, parse_gguf_metadata
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
 from ds4tui.engine.llama.model import LlamaModel
-from ds4tui.engine.llama.weights import chat_for, eos_ids_for, file_sha256, make_info
+from ds4tui.engine.llama.weights import eos_ids_for, file_sha256, make_info
 from ds4tui.engine.errors import WeightsError
 
 # Bump when the converted layout or the conversion changes: old copies are then rebuilt.
 # 3: the copy also holds the file's raw weight blocks for the fused decode step.
 # 4: blocks of every kernel type, as row parts ("raw.<name>.<k>"); the quant mix in meta.json.
-CONVERT_VERSION = 4
+# 5: qwen2/qwen3/gemma3 configs, SentencePiece vocabularies, chat formats.
+CONVERT_VERSION = 5
 _CONVERT_LOCK = threading.Lock()
-
-# GGUF token_type values (llama.cpp's llama_token_type).
-TOKEN_CONTROL = 3
-TOKEN_USER_DEFINED = 4
+# progress(what, fraction): the one-time conversion's progress, `what` naming the model
+# (the GGUF's file name up to its first dot, e.g. "SmolLM2-135M-Instruct"), fraction 0..1.
+ConvertProgress = Callable[[str, float], None]
 
 
 def converted_dir(sha256: str) -> Path:
     """Named by the GGUF's hash and the conversion version, so copies of two versions (two
     checkouts sharing the data dir) coexist instead of replacing each other on every load."""
     return paths.data_dir() / "converted" / f"{sha256[:16]}-v{CONVERT_VERSION}"
-
-
-# progress(what, fraction): the one-time conversion's progress, `what` naming the model
-# (the GGUF's file name up to its first dot, e.g. "SmolLM2-135M-Instruct"), fraction 0..1.
-ConvertProgress = Callable[[str, float], None]
 
 
 def load_llama_gguf(path: str | Path, name: str, progress: ConvertProgress | None = None) -> LlamaModel:
@@ -107,11 +106,21 @@ def load_converted(out: Path, meta: dict, name: str) -> LlamaModel:
     except Exception as exc:  # a damaged cache: load_llama_gguf rebuilds it once
         raise WeightsError(f"{out}: converted copy is damaged ({exc})") from None
     info = make_info(name, cfg, "gguf:" + meta["gguf_sha256"], int(meta["quant_bits"]))
-    chat = ChatMLTemplate(meta.get("default_system_prompt"))
+    specials = meta.get("special_tokens") or {}
+    tokenizer = HFTokenizer(tok, meta["eos_ids"], byte_level=meta.get("vocab_kind", "gpt2") == "gpt2",
+                            spm=meta.get("vocab_kind") == "llama")
+    chat, chat_line = _chat(meta.get("chat_template"), tokenizer, cfg.arch, specials, str(out))
     raw = split_raw(tensors, meta.get("raw_types") or {})  # decode kernels read the file's blocks
-    model = LlamaModel(cfg, tensors, info, HFTokenizer(tok, meta["eos_ids"]), chat, str(out), raw=raw)
+    model = LlamaModel(cfg, tensors, info, tokenizer, chat, str(out), raw=raw)
     model.quant_mix = QuantMix.from_dict(meta.get("quant_mix"))  # for the info line and `bench engine`
+    model.details = {"chat": chat_line}
     return model
+
+
+def _chat(template: str | None, tok: HFTokenizer, arch: str, specials: dict, source: str):
+    """The model's own template when the file has one, else its family's turn format."""
+    return chat_template_for(template, lambda t: tok.token_to_id(t) is not None, arch,
+                             specials.get("bos", ""), specials.get("eos", ""), source)
 
 
 def convert_gguf(path: Path, sha: str, out: Path, progress: ConvertProgress | None = None) -> None:
@@ -136,42 +145,31 @@ def convert_gguf(path: Path, sha: str, out: Path, progress: ConvertProgress | No
         f = fields.get(key)
         return default if f is None else f.contents()
 
-    arch = meta("general.architecture")
-    if arch != "llama":
-        raise WeightsError(f"{path}: architecture {arch!r} is not supported (llama only)")
-    if str(meta("llama.rope.scaling.type", "none")) not in ("none", ""):
-        raise WeightsError(f"{path}: RoPE scaling {meta('llama.rope.scaling.type')!r} is not supported")
     tensors_by_name = {t.name: t for t in reader.tensors}
     tokens = meta("tokenizer.ggml.tokens")
     if not tokens:
         raise WeightsError(f"{path}: no tokenizer.ggml.tokens")
-    heads = int(meta("llama.attention.head_count"))
-    hidden = int(meta("llama.embedding_length"))
-    cfg = LlamaConfig(
-        vocab_size=int(meta("llama.vocab_size", len(tokens))),
-        hidden_size=hidden,
-        intermediate_size=int(meta("llama.feed_forward_length")),
-        num_layers=int(meta("llama.block_count")),
-        num_heads=heads,
-        num_kv_heads=int(meta("llama.attention.head_count_kv", heads)),
-        head_dim=int(meta("llama.attention.key_length", hidden // heads)),
-        rope_theta=_f32(meta("llama.rope.freq_base", 10000.0)),
-        rms_norm_eps=_f32(meta("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_position_embeddings=int(meta("llama.context_length", 2048)),
-        tie_word_embeddings="output.weight" not in tensors_by_name,
-    )
+    cfg, rope_factors = parse_gguf_metadata(meta, set(tensors_by_name), len(tokens), str(path))
     step(0.05)
     tensors = gguf_tensors_to_internal(cfg, tensors_by_name, str(path),
                                        on_layer=lambda i: step(0.05 + 0.6 * (i + 1) / cfg.num_layers))
-    raw, raw_types = gguf_raw_blocks(cfg, tensors_by_name, unpermute_rope_rows)
+    if rope_factors is not None:
+        tensors["rope_freqs"] = torch.tensor(rope_factors, dtype=torch.float32)
+    raw, raw_types = gguf_raw_blocks(cfg, tensors_by_name, unpermute_rope_rows if gguf_permutes_qk(cfg) else _keep_rows)
     step(0.7)
     tensors.update(raw)
-    tok = build_tokenizer(tokens, meta("tokenizer.ggml.merges") or [], meta("tokenizer.ggml.token_type") or [],
-                          meta("tokenizer.ggml.pre", "default"), str(path))
-    wrapped = HFTokenizer(tok, [])
-    eos = sorted(eos_ids_for(wrapped, [meta("tokenizer.ggml.eos_token_id")]))
+    vocab_kind = str(meta("tokenizer.ggml.model", "gpt2"))
+    token_types = meta("tokenizer.ggml.token_type") or []
+    tok = build_gguf_tokenizer(vocab_kind, tokens, token_types, merges=meta("tokenizer.ggml.merges") or [],
+                               scores=meta("tokenizer.ggml.scores") or [], pre=meta("tokenizer.ggml.pre", "default"),
+                               add_space_prefix=bool(meta("tokenizer.ggml.add_space_prefix", False)), source=str(path))
+    wrapped = HFTokenizer(tok, [], byte_level=vocab_kind == "gpt2", spm=vocab_kind == "llama")
+    eos_id, bos_id = meta("tokenizer.ggml.eos_token_id"), meta("tokenizer.ggml.bos_token_id")
+    specials = {"bos": _piece(tokens, bos_id), "eos": _piece(tokens, eos_id)}
     template = meta("tokenizer.chat_template")
-    chat = chat_for(template, str(path))
+    chat, _ = _chat(template, wrapped, cfg.arch, specials, str(path))
+    # The declared EOS, and the turn end of the chat format (Gemma's <end_of_turn>).
+    eos = sorted(eos_ids_for(wrapped, [eos_id, wrapped.token_to_id(chat.stop_strings[0])]))
     bits = quant_bits(reader.tensors)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
@@ -187,6 +185,8 @@ def convert_gguf(path: Path, sha: str, out: Path, progress: ConvertProgress | No
             "config": cfg.as_dict(),
             "eos_ids": eos,
             "quant_bits": bits,
+            "vocab_kind": vocab_kind,
+            "special_tokens": specials,
             "default_system_prompt": chat.default_system_prompt,
             "chat_template": template,
             "raw_types": raw_types,
@@ -207,10 +207,12 @@ def convert_gguf(path: Path, sha: str, out: Path, progress: ConvertProgress | No
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _f32(value) -> float:
-    """GGUF stores these as float32 (1e-5 reads back as 9.99999974e-06): take the shortest decimal
-    that rounds to the same float32, i.e. the value the model's config was written with."""
-    return float(str(np.float32(value)))
+def _piece(tokens: list[str], token_id) -> str:
+    return tokens[int(token_id)] if token_id is not None and 0 <= int(token_id) < len(tokens) else ""
+
+
+def _keep_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    return w
 
 
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -243,22 +245,32 @@ def gguf_tensors_to_internal(cfg: LlamaConfig, by_name: dict, source: str,
     def t(arr: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(arr))
 
+    shapes = expected_shapes(cfg)
+
+    qk_rows = unpermute_rope_rows if gguf_permutes_qk(cfg) else _keep_rows
     out = {"embed": t(get("token_embd.weight")), "norm": t(get("output_norm.weight"))}
     if not cfg.tie_word_embeddings:
         out["lm_head"] = t(get("output.weight"))
+    if cfg.rope_freq_factors and "rope_freqs.weight" in by_name:
+        out["rope_freqs"] = t(get("rope_freqs.weight"))  # Llama 3 scaling, as llama.cpp's converter writes it
     for i in range(cfg.num_layers):
         b = f"blk.{i}."
-        q = unpermute_rope_rows(get(b + "attn_q.weight"), cfg.num_heads)
-        k = unpermute_rope_rows(get(b + "attn_k.weight"), cfg.num_kv_heads)
+        q = qk_rows(get(b + "attn_q.weight"), cfg.num_heads)
+        k = qk_rows(get(b + "attn_k.weight"), cfg.num_kv_heads)
         out[f"layers.{i}.wqkv"] = t(np.concatenate([q, k, get(b + "attn_v.weight")]))
+        if cfg.attn_bias:
+            qb = qk_rows(get(b + "attn_q.bias")[:, None], cfg.num_heads)[:, 0]
+            kb = qk_rows(get(b + "attn_k.bias")[:, None], cfg.num_kv_heads)[:, 0]
+            out[f"layers.{i}.bqkv"] = t(np.concatenate([qb, kb, get(b + "attn_v.bias")]))
         out[f"layers.{i}.wo"] = t(get(b + "attn_output.weight"))
-        out[f"layers.{i}.attn_norm"] = t(get(b + "attn_norm.weight"))
-        out[f"layers.{i}.ffn_norm"] = t(get(b + "ffn_norm.weight"))
+        for ours, theirs in GGUF_LAYER_NORMS.items():
+            if f"layers.{i}.{ours}" in shapes:
+                out[f"layers.{i}.{ours}"] = t(get(b + theirs + ".weight"))
         out[f"layers.{i}.w13"] = t(np.concatenate([get(b + "ffn_gate.weight"), get(b + "ffn_up.weight")]))
         out[f"layers.{i}.w2"] = t(get(b + "ffn_down.weight"))
         if on_layer is not None:
             on_layer(i)
-    for name, shape in expected_shapes(cfg).items():
+    for name, shape in shapes.items():
         if tuple(out[name].shape) != shape:
             raise WeightsError(f"{source}: {name} came out {tuple(out[name].shape)}, config needs {shape}")
     return out
@@ -274,40 +286,3 @@ def quant_bits(tensors) -> int:
         return int("".join(c for c in kind if c.isdigit()))
     digits = "".join(c for c in kind.split("_")[0] if c.isdigit())  # "Q4_1" -> 4, "IQ4_XS" -> 4
     return int(digits) if digits else 0
-
-
-def build_tokenizer(tokens: list[str], merges: list[str], token_types: list[int], pre: str, source: str):
-    """Byte-level BPE from the GGUF vocab and merges (tokenizer.ggml.model "gpt2").
-
-    No BOS/EOS is added (SmolLM2 adds none). Control tokens are registered as special
-    so that `<|im_start|>` in a rendered prompt becomes one id instead of being split."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        raise WeightsError(f"{source}: the GGUF vocab has duplicate tokens")
-    pairs = []
-    for m in merges:
-        parts = m.split(" ")
-        if len(parts) != 2:
-            raise WeightsError(f"{source}: bad merge {m!r}")
-        pairs.append((parts[0], parts[1]))
-    tok = Tokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
-    if pre == "smollm":
-        # llama.cpp's "smollm" pre-tokenizer splits every digit on its own before the GPT-2 regex.
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    elif pre in ("default", "gpt2", "", None):
-        tok.pre_tokenizer = byte_level
-    else:
-        raise WeightsError(f"{source}: pre-tokenizer {pre!r} is not supported (smollm, gpt2/default)")
-    tok.decoder = decoders.ByteLevel()
-    added = []
-    for i, kind in enumerate(token_types):
-        if kind == TOKEN_CONTROL:
-            added.append(AddedToken(tokens[i], special=True, normalized=False))
-        elif kind == TOKEN_USER_DEFINED:
-            added.append(AddedToken(tokens[i], special=False, normalized=False))
-    if added:
-        tok.add_tokens(added)
-    return tok

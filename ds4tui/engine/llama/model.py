@@ -1,8 +1,10 @@
-"""The llama-family model: weights and the forward pass (SmolLM2, tiny-llama).
+"""The llama-family model: weights and the forward pass (llama, qwen2, qwen3, gemma3).
 
 Owns the math of one forward over a chunk of tokens at an absolute position,
-written against a session's static KV buffer, in the internal weight layout of
-config.py. The session (session.py) owns state and the payload; weights.py (Hugging
+written against a session's KV buffers, in the internal weight layout of
+config.py; what differs between architectures is a config field (config.py).
+A sliding-window layer keeps a ring of its last W rows (row of position p at slot
+p % W) instead of the whole context. The session (session.py) owns state and the payload; weights.py (Hugging
 Face directories) and gguf.py (GGUF files) turn files into that layout and are the
 entry points `engine/loader.py` calls.
 """
@@ -19,7 +21,7 @@ from ds4tui.engine.errors import WeightsError
 from ds4tui.engine.kernels.llama_step import make_fast_decoder
 from ds4tui.engine.kernels.qgemm import make_blocks
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
-from ds4tui.engine.llama.session import LlamaSession
+from ds4tui.engine.llama.session import KvBuffers, LlamaSession, kv_shapes
 from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
 
 # A session's context when the caller names none: SmolLM2's 8192 would pin 377 MB of fp32 KV;
@@ -34,7 +36,7 @@ CHUNK_SIZE = 512
 
 
 class Linear:
-    """y = x W^T with W float32 [out, in]: the only place a layer multiplies by a weight.
+    """y = x W^T (+ b) with W float32 [out, in]: the only place a layer multiplies by a weight.
 
     `blocks`, when set (LlamaModel attaches the GGUF's own blocks), takes the
     products the forward marks `small` (at most _SMALL_ROWS rows while the C kernels run):
@@ -42,33 +44,55 @@ class Linear:
     weight bytes than the fp32 copy, the same values up to summation order.
     """
 
-    __slots__ = ("weight", "blocks")
+    __slots__ = ("weight", "bias", "blocks")
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight = weight
+        self.bias = bias
         self.blocks = None
 
     def __call__(self, x: torch.Tensor, small: bool = False) -> torch.Tensor:
         if small and self.blocks is not None:
-            return self.blocks.matmul(x)
-        return F.linear(x, self.weight)
+            y = self.blocks.matmul(x)
+            return y if self.bias is None else y + self.bias
+        return F.linear(x, self.weight, self.bias)
 
 
-def make_linear(weight: torch.Tensor) -> Linear:
-    return Linear(weight)
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
+    return Linear(weight, bias)
 
 
 class LlamaLayer:
-    __slots__ = ("attn_norm", "wqkv", "wo", "ffn_norm", "w13", "w2")
+    __slots__ = ("attn_norm", "wqkv", "qk_norm", "wo", "post_attn_norm", "ffn_norm", "w13", "w2",
+                 "post_ffn_norm", "sliding")
 
-    def __init__(self, tensors: Mapping[str, torch.Tensor], i: int) -> None:
+    def __init__(self, cfg: LlamaConfig, tensors: Mapping[str, torch.Tensor], i: int) -> None:
         p = f"layers.{i}."
         self.attn_norm = tensors[p + "attn_norm"]
-        self.wqkv = make_linear(tensors[p + "wqkv"])
+        self.wqkv = make_linear(tensors[p + "wqkv"], tensors.get(p + "bqkv") if cfg.attn_bias else None)
+        # One [Hq + Hkv, D] weight for the per-head q and k norms (q heads first, as in wqkv).
+        self.qk_norm = None
+        if cfg.qk_norm:
+            self.qk_norm = torch.cat([tensors[p + "q_norm"].expand(cfg.num_heads, -1),
+                                      tensors[p + "k_norm"].expand(cfg.num_kv_heads, -1)]).contiguous()
         self.wo = make_linear(tensors[p + "wo"])
         self.ffn_norm = tensors[p + "ffn_norm"]
         self.w13 = make_linear(tensors[p + "w13"])
         self.w2 = make_linear(tensors[p + "w2"])
+        self.post_attn_norm = tensors[p + "post_attn_norm"] if cfg.post_norms else None
+        self.post_ffn_norm = tensors[p + "post_ffn_norm"] if cfg.post_norms else None
+        self.sliding = cfg.is_sliding(i)
+
+
+def rope_tables(cfg: LlamaConfig, theta: float, divisors: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [positions, D/2] computed the way HF does (float32 inv_freq x position);
+    `divisors` (Llama 3 or linear scaling) divide the frequencies."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    if divisors is not None:
+        inv_freq = inv_freq / divisors.float()
+    freqs = torch.outer(torch.arange(cfg.max_position_embeddings, dtype=torch.float32), inv_freq)
+    return freqs.cos().contiguous(), freqs.sin().contiguous()
 
 
 def check_tensors(cfg: LlamaConfig, tensors: Mapping[str, torch.Tensor], source: str) -> None:
@@ -108,27 +132,47 @@ class LlamaModel(Model):
         self.embed = tensors["embed"]
         self.norm = tensors["norm"]
         self.lm_head = make_linear(tensors["embed"] if cfg.tie_word_embeddings else tensors["lm_head"])
-        self.layers = [LlamaLayer(tensors, i) for i in range(cfg.num_layers)]
-        # RoPE tables for every position, computed the way HF does (float32 inv_freq x position).
-        half = cfg.head_dim // 2
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim))
-        freqs = torch.outer(torch.arange(cfg.max_position_embeddings, dtype=torch.float32), inv_freq)
-        self.cos = freqs.cos().contiguous()  # [n_ctx, D/2]
-        self.sin = freqs.sin().contiguous()
-        assert self.cos.shape[1] == half
-        # Batch-1 forwards (decode) run as one C call over the raw blocks (kernels/); None on
-        # the torch kernel backend, and tests may set it to None to force the torch path.
-        self.fast = make_fast_decoder(cfg, tensors, (self.cos, self.sin), raw)
-        if self.fast is not None and raw:  # block products only where the C step runs too
+        self.layers = [LlamaLayer(cfg, tensors, i) for i in range(cfg.num_layers)]
+        # RoPE tables for every position: global layers use rope_theta (and the scaling divisors),
+        # sliding layers their own base when the architecture has one (Gemma 3: 10000).
+        self.cos, self.sin = rope_tables(cfg, cfg.rope_theta, tensors.get("rope_freqs") if cfg.rope_freq_factors else None)
+        self.local_cos, self.local_sin = self.cos, self.sin
+        if cfg.sliding_layers and cfg.rope_local_theta and cfg.rope_local_theta != cfg.rope_theta:
+            self.local_cos, self.local_sin = rope_tables(cfg, cfg.rope_local_theta, None)
+        # Batch-1 forwards (decode) of a plain llama run as one C call over the raw blocks
+        # (kernels/); None on the torch kernel backend or for other architectures, and tests
+        # may set it to None to force the torch path.
+        self.fast = make_fast_decoder(cfg, tensors, (self.cos, self.sin), raw) if cfg.plain else None
+        # Block products: a plain llama only where the C step runs too; the others whenever
+        # the kernels read a matrix's type (the rest multiply by the fp32 copy).
+        self.use_blocks = False
+        if raw and (self.fast is not None or not cfg.plain):
             for i, layer in enumerate(self.layers):
                 for name in ("wqkv", "wo", "w13", "w2"):
                     lin = getattr(layer, name)
                     lin.blocks = make_blocks(raw.get(f"layers.{i}.{name}"), lin.weight)
+                    self.use_blocks |= lin.blocks is not None
             self.lm_head.blocks = make_blocks(raw.get("embed" if cfg.tie_word_embeddings else "lm_head"),
                                               self.lm_head.weight)
+            self.use_blocks |= self.lm_head.blocks is not None
+        # What the loader knows about the file (quant_mix: {type: parameters}, chat: format line).
+        self.details: dict = {}
         # One KV buffer written through by warm_up, handed to the next new_session of its size.
-        self._spare: torch.Tensor | None = None
+        self._spare: KvBuffers | None = None
         self._spare_lock = threading.Lock()
+
+    def describe(self) -> str:
+        """One line for the model info: architecture, weight types, attention layout, chat format."""
+        cfg = self.cfg
+        parts = [f"{cfg.arch}, {cfg.num_layers} layers, hidden {cfg.hidden_size}"]
+        if self.quant_mix is not None:
+            parts.append(f"weights {self.quant_mix.summary()}")
+        elif self.details.get("weights"):
+            parts.append(f"weights {self.details['weights']}")
+        parts.append(cfg.swa_layout())
+        if self.details.get("chat"):
+            parts.append(f"chat: {self.details['chat']}")
+        return "; ".join(parts)
 
     def _ctx(self, ctx_size: int | None) -> int:
         ctx = min(self.cfg.max_position_embeddings, DEFAULT_CTX) if ctx_size is None else int(ctx_size)
@@ -140,7 +184,7 @@ class LlamaModel(Model):
         ctx = self._ctx(ctx_size)
         with self._spare_lock:
             kv, self._spare = self._spare, None
-        if kv is not None and kv.shape[3] != ctx:
+        if kv is not None and [tuple(t.shape) for t in kv] != kv_shapes(self.cfg, ctx):
             kv = None  # warmed for another context size: dropped, not kept alongside
         return LlamaSession(self, ctx, CHUNK_SIZE, kv=kv)
 
@@ -163,16 +207,25 @@ class LlamaModel(Model):
             with torch.inference_mode():
                 self.forward(session.kv, tokens, 0, True)  # the torch prefill path
                 self.forward(session.kv, tokens[:1], n, True)  # the decode step (C when available)
-        session.kv.numpy().fill(0.0)  # one thread: torch's fill would split over OpenMP threads
+        for t in session.kv:
+            t.numpy().fill(0.0)  # one thread: torch's fill would split over OpenMP threads
         with self._spare_lock:
             self._spare = session.kv
 
-    def forward(self, kv: torch.Tensor, tokens: list[int], pos: int, want_logits: bool) -> torch.Tensor | None:
+    def _block_products(self) -> bool:
+        """Whether short products go through the file's blocks. A plain llama ties this to its
+        C step, so `model.fast = None` keeps the whole forward in torch fp32."""
+        return self.use_blocks and (self.fast is not None or not self.cfg.plain)
+
+    def forward(self, kv: KvBuffers, tokens: list[int], pos: int, want_logits: bool,
+                frozen_global: bool = False) -> torch.Tensor | None:
         """Run `tokens` at absolute positions pos..pos+S-1, writing their K/V rows into `kv`.
 
-        kv: the session's static buffer [layers, 2 (K, V), Hkv, ctx, D], valid for positions
-        < pos on entry and < pos+S on return. Returns float32 logits [V] of the last position,
-        or None. Call under torch.inference_mode().
+        kv: the session's buffers, one [2 (K, V), Hkv, rows, D] per layer (a global layer's
+        rows are the context, valid for positions < pos on entry and < pos+S on return; a
+        sliding layer's are its ring, see session.py). frozen_global: global layers read their
+        rows but write none (a restore's replay: their stored rows are already exact).
+        Returns float32 logits [V] of the last position, or None. Call under torch.inference_mode().
         """
         if len(tokens) == 1 and self.fast is not None:
             return self.fast.step(kv, tokens[0], pos, want_logits)
@@ -182,57 +235,121 @@ class LlamaModel(Model):
         nqk = (hq + hkv) * d
         eps = cfg.rms_norm_eps
         # Few rows: multiply by the file's blocks (qgemm.c); `fast = None` keeps all-torch fp32.
-        small = self.fast is not None and s <= _SMALL_ROWS
-        scale = d**-0.5
+        small = self._block_products() and s <= _SMALL_ROWS
+        scale = cfg.attn_scale
+        sdpa_scale = scale if cfg.query_pre_attn_scalar else None  # None: SDPA's own 1/sqrt(D), as before
         x = F.embedding(torch.tensor(tokens, dtype=torch.long), self.embed)  # [S, H]
-        cos = self.cos[pos:end].unsqueeze(1)  # [S, 1, D/2], broadcast over heads
-        sin = self.sin[pos:end].unsqueeze(1)
-        # Offset-aware causal mask: query s (absolute pos+s) sees keys 0..pos+s. SDPA's
-        # is_causal would align the diagonal to the top-left and hide the cached rows.
-        # Rows are (group member g, position s), g-major, matching the grouped q below.
+        if cfg.embed_scale != 1.0:
+            x = x * torch.tensor(cfg.embed_scale, dtype=torch.float32)
+        ropes = {False: (self.cos[pos:end].unsqueeze(1), self.sin[pos:end].unsqueeze(1)),  # [S, 1, D/2]
+                 True: (self.local_cos[pos:end].unsqueeze(1), self.local_sin[pos:end].unsqueeze(1))}
+        # Additive masks built once per forward (SDPA would convert a bool mask in every layer);
+        # rows are (group member g, position s), g-major, matching the grouped q below.
+        # Global: query s (absolute pos+s) sees keys 0..pos+s. SDPA's is_causal would align the
+        # diagonal to the top-left and hide the cached rows.
         mask = None
         if s > 1:
             allowed = torch.arange(end).unsqueeze(0) <= torch.arange(pos, end).unsqueeze(1)  # [S, end]
-            # Additive float mask built once: SDPA would convert a bool mask in every layer.
-            mask = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf")).repeat(g, 1)  # [G*S, end]
+            mask = _additive(allowed).repeat(g, 1)  # [G*S, end]
+        # Sliding: keys are the `past` ring rows before pos (oldest first), then the chunk's own;
+        # query pos+s sees absolute keys pos+s-W+1..pos+s.
+        w = cfg.sliding_window
+        past = min(pos, w - 1) if cfg.sliding_layers else 0
+        swa_mask = None
+        if cfg.sliding_layers and s > 1:
+            key_pos = torch.arange(pos - past, end).unsqueeze(0)
+            q_pos = torch.arange(pos, end).unsqueeze(1)
+            swa_mask = _additive((key_pos <= q_pos) & (key_pos > q_pos - w)).repeat(g, 1)  # [G*S, past+S]
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (cfg.hidden_size,), layer.attn_norm, eps)
             qkv = layer.wqkv(h, small)  # [S, (Hq + 2 Hkv) D]
-            qk = _rope(qkv[:, :nqk].view(s, hq + hkv, d), cos, sin)  # [S, Hq + Hkv, D]
-            k_all, v_all = kv[i, 0], kv[i, 1]  # [Hkv, ctx, D] each
-            k_all[:, pos:end] = qk[:, hq:].transpose(0, 1)
-            v_all[:, pos:end] = qkv[:, nqk:].view(s, hkv, d).transpose(0, 1)
+            qk = qkv[:, :nqk].view(s, hq + hkv, d)
+            if layer.qk_norm is not None:
+                qk = F.rms_norm(qk, (d,), None, eps) * layer.qk_norm
+            cos, sin = ropes[layer.sliding]
+            qk = _rope(qk, cos, sin)  # [S, Hq + Hkv, D]
+            k_new = qk[:, hq:].transpose(0, 1)  # [Hkv, S, D]
+            v_new = qkv[:, nqk:].view(s, hkv, d).transpose(0, 1)
+            k_all, v_all = kv[i][0], kv[i][1]  # [Hkv, rows, D] each
+            layer_mask = swa_mask if layer.sliding else mask
+            if not layer.sliding:
+                if not frozen_global:
+                    k_all[:, pos:end] = k_new
+                    v_all[:, pos:end] = v_new
+                k, v = k_all[:, :end], v_all[:, :end]  # [Hkv, end, D]: per-head rows contiguous
+            elif s == 1:
+                cap = k_all.shape[1]
+                k_all[:, pos % cap] = k_new[:, 0]
+                v_all[:, pos % cap] = v_new[:, 0]
+                k, v = k_all[:, : min(end, cap)], v_all[:, : min(end, cap)]  # the window, in ring order
+            else:
+                k, v = _ring_keys(k_all, v_all, k_new, v_new, pos, past)
             q = qk[:, :hq]
-            layer_mask = mask
             if i == last:
                 # Only the last position's output is ever used after the final layer: its K/V
                 # are stored above; skip the rest unless logits are wanted, then do one row.
                 if not want_logits:
                     return None
-                x, q, s, layer_mask = x[-1:], q[-1:], 1, None
-            k, v = k_all[:, :end], v_all[:, :end]  # [Hkv, end, D]: per-head rows contiguous
+                # The last query sees every key of a global layer (no mask: the decode path);
+                # on a sliding layer it keeps its band.
+                sliced = layer.sliding and layer_mask is not None
+                x, q = x[-1:], q[-1:]
+                layer_mask = layer_mask.view(g, s, -1)[:, -1:].reshape(g, -1) if sliced else None
+                s = 1
             # Grouped GQA: the G query heads sharing a KV head become G*S query rows of that
             # head, so K/V are never repeated: q [S, Hq, D] -> [Hkv, G*S, D].
             qg = q.reshape(s, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * s, d)
-            if s == 1:
+            if s == 1 and layer_mask is None:
                 # Decode: plain batched matmuls beat SDPA's CPU kernel for G query rows.
-                att = torch.bmm(qg * scale, k.transpose(1, 2))  # [Hkv, G, end]
+                att = torch.bmm(qg * scale, k.transpose(1, 2))  # [Hkv, G, keys]
                 o = torch.bmm(att.softmax(-1), v)  # [Hkv, G, D]
             else:
                 # 4-D inputs: with 3-D ones SDPA falls back to its slower math path on CPU
                 # (docs/perf.md, "SDPA input rank").
-                o = F.scaled_dot_product_attention(qg[None], k[None], v[None], attn_mask=layer_mask)[0]  # [Hkv, G*S, D]
+                o = F.scaled_dot_product_attention(qg[None], k[None], v[None], attn_mask=layer_mask, scale=sdpa_scale)[0]
             o = o.view(hkv, g, s, d).permute(2, 0, 1, 3).reshape(s, hq * d)  # [S, Hq D]
-            x = x + layer.wo(o, small)
+            o = layer.wo(o, small)
+            if layer.post_attn_norm is not None:
+                o = F.rms_norm(o, (cfg.hidden_size,), layer.post_attn_norm, eps)
+            x = x + o
             h = F.rms_norm(x, (cfg.hidden_size,), layer.ffn_norm, eps)
             gu = layer.w13(h, small)  # [S, 2F]
             f = cfg.intermediate_size
-            x = x + layer.w2(F.silu(gu[:, :f]) * gu[:, f:], small)
+            gate = F.silu(gu[:, :f]) if cfg.act == "silu" else F.gelu(gu[:, :f], approximate="tanh")
+            o = layer.w2(gate * gu[:, f:], small)
+            if layer.post_ffn_norm is not None:
+                o = F.rms_norm(o, (cfg.hidden_size,), layer.post_ffn_norm, eps)
+            x = x + o
         if not want_logits:
             return None
         out = F.rms_norm(x[-1:], (cfg.hidden_size,), self.norm, eps)
-        return self.lm_head(out, self.fast is not None)[0].float()
+        logits = self.lm_head(out, self._block_products())[0].float()
+        if cfg.final_logit_softcapping:
+            cap = cfg.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+
+def _additive(allowed: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
+
+
+def _ring_keys(k_ring: torch.Tensor, v_ring: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+               pos: int, past: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys/values of a chunk on a sliding layer: the `past` ring rows before pos (oldest
+    first) then the chunk's own rows; then the chunk's last rows go into the ring (slot
+    p % capacity). The gather comes first: the chunk may overwrite rows it still needs."""
+    cap = k_ring.shape[1]
+    slots = torch.arange(pos - past, pos) % cap
+    k = torch.cat([k_ring.index_select(1, slots), k_new], dim=1)
+    v = torch.cat([v_ring.index_select(1, slots), v_new], dim=1)
+    s = k_new.shape[1]
+    keep = min(s, cap)
+    dst = torch.arange(pos + s - keep, pos + s) % cap
+    k_ring.index_copy_(1, dst, k_new[:, s - keep:])
+    v_ring.index_copy_(1, dst, v_new[:, s - keep:])
+    return k, v
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,29 +1,35 @@
-"""LlamaSession: one conversation on a llama-family model (static KV buffer + payload I/O).
+"""LlamaSession: one conversation on a llama-family model (KV buffers + payload I/O).
 
-Owns the session state (tokens, next-token logits, the KV buffer) and its
+Owns the session state (tokens, next-token logits, the KV buffers) and its
 payload in the DSV4 framing of ds4tui/format/payload.py. Full attention is the degenerate
 DSV4 case: one raw window covering the whole context, a raw row per token
-holding K then V of every KV head, no compressed or indexer rows.
+holding K then V of every KV head, no compressed or indexer rows. A model with
+sliding-window layers (Gemma 3) keeps, per sliding layer, a ring of its last W
+rows only (the row of position p at slot p % W), and stores them under the
+session's SWA policy (swa.py); global layers are stored whole.
 
-The KV buffer is laid out [layers, 2 (K, V), Hkv, ctx, D]: each head's keys are
-contiguous rows, which attention reads without a copy (a token-major layout,
-[ctx, 2, Hkv, D], matched the payload but made long-context decode slower:
-strided K/V). The payload is token-major, so save and load move one layer at a
-time through a reused staging buffer [T, 2, Hkv, D] (6.4 MB at 4K tokens: it stays
-in L3 between the read and the copy). The reordering copy runs in numpy, on the
-calling thread: torch's copy_ of this size is split over its OpenMP threads, and
-on a busy 2-core machine one preempted thread stalls the whole copy. Measurements:
-docs/perf.md, "KV buffer layout and the reorder copy".
+The KV buffers are laid out [2 (K, V), Hkv, rows, D] per layer (a model without
+sliding layers has them as one [layers, 2, Hkv, ctx, D] tensor, which the fused C
+decode step reads): each head's keys are contiguous rows, which attention reads
+without a copy (a token-major layout, [ctx, 2, Hkv, D], matched the payload but
+made long-context decode slower: strided K/V). The payload is token-major, so save
+and load move one layer at a time through a staging buffer [T, 2, Hkv, D] (6.4 MB
+at 4K tokens: it stays in L3 between the read and the copy). The reordering copy
+runs in numpy, on the calling thread: torch's copy_ of this size is split over its
+OpenMP threads, and on a busy 2-core machine one preempted thread stalls the whole
+copy. Measurements: docs/perf.md, "KV buffer layout and the reorder copy".
 """
 
 from __future__ import annotations
 
-from typing import BinaryIO, Protocol
+import time
+from typing import BinaryIO, Protocol, Union
 
 import numpy as np
 import torch
 
 from ds4tui.format.payload import DSV4_MAGIC, FINGERPRINT_BYTES, Dsv4Header, framing_bytes
+from ds4tui.format.swa_policy import FULL_POLICY, PERIODIC, SwaPolicy, parse_policy
 from ds4tui.engine.payload import (
     PayloadReader,
     check_field,
@@ -34,36 +40,72 @@ from ds4tui.engine.payload import (
 )
 from ds4tui.engine.errors import PayloadError
 from ds4tui.engine.llama.config import LlamaConfig
+from ds4tui.engine.llama.swa import LlamaSwa, RestoreInfo, layout_for_save, layout_from_header, zero_start
 from ds4tui.engine.model import ModelInfo
 from ds4tui.engine.session import ProgressFn, RewindCost, Session
+from ds4tui.engine.swa_layout import SwaLayout, read_marker, write_marker
 
-# Version of the llama per-layer sections inside the DSV4 framing (header field payload_version).
+# Version of the llama per-layer sections inside the DSV4 framing (header field payload_version):
+# the `full` tag of the SWA policies, which is all a model without sliding layers writes.
 LLAMA_PAYLOAD_VERSION = 1
+
+# Memory the marks of a session with sliding layers may hold in ring copies.
+MARK_BYTES = 64 << 20
+# One [layers, 2, Hkv, ctx, D] tensor (no sliding layers) or one [2, Hkv, rows, D] per layer.
+KvBuffers = Union[torch.Tensor, list]
+
+
+def kv_shapes(cfg: LlamaConfig, ctx: int) -> list[tuple[int, ...]]:
+    """Per layer [2, Hkv, rows, D]: rows = ctx for a global layer, min(W, ctx) for a sliding one."""
+    ring = min(cfg.sliding_window, ctx) if cfg.sliding_layers else ctx
+    return [(2, cfg.num_kv_heads, ring if cfg.is_sliding(i) else ctx, cfg.head_dim) for i in range(cfg.num_layers)]
+
+
+def new_kv(cfg: LlamaConfig, ctx: int) -> KvBuffers:
+    if not cfg.sliding_layers:
+        return torch.empty((cfg.num_layers, 2, cfg.num_kv_heads, ctx, cfg.head_dim), dtype=torch.float32)
+    # Zeros, not garbage: a zero-policy replay attends to ring rows it has not rebuilt yet.
+    return [torch.zeros(shape, dtype=torch.float32) for shape in kv_shapes(cfg, ctx)]
+
+
+def kv_bytes(kv: KvBuffers) -> int:
+    return sum(t.numel() * 4 for t in kv)
 
 
 class LlamaForward(Protocol):
     """What a session needs of its model (LlamaModel): the shapes, the identity its payloads
-    carry, and one forward over the session's KV buffer."""
+    carry, and one forward over the session's KV buffers."""
 
     cfg: LlamaConfig
     info: ModelInfo
 
-    def forward(self, kv: torch.Tensor, tokens: list[int], pos: int, want_logits: bool) -> torch.Tensor | None: ...
+    def forward(self, kv: KvBuffers, tokens: list[int], pos: int, want_logits: bool,
+                frozen_global: bool = False) -> torch.Tensor | None: ...
 
 
 class LlamaSession(Session):
     def __init__(self, model: LlamaForward, ctx_size: int, chunk_size: int,
-                 kv: torch.Tensor | None = None) -> None:
-        """kv: a buffer of this session's shape to adopt (the model's pre-touched spare, see
-        LlamaModel.warm_up); its content is irrelevant."""
+                 kv: KvBuffers | None = None) -> None:
+        """kv: buffers of this session's shapes to adopt (the model's pre-touched spare, see
+        LlamaModel.warm_up); their content is irrelevant."""
         super().__init__(ctx_size, chunk_size)
         self.model = model
         cfg = model.cfg
-        shape = (cfg.num_layers, 2, cfg.num_kv_heads, ctx_size, cfg.head_dim)
-        if kv is not None and (tuple(kv.shape) != shape or kv.dtype != torch.float32 or not kv.is_contiguous()):
-            raise ValueError(f"kv buffer {tuple(kv.shape)} {kv.dtype} does not fit {shape} float32")
-        # Rows >= len(self.tokens) are never read, so the buffer need not be zeroed.
-        self.kv = kv if kv is not None else torch.empty(shape, dtype=torch.float32)
+        self.swa = LlamaSwa()
+        if kv is not None:
+            shapes = kv_shapes(cfg, ctx_size)
+            if [tuple(t.shape) for t in kv] != shapes or any(t.dtype != torch.float32 or not t.is_contiguous() for t in kv):
+                raise ValueError(f"kv buffers do not fit {shapes} float32")
+            if cfg.sliding_layers:
+                for t in kv:
+                    t.zero_()
+        # Rows of global layers >= len(self.tokens) are never read, so they need no zeroing.
+        self.kv = kv if kv is not None else new_kv(cfg, ctx_size)
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of K/V this session holds in memory (sliding layers: their rings only)."""
+        return kv_bytes(self.kv)
 
     def _forward(self, tokens: list[int], want_logits: bool) -> torch.Tensor | None:
         vocab = self.model.cfg.vocab_size
@@ -71,83 +113,199 @@ class LlamaSession(Session):
             if not 0 <= t < vocab:
                 raise ValueError(f"token id {t} outside vocab of {vocab}")
         with torch.inference_mode():
-            return self.model.forward(self.kv, tokens, len(self.tokens), want_logits)
+            out = self.model.forward(self.kv, tokens, len(self.tokens), want_logits, self.swa.replaying)
+        if not self.swa.replaying:
+            self._maybe_snapshot(len(self.tokens) + len(tokens))
+        return out
 
     def reset(self) -> None:
         self.tokens = []
         self.logits = None
         self._marks = {}
         self._ends = []
+        self.swa.forget()
+        if self.model.cfg.sliding_layers:
+            for t in self.kv:
+                t.zero_()
 
-    # -- rewind and fork: every layer keeps full KV, so the rows of a prefix never change ---
+    # -- SWA storage policy ---------------------------------------------------------------
+
+    def set_storage_policy(self, policy: SwaPolicy | str) -> bool:
+        if not self.model.cfg.sliding_layers:
+            return False
+        self.swa.policy = parse_policy(policy) if isinstance(policy, str) else policy
+        if self.swa.policy.kind != PERIODIC:
+            self.swa.snapshot_at = self.swa.snapshot = None  # only periodic saves read it
+        else:
+            self._maybe_snapshot(len(self.tokens))
+        return True
+
+    def _maybe_snapshot(self, end: int) -> None:
+        # Prefill chunks end on multiples of the chunk size, and the effective period is one,
+        # so every frontier is the end of some forward (or a decode step).
+        k = self.swa.policy.effective_period(self.chunk_size)
+        if k and end and end % k == 0:
+            self.swa.snapshot = [self._window_rows(i, end) for i in self.model.cfg.sliding_layers]
+            self.swa.snapshot_at = end
+
+    def _window_rows(self, layer: int, at: int) -> torch.Tensor:
+        """A copy of a sliding layer's live ring as [min(at, W), 2, Hkv, D], oldest first;
+        `at` is the number of tokens the ring has seen."""
+        ring = self.kv[layer]
+        m = min(at, self.model.cfg.sliding_window, ring.shape[2])
+        slots = torch.arange(at - m, at) % ring.shape[2]
+        return ring.index_select(2, slots).permute(2, 0, 1, 3).contiguous()
+
+    # -- rewind and fork ----------------------------------------------------------------------
+    # Global layers keep full KV: the rows of a prefix never change. A sliding layer's ring
+    # only holds its last W rows, so a mark also keeps a copy of the rings, and a rewind to a
+    # point without one rebuilds them like a zero-policy load (swa.py): re-run the tokens of
+    # the receptive field with the global layers frozen.
+
+    def _capture_mark(self) -> object:
+        if not self.model.cfg.sliding_layers:
+            return self.logits
+        return self.logits, [self.kv[i].clone() for i in self.model.cfg.sliding_layers]
+
+    @property
+    def max_marks(self) -> int:  # type: ignore[override]
+        """Full attention: the base class's count (a mark is the logits). Sliding layers: as
+        many ring copies as fit in MARK_BYTES (at least 2)."""
+        cfg = self.model.cfg
+        if not cfg.sliding_layers:
+            return Session.max_marks
+        ring = sum(t.numel() * 4 for i, t in enumerate(self.kv) if cfg.is_sliding(i))
+        return max(2, min(Session.max_marks, MARK_BYTES // max(ring, 1)))
 
     def _rewind_plan(self, n_tokens: int) -> RewindCost:
         if n_tokens in self._marks:
             return RewindCost(n_tokens, n_tokens, 0, "kept")
-        # The rows before n are intact; only the logits at n are missing: run the last token
-        # again (a decode step: exactly what produced them if that token was decoded).
-        return RewindCost(n_tokens, n_tokens - 1, 1, "recompute")
+        cfg = self.model.cfg
+        if not cfg.sliding_layers:
+            # The rows before n are intact; only the logits at n are missing: run the last token
+            # again (a decode step: exactly what produced them if that token was decoded).
+            return RewindCost(n_tokens, n_tokens - 1, 1, "recompute")
+        below = [m for m in self._marks if m < n_tokens]
+        start = zero_start(n_tokens, len(cfg.sliding_layers), cfg.sliding_window, self.chunk_size)
+        if below and max(below) >= start:
+            m = max(below)
+            return RewindCost(n_tokens, m, n_tokens - m, "mark")
+        return RewindCost(n_tokens, start, n_tokens - start, "rebuild")
 
     def _rewind_to(self, plan: RewindCost, on_progress: ProgressFn | None) -> None:
         n = plan.target
+        sliding = self.model.cfg.sliding_layers
         if plan.how == "kept":
             self.tokens = self.tokens[:n]
-            self.logits = self._marks[n]
-            return
-        last = self.tokens[n - 1]
-        self.tokens = self.tokens[: n - 1]
-        self.logits = self._forward([last], want_logits=True)
-        self.tokens.append(last)
-        if on_progress is not None:
-            on_progress(1, 1)
+            mark = self._marks[n]
+            if sliding:
+                mark, rings = mark
+                for i, ring in zip(sliding, rings):
+                    self.kv[i].copy_(ring)
+            self.logits = mark
+        elif plan.how == "recompute":
+            last = self.tokens[n - 1]
+            self.tokens = self.tokens[: n - 1]
+            self.logits = self._forward([last], want_logits=True)
+            self.tokens.append(last)
+            if on_progress is not None:
+                on_progress(1, 1)
+        else:  # "mark" or "rebuild": the rings as of plan.restore_from, then the tokens up to n again
+            tokens = self.tokens[:n]
+            if plan.how == "mark":
+                for i, ring in zip(sliding, self._marks[plan.restore_from][1]):
+                    self.kv[i].copy_(ring)
+            else:
+                for i in sliding:
+                    self.kv[i].zero_()
+            self.tokens, self.logits = tokens[: plan.restore_from], None
+            self.swa.replaying = True  # global layers read their rows and write none
+            try:
+                self._replay(plan.restore_from, tokens, on_progress)
+            finally:
+                self.swa.replaying = False
+        if self.swa.snapshot_at is not None and self.swa.snapshot_at > n:
+            self.swa.snapshot_at = self.swa.snapshot = None
 
     def _copy(self, n_tokens: int) -> "LlamaSession":
         other = LlamaSession(self.model, self.ctx_size, self.chunk_size)
         n = n_tokens
-        # One numpy copy of the prefix's rows (see the module docstring on torch's copy_).
-        np.copyto(other.kv.numpy()[:, :, :, :n], self.kv.numpy()[:, :, :, :n])
+        # One numpy copy of the prefix's rows (see the module docstring on torch's copy_);
+        # a sliding layer's whole ring (rewind then restores or rebuilds it for n).
+        for i, (src, dst) in enumerate(zip(self.kv, other.kv)):
+            rows = src.shape[2] if self.model.cfg.is_sliding(i) else n
+            np.copyto(dst.numpy()[:, :, :rows], src.numpy()[:, :, :rows])
         other.tokens = self.tokens[:n]
-        other.logits = self.logits if n == len(self.tokens) else self._marks.get(n)
+        other.logits = self.logits if n == len(self.tokens) else None
+        other.swa.policy = self.swa.policy
         return other
 
     # -- payload --------------------------------------------------------------------------
 
-    def _header(self, token_count: int) -> Dsv4Header:
+    def _layout(self) -> SwaLayout:
+        cfg, t = self.model.cfg, len(self.tokens)
+        if not cfg.sliding_layers:
+            return SwaLayout(FULL_POLICY, t, t, t)
+        return layout_for_save(self.swa, t, self.chunk_size, len(cfg.sliding_layers), cfg.sliding_window)
+
+    def _rows(self, layout: SwaLayout, layer: int) -> int:
+        """Rows a payload of this layout holds for one layer."""
         cfg = self.model.cfg
+        return min(layout.raw_at, cfg.sliding_window) if cfg.is_sliding(layer) else layout.tokens
+
+    def _header(self, layout: SwaLayout) -> Dsv4Header:
+        cfg, t = self.model.cfg, layout.tokens
+        sliding = bool(cfg.sliding_layers)
         return Dsv4Header(
             magic=DSV4_MAGIC,
-            payload_version=LLAMA_PAYLOAD_VERSION,
+            payload_version=layout.version,
             saved_ctx=self.ctx_size,
             prefill_chunk=self.chunk_size,
             raw_capacity=self.ctx_size,
-            raw_window=self.ctx_size,
+            raw_window=cfg.sliding_window if sliding else self.ctx_size,
             compressed_capacity=0,
-            token_count=token_count,
+            token_count=t,
             layer_count=cfg.num_layers,
             head_dim=cfg.kv_row_floats,
             indexer_head_dim=0,
             vocab_size=cfg.vocab_size,
-            live_raw_rows=token_count,
+            # the rows of a sliding layer (every global layer holds token_count)
+            live_raw_rows=min(layout.raw_at, cfg.sliding_window) if sliding else t,
         )
 
     def payload_bytes(self) -> int:
         cfg = self.model.cfg
-        t = len(self.tokens)
-        return framing_bytes(t, cfg.vocab_size, cfg.num_layers) + 4 * cfg.num_layers * t * cfg.kv_row_floats
+        layout = self._layout()
+        rows = sum(self._rows(layout, i) for i in range(cfg.num_layers))
+        return (framing_bytes(layout.tokens, cfg.vocab_size, cfg.num_layers) + layout.marker_bytes
+                + 4 * rows * cfg.kv_row_floats)
 
     def save_payload(self, fp: BinaryIO) -> None:
         cfg = self.model.cfg
-        t = len(self.tokens)
+        layout = self._layout()
+        t = layout.tokens
         # A session stopped between prefill chunks has no next-token logits; it is saved with
         # zero logits (no real model emits an all-zero row), which load turns back into None.
         logits = self.logits if self.logits is not None else torch.zeros(cfg.vocab_size)
         zeros = [0] * cfg.num_layers
-        write_framing(fp, self._header(t), self.model.info.fingerprint, self.tokens, logits, zeros, zeros)
-        stage = self._stage(t)
-        kv, st = self.kv.numpy(), stage.numpy()
+        write_framing(fp, self._header(layout), self.model.info.fingerprint, self.tokens, logits, zeros, zeros)
+        write_marker(fp, layout)
+        stage = None
         for layer in range(cfg.num_layers):
-            np.copyto(st, kv[layer, :, :, :t].transpose(2, 0, 1, 3))  # [2, Hkv, T, D] -> [T, 2, Hkv, D]
+            if cfg.is_sliding(layer):
+                write_tensor(fp, self._sliding_rows_for_save(layout, layer), f"layer {layer} window rows")
+                continue
+            stage = stage if stage is not None else self._stage(t)
+            np.copyto(stage.numpy(), self.kv[layer][:, :, :t].numpy().transpose(2, 0, 1, 3))  # [2, Hkv, T, D] -> [T, 2, Hkv, D]
             write_tensor(fp, stage, f"layer {layer} KV rows")
+
+    def _sliding_rows_for_save(self, layout: SwaLayout, layer: int) -> torch.Tensor:
+        if layout.raw_at == layout.tokens:
+            return self._window_rows(layer, layout.raw_at)
+        if layout.raw_at == 0:
+            return torch.empty(0)
+        assert self.swa.snapshot is not None and self.swa.snapshot_at == layout.raw_at
+        return self.swa.snapshot[self.model.cfg.sliding_layers.index(layer)]
 
     def _stage(self, t: int) -> torch.Tensor:
         """A [T, 2, Hkv, D] buffer for one layer's payload rows."""
@@ -167,14 +325,20 @@ class LlamaSession(Session):
         r = PayloadReader(fp, nbytes)
         h = r.read_header()
         check_fingerprint(r.read_bytes(FINGERPRINT_BYTES, "the fingerprint"), self.model.info.fingerprint, self.model.info.name)
-        check_field(h, "payload_version", LLAMA_PAYLOAD_VERSION)
         check_field(h, "layer_count", cfg.num_layers)
         check_field(h, "head_dim", cfg.kv_row_floats)
         check_field(h, "indexer_head_dim", 0)
         check_field(h, "compressed_capacity", 0)
         check_field(h, "vocab_size", cfg.vocab_size)
-        check_field(h, "raw_window", h.raw_capacity)  # full attention: the window is the context
-        check_field(h, "live_raw_rows", h.token_count)
+        if cfg.sliding_layers:
+            layout = layout_from_header(h, len(cfg.sliding_layers), cfg.sliding_window)
+            check_field(h, "raw_window", cfg.sliding_window)
+            check_field(h, "live_raw_rows", min(layout.raw_at, cfg.sliding_window))
+        else:
+            check_field(h, "payload_version", LLAMA_PAYLOAD_VERSION)
+            check_field(h, "raw_window", h.raw_capacity)  # full attention: the window is the context
+            check_field(h, "live_raw_rows", h.token_count)
+            layout = SwaLayout(FULL_POLICY, h.token_count, h.token_count, h.token_count)
         t = h.token_count
         if t > self.ctx_size:
             raise PayloadError(f"payload holds {t} tokens, this session's context is {self.ctx_size}")
@@ -190,14 +354,60 @@ class LlamaSession(Session):
             counts = r.read_u32(cfg.num_layers, what)
             if any(counts):
                 raise PayloadError(f"payload has nonzero {what}: a llama model has none")
-        stage = self._stage(t)  # size bounded by ctx_size, checked above
-        kv, st = self.kv.numpy(), stage.numpy()
+        read_marker(r, layout)
+        stage = None
         for layer in range(cfg.num_layers):
+            if cfg.is_sliding(layer):
+                self._read_ring(r, layer, layout.raw_at)
+                continue
+            stage = stage if stage is not None else self._stage(t)  # size bounded by ctx_size, checked above
             r.read_into(stage, f"layer {layer} KV rows")
             check_finite(stage, f"layer {layer} KV rows")  # while the layer is still in cache
-            np.copyto(kv[layer, :, :, :t], st.transpose(1, 2, 0, 3))  # [T, 2, Hkv, D] -> [2, Hkv, T, D]
+            np.copyto(self.kv[layer][:, :, :t].numpy(), stage.numpy().transpose(1, 2, 0, 3))  # [T, 2, Hkv, D] -> [2, Hkv, T, D]
         r.finish()
         self.tokens = tokens
         self.logits = None if not bool(logits.any()) else logits
+        if cfg.sliding_layers:
+            self._finish_load(layout)  # the rings first: a mark copies them
         self._ends = [t] if t else []
         self.keep_mark()
+
+    def _read_ring(self, r: PayloadReader, layer: int, at: int) -> None:
+        """Rows of the window live after `at` tokens, oldest first, into their ring slots."""
+        ring = self.kv[layer]
+        m = min(at, self.model.cfg.sliding_window)
+        rows = r.read_f32((m, 2, self.model.cfg.num_kv_heads, self.model.cfg.head_dim), f"layer {layer} window rows")
+        check_finite(rows, f"layer {layer} window rows")
+        if m:
+            slots = torch.arange(at - m, at) % ring.shape[2]
+            ring.index_copy_(2, slots, rows.permute(1, 2, 0, 3))
+
+    def _finish_load(self, layout: SwaLayout) -> None:
+        """Keep a periodic file's window as this session's snapshot, then rebuild the sliding
+        windows by re-running the tokens the file did not store them for."""
+        t = layout.tokens
+        if layout.policy.kind == PERIODIC and self.swa.policy.kind == PERIODIC and 0 < layout.raw_at < t:
+            self.swa.snapshot = [self._window_rows(i, layout.raw_at) for i in self.model.cfg.sliding_layers]
+            self.swa.snapshot_at = layout.raw_at
+        info = RestoreInfo(str(layout.policy), t, 0, 0.0, None)
+        if layout.replay_from < t:
+            info = self._restore_replay(layout)
+        self.swa.last_restore = info
+        self._maybe_snapshot(t)
+
+    def _restore_replay(self, layout: SwaLayout) -> RestoreInfo:
+        start = layout.replay_from
+        tokens, stored = list(self.tokens), self.logits
+        self.tokens, self.logits = tokens[:start], None
+        self.swa.replaying = True
+        t0 = time.perf_counter()
+        try:
+            self.prefill(tokens[start:])  # chunks end on absolute multiples of the chunk, as cold
+        finally:
+            self.swa.replaying = False
+        ms = (time.perf_counter() - t0) * 1000.0
+        delta = None
+        if stored is not None and self.logits is not None:
+            delta = float((self.logits - stored).abs().max())
+        return RestoreInfo(str(layout.policy), len(tokens), len(tokens) - start, ms, delta)
+

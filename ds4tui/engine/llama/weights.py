@@ -22,13 +22,10 @@ from safetensors import safe_open
 
 from ds4tui import paths
 from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, MODEL_ID_LLAMA
-from ds4tui.engine.text.hf_tokenizer import (
-    IM_END,
-    ChatMLTemplate,
-    HFTokenizer,
-    default_system_from_template,
-    is_chatml_template,
-)
+from ds4tui.engine.text.chat_formats import chat_template_for
+from ds4tui.engine.text.hf_tokenizer import IM_END, HFTokenizer
+from ds4tui.engine.llama.arch import hf_layer_norms, hf_norm_offset
+from ds4tui.engine.llama.config import parse_hf_config
 from ds4tui.engine.llama.config import LlamaConfig
 from ds4tui.engine.llama.model import LlamaModel
 from ds4tui.engine.errors import WeightsError
@@ -108,21 +105,6 @@ def eos_ids_for(tok: HFTokenizer, extra: Iterable[int | None]) -> set[int]:
     return ids
 
 
-def chat_for(template: str | None, source: str) -> ChatMLTemplate:
-    if not is_chatml_template(template):
-        raise WeightsError(f"{source}: only ChatML chat templates are supported")
-    return ChatMLTemplate(default_system_from_template(template))
-
-
-# Hugging Face tensor names -> internal parts (fused on load; see config.py for the layout).
-_HF_LAYER = {
-    "input_layernorm.weight": "attn_norm",
-    "post_attention_layernorm.weight": "ffn_norm",
-    "self_attn.o_proj.weight": "wo",
-    "mlp.down_proj.weight": "w2",
-}
-
-
 def load_llama_hf(path: str | Path, name: str) -> LlamaModel:
     """A Hugging Face style directory: config.json + *.safetensors + tokenizer.json."""
     path = Path(path)
@@ -130,7 +112,7 @@ def load_llama_hf(path: str | Path, name: str) -> LlamaModel:
         raw_cfg = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise WeightsError(f"{path}/config.json: {exc}") from None
-    cfg = LlamaConfig.from_hf(raw_cfg)
+    cfg, rope_factors = parse_hf_config(raw_cfg)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise WeightsError(f"{path}: no *.safetensors files")
@@ -143,6 +125,8 @@ def load_llama_hf(path: str | Path, name: str) -> LlamaModel:
         except Exception as exc:  # safetensors raises its own error types for corrupt files
             raise WeightsError(f"{f}: unreadable safetensors ({exc})") from None
     tensors = hf_to_internal(cfg, hf, str(path))
+    if rope_factors is not None:
+        tensors["rope_freqs"] = torch.tensor(rope_factors, dtype=torch.float32)
     identity = "safetensors:" + ",".join(file_sha256(f) for f in files)
     tok_file = path / "tokenizer.json"
     if not tok_file.is_file():
@@ -156,17 +140,41 @@ def load_llama_hf(path: str | Path, name: str) -> LlamaModel:
             tcfg = json.loads((path / "tokenizer_config.json").read_text())
         except (OSError, ValueError) as exc:
             raise WeightsError(f"{path}/tokenizer_config.json: {exc}") from None
-    hf_tok = HFTokenizer(tok, [])
+    template = tcfg.get("chat_template")
+    if isinstance(template, list):  # several named templates: the default one
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
+    chat, chat_line = chat_template_for(template, lambda t: tok.token_to_id(t) is not None, cfg.arch,
+                                        _token_text(tcfg.get("bos_token")), _token_text(tcfg.get("eos_token")), str(path))
     declared = raw_cfg.get("eos_token_id")
-    declared = declared if isinstance(declared, list) else [declared]
-    eos_tok = tcfg.get("eos_token")
-    if isinstance(eos_tok, str):
-        declared.append(tok.token_to_id(eos_tok))
-    hf_tok = HFTokenizer(tok, eos_ids_for(hf_tok, declared))
-    chat = chat_for(tcfg.get("chat_template"), str(path))
+    declared = list(declared) if isinstance(declared, list) else [declared]
+    declared.append(tok.token_to_id(_token_text(tcfg.get("eos_token"))) if _token_text(tcfg.get("eos_token")) else None)
+    declared.append(tok.token_to_id(chat.stop_strings[0]))  # the turn end stops a reply
+    spm = _is_sentencepiece(tok)
+    hf_tok = HFTokenizer(tok, eos_ids_for(HFTokenizer(tok, []), declared), byte_level=not spm, spm=spm)
     bits = {torch.float32: 32, torch.float16: 16, torch.bfloat16: 16}.get(hf["model.embed_tokens.weight"].dtype, 32)
     info = make_info(name, cfg, identity, bits)
-    return LlamaModel(cfg, tensors, info, hf_tok, chat, str(path))
+    model = LlamaModel(cfg, tensors, info, hf_tok, chat, str(path))
+    model.details = {"weights": _DTYPE_NAMES.get(hf["model.embed_tokens.weight"].dtype, "F32"), "chat": chat_line}
+    return model
+
+
+_DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+def _is_sentencepiece(tok) -> bool:
+    """A SentencePiece-style vocabulary ("▁" for spaces, <0xXX> byte pieces: Gemma, Llama 2)
+    rather than a byte-level one: its model falls back to bytes."""
+    try:
+        return bool(json.loads(tok.to_str()).get("model", {}).get("byte_fallback"))
+    except ValueError:
+        return False
+
+
+def _token_text(value) -> str:
+    """A tokenizer_config special token: a string or {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
 
 
 def hf_to_internal(cfg: LlamaConfig, hf: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
@@ -176,13 +184,22 @@ def hf_to_internal(cfg: LlamaConfig, hf: dict[str, torch.Tensor], source: str) -
             raise WeightsError(f"{source}: tensor {key} is missing")
         return t.to(torch.float32)
 
-    out = {"embed": get("model.embed_tokens.weight"), "norm": get("model.norm.weight")}
+    offset = hf_norm_offset(cfg)
+
+    def norm(key: str) -> torch.Tensor:
+        return (get(key) + offset).contiguous() if offset else get(key)
+
+    out = {"embed": get("model.embed_tokens.weight"), "norm": norm("model.norm.weight")}
     if not cfg.tie_word_embeddings:
         out["lm_head"] = get("lm_head.weight")
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        for hf_name, ours in _HF_LAYER.items():
-            out[f"layers.{i}.{ours}"] = get(p + hf_name)
+        for ours, theirs in hf_layer_norms(cfg).items():
+            out[f"layers.{i}.{ours}"] = norm(p + theirs)
+        out[f"layers.{i}.wo"] = get(p + "self_attn.o_proj.weight")
+        out[f"layers.{i}.w2"] = get(p + "mlp.down_proj.weight")
         out[f"layers.{i}.wqkv"] = torch.cat([get(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
+        if cfg.attn_bias:
+            out[f"layers.{i}.bqkv"] = torch.cat([get(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
         out[f"layers.{i}.w13"] = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
     return out

@@ -212,7 +212,7 @@ def payload_section(info: KvDetailInfo) -> Text:
     header = info.entry.header
     if header is not None and header.payload_abi == DS4TUI_PAYLOAD_ABI:
         # Only ds4tui's payloads tag payload_version with the SWA storage policy.
-        rows.append(("swa_policy", describe_payload(p)))
+        rows.append(("swa_policy", describe_payload(p, header.model_id)))
     return _kv(rows)
 
 

@@ -1,0 +1,224 @@
+"""Gemma 3 sessions: sliding layers keep a ring of W rows, and a payload stores them under the
+session's SWA policy. Save at T, load, continue: bit-exact against the saver continuing, for
+every policy, at T on both sides of the window W, of the period and of the zero replay field."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from ds4tui.engine.errors import PayloadError
+from ds4tui.engine.llama.session import LlamaSession
+from ds4tui.engine.llama.weights import load_llama_hf
+from tests.engine.llama.arch_models import VOCAB, WINDOW, hf_model, save_hf_dir
+
+pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+CHUNK = 8
+PERIOD = 16  # effective period 16: a multiple of the chunk
+CTX = 256
+TOKENS = torch.randint(3, VOCAB, (CTX,), generator=torch.Generator().manual_seed(3)).tolist()
+# The zero replay field: 6 sliding layers x (W - 1) + 1 = 91 tokens (then back to a chunk start).
+LENGTHS = [WINDOW - 1, WINDOW + 1, PERIOD + CHUNK, 2 * PERIOD + 1, 90, 92]
+POLICIES = ["full", f"periodic:{PERIOD}", "zero"]
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gemma")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DS4TUI_DATA_DIR", str(root / "data"))
+        return load_llama_hf(save_hf_dir(hf_model("gemma3"), root / "hf"), "tiny-gemma3")
+
+
+def _session(model, policy: str | None) -> LlamaSession:
+    s = LlamaSession(model, CTX, CHUNK)
+    if policy is not None:
+        assert s.set_storage_policy(policy)
+    return s
+
+
+def _saved(s: LlamaSession) -> bytes:
+    buf = io.BytesIO()
+    s.save_payload(buf)
+    assert len(buf.getvalue()) == s.payload_bytes()
+    return buf.getvalue()
+
+
+def _load(model, data: bytes, policy: str | None = None) -> LlamaSession:
+    s = _session(model, policy)
+    s.load_payload(io.BytesIO(data), len(data))
+    return s
+
+
+def _expected_replay(policy: str, t: int) -> int:
+    if policy == "full":
+        return 0
+    if policy == "zero":
+        return t - max(0, t - 91) // CHUNK * CHUNK
+    return t % PERIOD
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("t", LENGTHS)
+def test_save_load_continue_is_bit_exact(gemma, policy, t):
+    a = _session(gemma, policy)
+    a.prefill(TOKENS[:t])
+    b = _load(gemma, _saved(a), policy)
+    assert b.tokens == a.tokens and torch.equal(b.logits, a.logits)
+    info = b.swa.last_restore
+    assert info.replayed == _expected_replay(policy, t)
+    assert info.logit_delta in (None, 0.0)
+    more = TOKENS[t : t + 11]
+    a.prefill(more)
+    b.prefill(more)
+    assert torch.equal(a.logits, b.logits)
+    for _ in range(3):
+        tok = int(a.logits.argmax())
+        assert torch.equal(a.decode(tok), b.decode(tok))
+
+
+def test_replayed_tokens_and_payload_sizes(gemma):
+    a = _session(gemma, None)
+    a.prefill(TOKENS[:130])
+    sizes, replayed = {}, {}
+    for policy in POLICIES:
+        assert a.set_storage_policy(policy)
+        data = _saved(a)
+        b = _load(gemma, data)
+        sizes[policy], replayed[policy] = len(data), b.swa.last_restore.replayed
+    # A periodic file of a session that had no snapshot at its frontier (policy set late) is a
+    # full one; the zero replay starts at the chunk start before 130 - 91 = 39.
+    assert replayed == {"full": 0, f"periodic:{PERIOD}": 0, "zero": 130 - 32}
+    row = 4 * gemma.cfg.kv_row_floats
+    assert sizes["full"] - sizes["zero"] == 6 * WINDOW * row - 16  # the rings, less the marker block
+    p = _session(gemma, f"periodic:{PERIOD}")
+    p.prefill(TOKENS[:130])
+    data = _saved(p)
+    assert len(data) == sizes["full"] + 16  # the window at 128 (a full ring) and the marker
+    assert _load(gemma, data).swa.last_restore.replayed == 2
+
+
+def test_memory_holds_global_layers_whole_and_sliding_rings(gemma):
+    s = _session(gemma, None)
+    full = gemma.cfg.num_layers * 2 * gemma.cfg.num_kv_heads * CTX * gemma.cfg.head_dim * 4
+    assert s.kv_bytes == full * (6 * WINDOW + CTX) // (7 * CTX)
+
+
+def test_a_file_is_never_read_under_another_policy(gemma):
+    a = _session(gemma, "zero")
+    a.prefill(TOKENS[:40])
+    data = bytearray(_saved(a))
+    data[4:8] = (1).to_bytes(4, "little")  # claim full: the header's row count then disagrees
+    with pytest.raises(PayloadError):
+        _load(gemma, bytes(data))
+    full = _session(gemma, None)
+    full.prefill(TOKENS[:40])
+    data = bytearray(_saved(full))
+    data[4:8] = (3).to_bytes(4, "little")  # claim zero
+    with pytest.raises(PayloadError):
+        _load(gemma, bytes(data))
+
+
+def test_full_attention_models_ignore_the_policy(gemma, tmp_path):
+    from ds4tui.engine.loader import load_model
+
+    tiny = load_model("tiny-llama")
+    s = tiny.new_session(64)
+    assert s.set_storage_policy("zero") is False
+
+
+@pytest.mark.parametrize("policy", ["zero", "periodic:64"])
+def test_the_controller_saves_and_resumes_gemma_sessions_under_its_policy(gemma, policy, tmp_path):
+    """The chat's swa_policy reaches a Gemma 3 session's titled file, smaller than a full one for
+    zero; a fresh controller resumes it (replaying) and continues exactly like the live chat."""
+    from ds4tui.format.kvc import read_kvc
+    from ds4tui.format.swa_policy import policy_of_version
+    from tests.chat.conftest import Recorder, make_controller
+
+    first = make_controller(gemma, tmp_path, swa_policy=policy)
+    conv = first.new_conversation()
+    first.send(conv.key, "Hello there, tiny model.", Recorder())
+    with open(tmp_path / f"{conv.saved_sha}.kv", "rb") as fp:
+        kf = read_kvc(fp, with_trailers=False)
+    assert policy_of_version(kf.payload_header.payload_version).kind == policy.split(":")[0]
+    second = make_controller(gemma, tmp_path)
+    resumed = second.resume(conv.saved_sha[:12], Recorder())
+    assert resumed.session.swa.last_restore.replayed == len(resumed.session.tokens)  # short: all of it
+    a, b = Recorder(), Recorder()
+    first.send(conv.key, "Tell me more.", a)
+    second.send(resumed.key, "Tell me more.", b)
+    assert b.reply == a.reply
+
+
+def test_inspect_line_of_a_gemma_zero_file(gemma):
+    """`kv inspect` and the cache browser read the policy from the header alone; for a llama-family
+    file the zero replay is given as its bound (the header does not say how many layers slide)."""
+    from ds4tui.format.payload import MODEL_ID_LLAMA, unpack_dsv4_header
+    from ds4tui.format.swa_policy import describe_payload
+
+    a = _session(gemma, "zero")
+    a.prefill(TOKENS[:130])
+    header = unpack_dsv4_header(_saved(a)[:52])
+    line = describe_payload(header.__dict__, MODEL_ID_LLAMA)
+    assert line == "zero (no sliding-window rows; a load re-runs at most the last 106 tokens)"  # 7 x 15 + 1
+    assert _load(gemma, _saved(a)).swa.last_restore.replayed == 130 - 32  # within the bound
+
+
+def _history(s: LlamaSession, upto: int) -> LlamaSession:
+    """prefill 40, decode 3, prefill 30, decode 3 (76 tokens), stopped at `upto`."""
+    for kind, a, b in (("p", 0, 40), ("d", 40, 43), ("p", 43, 73), ("d", 73, 76)):
+        b = min(b, upto)
+        if a >= b:
+            break
+        if kind == "p":
+            s.prefill(TOKENS[a:b])
+        else:
+            for t in TOKENS[a:b]:
+                s.decode(t)
+    return s
+
+
+def _same_from_here(a: LlamaSession, b: LlamaSession) -> None:
+    assert a.tokens == b.tokens and torch.equal(a.logits, b.logits) and _saved(a) == _saved(b)
+    for s in (a, b):
+        s.prefill(TOKENS[200:220])
+        s.decode(TOKENS[220])
+    assert torch.equal(a.logits, b.logits)
+
+
+@pytest.mark.parametrize("n, how, replay", [(40, "kept", 0), (42, "mark", 2), (60, "mark", 20), (75, "mark", 2)])
+def test_rewind_of_sliding_rings_equals_the_twin(gemma, n, how, replay):
+    """A mark keeps the rings with the logits; between marks the rings of the nearest one come
+    back and the tokens after it are fed again as they first came."""
+    a = _history(_session(gemma, None), 76)
+    cost = a.rewind(n)
+    assert (cost.how, cost.replay) == (how, replay)
+    _same_from_here(a, _history(_session(gemma, None), n))
+
+
+def test_rewind_without_a_mark_rebuilds_the_rings_like_a_zero_load(gemma):
+    """No mark at or after the receptive field's start: the rings are rebuilt from zeros by
+    re-running 120 - 24 tokens with the global layers frozen, bit for bit."""
+    a = _session(gemma, None)
+    a.prefill(TOKENS[:130])
+    a.decode(TOKENS[130])
+    cost = a.rewind(120)
+    assert (cost.how, cost.restore_from, cost.replay) == ("rebuild", 24, 96)
+    twin = _session(gemma, None)
+    twin.prefill(TOKENS[:120])
+    _same_from_here(a, twin)
+
+
+def test_fork_copies_the_rings(gemma):
+    a = _history(_session(gemma, None), 76)
+    before = _saved(a)
+    f = a.fork(40)
+    f.prefill(TOKENS[300:320])  # the fork's writes must not reach the parent
+    assert _saved(a) == before
+    f.rewind(40)
+    _same_from_here(f, _history(_session(gemma, None), 40))
