@@ -5,13 +5,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEFAULT_MODEL := smollm2-135m-instruct
+# Pulled for the tests too: the real K-quant (Q4_K_M) Gemma 3 file checked against llama.cpp.
+TEST_MODELS := gemma3-270m
 
-.PHONY: run test install model clean
+.PHONY: run test install model test-models clean
 
 run: install model
 	$(PY) -m ds4tui $(ARGS)
 
-test: install model
+test: install model test-models
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 install: $(STAMP)
@@ -24,6 +26,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 model: install
 	$(PY) -m ds4tui models pull $(DEFAULT_MODEL)
+
+test-models: install
+	for m in $(TEST_MODELS); do $(PY) -m ds4tui models pull $$m || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,4 +1,4 @@
-"""`ds4tui models list|pull|path`: the registered models, fetching them, and where they live."""
+"""`ds4tui models list|pull|path|info`: the registered models, fetching them, where they live, what they are."""
 
 from __future__ import annotations
 
@@ -15,7 +15,12 @@ def register(subparsers) -> None:
     ls.set_defaults(func=cmd_list)
     pull = sub.add_parser("pull", help="download or build a model (no-op when already there)")
     pull.add_argument("name", help="a name from `ds4tui models list`")
+    pull.add_argument("--no-convert", action="store_true",
+                      help="do not prepare the converted copy a GGUF's first load makes (the chat then makes it)")
     pull.set_defaults(func=cmd_pull)
+    info = sub.add_parser("info", help="load a model and print what it is (architecture, weights, attention, chat)")
+    info.add_argument("spec", help="a name from `ds4tui models list`, a GGUF file or a checkpoint directory")
+    info.set_defaults(func=cmd_info)
     path = sub.add_parser("path", help="print a model's local path")
     path.add_argument("name", help="a name from `ds4tui models list`")
     path.set_defaults(func=cmd_path)
@@ -56,7 +61,33 @@ def cmd_pull(args: argparse.Namespace) -> int:
         path = pull(args.name)
     except ModelNotFoundError as exc:
         raise CliError(str(exc)) from None
+    if path.suffix == ".gguf" and not getattr(args, "no_convert", False):
+        _load(args.name)  # the first load converts (with a progress bar); later ones are instant
     print(path)
+    return 0
+
+
+def _load(spec: str):
+    from ds4tui.cli.errors import CliError
+    from ds4tui.cli.progress import ProgressBar
+    from ds4tui.engine.errors import ModelNotFoundError, WeightsError
+    from ds4tui.engine.loader import load_model
+
+    bar = ProgressBar("preparing (once)")
+    try:
+        model = load_model(spec, progress=bar)
+    except (ModelNotFoundError, WeightsError) as exc:
+        bar.close(failed=True)
+        raise CliError(str(exc)) from None
+    bar.close()
+    return model
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    model = _load(args.spec)
+    describe = getattr(model, "describe", None)
+    print(f"{model.info.name}: {describe() if describe else model.info.family}")
+    print(f"  context {model.info.n_ctx} tokens, fingerprint {model.info.fingerprint_hex[:16]}")
     return 0
 
 

