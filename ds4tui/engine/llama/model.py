@@ -164,7 +164,8 @@ class LlamaModel(Model):
     def describe(self) -> str:
         """One line for the model info: architecture, weight types, attention layout, chat format."""
         cfg = self.cfg
-        parts = [f"{cfg.arch}, {cfg.num_layers} layers, hidden {cfg.hidden_size}"]
+        parts = [f"{cfg.arch}, {cfg.num_layers} layers, hidden {cfg.hidden_size}"
+                 + (", scaled RoPE" if cfg.rope_freq_factors else "")]
         if self.quant_mix is not None:
             parts.append(f"weights {self.quant_mix.summary()}")
         elif self.details.get("weights"):
