@@ -2,8 +2,9 @@
 
 Owns: reading a GGUF with the `gguf` package (metadata, tokenizer, tensors
 dequantized by `gguf.quants.dequantize`), undoing llama.cpp's q/k row permutation
-(llama architecture only; arch.py reads each architecture's metadata),
-building the byte-level BPE tokenizer from the GGUF vocab, and the converted cache.
+(llama architecture only; arch.py reads each architecture's metadata), building
+the tokenizer (text/gguf_vocab.py) and chat template (text/chat_formats.py) from the
+GGUF, and the converted cache.
 
 Why a converted cache: `GGUFReader` spends seconds parsing the 49k tokenizer strings
 and dequantizing takes seconds more, on every start (docs/perf.md, "GGUF start-up and
