@@ -1,4 +1,5 @@
-"""A stored transcript read back as messages, whatever template wrote it (ChatML, DeepSeek V4).
+"""A stored transcript read back as messages, whatever template wrote it (ChatML, DeepSeek V4,
+Gemma and Llama 3 turns).
 
 Owns: choosing the template by the text's first marker and parsing with that
 template's own `parse`, so a file's text reads back exactly as the chat that
@@ -9,8 +10,12 @@ first user message. Needs no torch.
 
 from __future__ import annotations
 
+from ds4tui.engine.text.chat_formats import FORMATS
 from ds4tui.engine.text.dsv4_chat import BOS, Dsv4ChatTemplate
 from ds4tui.engine.text.hf_tokenizer import IM_START, ChatMLTemplate
+
+# Turn formats known by their opening (after the BOS their templates write first).
+_OPENINGS = (("<bos><start_of_turn>", "gemma"), ("<|begin_of_text|><|start_header_id|>", "llama3"))
 
 
 def parse_transcript(text: str) -> list[dict] | None:
@@ -20,7 +25,10 @@ def parse_transcript(text: str) -> list[dict] | None:
     elif text.startswith(BOS):
         template = Dsv4ChatTemplate()
     else:
-        return None
+        fmt = next((FORMATS[name] for opening, name in _OPENINGS if text.startswith(opening)), None)
+        if fmt is None:
+            return None
+        return fmt.parse(text) or None
     try:
         return template.parse(text)
     except ValueError:

@@ -109,3 +109,14 @@ def test_templates_cannot_reach_python(template):
 def test_no_template_and_no_known_format_is_an_error():
     with pytest.raises(WeightsError, match="no chat template and no known turn format"):
         chat_template_for(None, lambda t: False, "llama")
+
+
+def test_stored_gemma_and_llama3_transcripts_read_back_without_a_model():
+    """The cache browser names and shows files with no model loaded (engine/text/transcripts.py)."""
+    from ds4tui.engine.text.transcripts import first_user_message, parse_transcript
+
+    gemma = FormatChatTemplate(FORMATS["gemma"], "<bos>").render(CHAT[1:3], add_generation_prompt=False)
+    llama3 = FormatChatTemplate(FORMATS["llama3"], "<|begin_of_text|>").render(CHAT[1:3], add_generation_prompt=False)
+    for text in (gemma, llama3):
+        assert parse_transcript(text) == CHAT[1:3]
+        assert first_user_message(text) == "Hi"
