@@ -86,6 +86,10 @@ class ChatController:
         """The loaded model's identity (the cache browser marks the files it can resume)."""
         return self.model.info
 
+    def model_description(self) -> str:
+        """The model info line: architecture, weight types, attention layout, chat format."""
+        return self.model.describe()
+
     @property
     def cache_store(self) -> KvStore | None:
         """The disk cache this controller saves to; None with --no-disk-cache."""

@@ -88,6 +88,9 @@ class RemoteChatController:
     def model_info(self):
         return None  # no local model: the cache browser marks nothing as resumable
 
+    def model_description(self) -> str:
+        return f"{self._model_id or 'the server default model'} on the OpenAI-compatible server {self.endpoint}"
+
     @property
     def cache_store(self):
         return None

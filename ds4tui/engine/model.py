@@ -74,6 +74,11 @@ class Model(ABC):
     def new_session(self, ctx_size: int | None = None) -> Session:
         """A fresh, empty session; ctx_size defaults to min(model n_ctx, a memory-friendly default)."""
 
+    def describe(self) -> str:
+        """One line for the model info (architecture, weights, attention layout, chat format);
+        families say more than this default."""
+        return f"{self.info.family} model {self.info.name}"
+
     def warm_up(self, ctx_size: int | None = None) -> None:
         """Optional: pay first-use costs (page faults, library first calls) before the first
         message, e.g. in the app's model-loading worker; sessions of `ctx_size` may start

@@ -76,6 +76,13 @@ class ChatMoves:
             widget.set_text(text)
             widget.set_stats(f"version {shown + 1}/{count} · ←/→ switch")
 
+    def action_model_info(self) -> None:
+        """The palette's model line: what `ds4tui models info` prints."""
+        if self.controller is None:
+            self._toast("The model is still loading.", "Model")
+            return
+        self._toast(self.controller.model_description(), "Model")
+
     # -- regenerate and edit ------------------------------------------------------------------------
 
     def action_regenerate(self) -> None:

@@ -296,3 +296,14 @@ async def test_escape_in_a_later_prefill_withdraws_only_that_message(tiny_llama)
         assert [u.text for u in _pane(app).query(UserMessage)] == ["First question"]
         assert [a.text for a in _pane(app).query(AssistantMessage)] == before
         assert app.chat.query_one("#prompt").text == text
+
+
+async def test_the_palette_shows_the_model_info_line(tiny_llama):
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.wait_for(ChatScreen.ModelReady)
+        app.chat.action_model_info()
+        await pilot.pause()
+        line = tiny_llama.describe()
+        assert line.startswith("llama, ") and "layers" in line and "chat:" in line
+        assert any(n.message == line for n in app._notifications)

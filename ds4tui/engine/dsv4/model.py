@@ -80,6 +80,14 @@ class Dsv4Model(Model):
             payload_abi=DS4TUI_PAYLOAD_ABI,
         )
 
+    def describe(self) -> str:
+        cfg = self.cfg
+        ratios = sorted(set(cfg.compress_ratios))
+        kinds = ", ".join("sliding" if r == 0 else f"CSA {r}" if r == 4 else f"HCA {r}" for r in ratios)
+        qat = "QAT on" if cfg.qat_kv_fp8 or cfg.qat_indexer_fp4 else "QAT off"
+        return (f"deepseek_v4, {cfg.num_hidden_layers} layers ({kinds}; window {cfg.sliding_window}), "
+                f"hidden {cfg.hidden_size}, {cfg.n_routed_experts} experts, {qat}; chat: DeepSeek V4 turns")
+
     @property
     def dtype(self) -> torch.dtype:
         return self.net.dtype
