@@ -332,9 +332,10 @@ def _print_detail(e) -> None:
         for k, v in e.payload.items():
             shown = f"0x{v:08x}" if k == "magic" else str(v)
             print(f"  {k:<20} {shown}")
-        from ds4tui.format.swa_policy import describe_payload
+        from ds4tui.format.swa_policy import describe_payload, payload_kv_dtype
 
         print(f"  {'swa_policy':<20} {describe_payload(e.payload, h.model_id)}")
+        print(f"  {'kv_dtype':<20} {payload_kv_dtype(e.payload, h.model_id)}")
     elif e.deep and h.payload_bytes:
         print("payload: opaque (does not start with DSV4)")
     if e.text_preview:
@@ -349,17 +350,23 @@ def _checksum_words(e) -> str:
 
 def _json_of(entry) -> dict:
     """entry.to_json(), the payload object extended by `swa_policy`: the SWA storage policy
-    its DSV4 header announces ("full", "periodic:K", "zero" or "unknown")."""
-    from ds4tui.format.swa_policy import policy_of_version
+    its DSV4 header announces ("full", "periodic:K", "zero" or "unknown"), and `kv_dtype`
+    ("f16" or "f32", the K/V row type)."""
+    from ds4tui.format.payload import MODEL_ID_LLAMA
+    from ds4tui.format.swa_policy import kv_dtype_of_version, payload_kv_dtype, policy_of_version
 
     obj = entry.to_json()
     payload = obj["payload"]
     if payload:
+        model_id = obj.get("model_id")
         try:
-            policy = str(policy_of_version(int(payload["payload_version"])))
+            version = int(payload["payload_version"])
+            if model_id == MODEL_ID_LLAMA:
+                version = kv_dtype_of_version(version)[1]
+            policy = str(policy_of_version(version))
         except (KeyError, ValueError):
             policy = "unknown"
-        obj["payload"] = dict(payload, swa_policy=policy)  # a copy: the entry keeps the 13 fields
+        obj["payload"] = dict(payload, swa_policy=policy, kv_dtype=payload_kv_dtype(payload, model_id))  # a copy: the entry keeps the 13 fields
     return obj
 
 

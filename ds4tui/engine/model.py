@@ -71,15 +71,17 @@ class Model(ABC):
     chat: ChatTemplate
 
     @abstractmethod
-    def new_session(self, ctx_size: int | None = None) -> Session:
-        """A fresh, empty session; ctx_size defaults to min(model n_ctx, a memory-friendly default)."""
+    def new_session(self, ctx_size: int | None = None, *, kv_dtype: str | None = None) -> Session:
+        """A fresh, empty session; ctx_size defaults to min(model n_ctx, a memory-friendly default).
+        kv_dtype: "f16" or "f32", the type of the session's K/V (None: the family's default);
+        a family with one fixed type ignores it."""
 
     def describe(self) -> str:
         """One line for the model info (architecture, weights, attention layout, chat format);
         families say more than this default."""
         return f"{self.info.family} model {self.info.name}"
 
-    def warm_up(self, ctx_size: int | None = None) -> None:
+    def warm_up(self, ctx_size: int | None = None, *, kv_dtype: str | None = None) -> None:
         """Optional: pay first-use costs (page faults, library first calls) before the first
-        message, e.g. in the app's model-loading worker; sessions of `ctx_size` may start
+        message, e.g. in the app's model-loading worker; sessions of `ctx_size` (and kv_dtype) may start
         faster afterwards. Never changes a result. The default does nothing."""

@@ -52,12 +52,13 @@ def write_framing(
 
 
 def write_tensor(fp: BinaryIO, tensor: torch.Tensor, what: str = "a section") -> None:
-    """Raw float32 little-endian bytes of `tensor` (no copy when already contiguous f32).
+    """Raw little-endian bytes of `tensor` as float32, or as float16 when it is f16 (a llama
+    session's f16 KV rows); no copy when already contiguous.
 
     Refuses (PayloadError) a tensor holding NaN or infinity: such a state is broken,
     and a file written from it would load into the same broken state."""
     t = tensor.detach()
-    if t.dtype != torch.float32:
+    if t.dtype not in (torch.float32, torch.float16):
         t = t.to(torch.float32)
     t = t.contiguous()
     if t.numel() == 0:
@@ -67,7 +68,7 @@ def write_tensor(fp: BinaryIO, tensor: torch.Tensor, what: str = "a section") ->
 
 
 def check_finite(tensor: torch.Tensor, what: str) -> None:
-    """PayloadError when a float32 tensor holds NaN or infinity.
+    """PayloadError when a float32 (or float16) tensor holds NaN or infinity.
 
     numpy on the calling thread (0.1 ms for a 6.4 MB layer held in cache): torch's
     isfinite splits over OpenMP threads, which stall on a busy 2-core host."""
@@ -107,10 +108,10 @@ class PayloadReader:
         return np.frombuffer(data, dtype="<u4").astype(np.int64).tolist()
 
     def read_into(self, out: torch.Tensor, what: str) -> None:
-        """Fill a contiguous float32 tensor (e.g. a slice of a static KV buffer) in place."""
-        if out.dtype != torch.float32 or not out.is_contiguous():
-            raise ValueError("read_into needs a contiguous float32 tensor")
-        n = out.numel() * 4
+        """Fill a contiguous float32 or float16 tensor (e.g. a staging buffer of KV rows) in place."""
+        if out.dtype not in (torch.float32, torch.float16) or not out.is_contiguous():
+            raise ValueError("read_into needs a contiguous float32 or float16 tensor")
+        n = out.numel() * out.element_size()
         self._take(n, what)
         if n == 0:
             return
@@ -119,13 +120,15 @@ class PayloadReader:
         if got != n:
             raise PayloadError(f"payload truncated: file ended inside {what}")
 
-    def read_f32(self, shape: Sequence[int], what: str) -> torch.Tensor:
+    def read_f32(self, shape: Sequence[int], what: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A new tensor of `shape` (float32, or `dtype` float16) read from the payload."""
         count = 1
         for d in shape:
             count *= int(d)
-        self._take(4 * count, what)  # bounds first, then allocate
-        self.remaining += 4 * count
-        out = torch.empty(tuple(shape), dtype=torch.float32)
+        size = torch.empty(0, dtype=dtype).element_size()
+        self._take(size * count, what)  # bounds first, then allocate
+        self.remaining += size * count
+        out = torch.empty(tuple(shape), dtype=dtype)
         self.read_into(out, what)
         return out
 

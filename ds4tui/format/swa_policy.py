@@ -19,10 +19,11 @@ In every policy the file also holds everything else for the whole prefix:
 tokens, compressed and indexer rows, compressor frontiers at T.
 
 The tag: DSV4 header field 1 (`payload_version`, u32) is
-    bits 0..7   layout code: 1 full, 2 periodic, 3 zero
+    bits 0..6   layout code: 1 full, 2 periodic, 3 zero
+    bit  7      KV_F16: the K/V rows are f16 (llama-family sessions with kv_dtype f16)
     bits 8..31  the period K of a periodic file (tokens), else 0
-so a full payload keeps ds4's version 1 (today's bytes, unchanged) and a reader
-that only knows version 1 rejects the others. Periodic and zero payloads also
+so a full f32 payload keeps ds4's version 1 (today's bytes, unchanged) and a reader
+that only knows version 1 rejects the others (an f16 file among them). Periodic and zero payloads also
 carry a 16-byte marker block between the per-layer counts and the layer
 sections: b"SWAP", u32 code, u32 K, u32 the position of the stored window.
 """
@@ -37,6 +38,7 @@ from ds4tui.format.payload import MODEL_ID_LLAMA
 FULL, PERIODIC, ZERO = "full", "periodic", "zero"
 CODES = {FULL: 1, PERIODIC: 2, ZERO: 3}
 KINDS = {code: kind for kind, code in CODES.items()}
+KV_F16 = 0x80  # payload_version bit: K/V rows stored as f16 (llama family only)
 MAX_PERIOD = (1 << 24) - 1  # K lives in the 24 upper bits of payload_version
 MARKER_MAGIC = b"SWAP"
 MARKER_BYTES = 16
@@ -101,11 +103,17 @@ def payload_version(policy: SwaPolicy) -> int:
 
 
 def policy_of_version(version: int) -> SwaPolicy:
-    """The policy a payload_version stands for; ValueError for anything else."""
+    """The policy a payload_version stands for; ValueError for anything else (the KV_F16 bit
+    included: a caller that reads f16 rows strips it first, see kv_dtype_of_version)."""
     kind = KINDS.get(version & 0xFF)
     if kind is None or (kind != PERIODIC and version >> 8):
         raise ValueError(f"payload_version {version:#x} is no known DSV4 payload layout")
     return SwaPolicy(kind, version >> 8)
+
+
+def kv_dtype_of_version(version: int) -> tuple[str, int]:
+    """("f16" or "f32", the version without the KV_F16 bit)."""
+    return ("f16" if version & KV_F16 else "f32"), version & ~KV_F16
 
 
 def zero_replay_start(tokens: int, layers: int, window: int, chunk: int, block: int = QUERY_BLOCK) -> int:
@@ -133,12 +141,23 @@ def stored_window_at(policy: SwaPolicy, tokens: int, chunk: int) -> int:
     return 0
 
 
+def payload_kv_dtype(header: Mapping[str, int], model_id: int | None = None) -> str:
+    """The K/V row type a payload header announces: "f16" or "f32" (DSV4 files: always f32 here;
+    their own cache_f16 option is a training-time rounding, not a storage type)."""
+    if model_id != MODEL_ID_LLAMA:
+        return "f32"
+    return kv_dtype_of_version(int(header.get("payload_version", 1)))[0]
+
+
 def describe_payload(header: Mapping[str, int], model_id: int | None = None) -> str:
     """One line for `kv inspect`, from the DSV4 header fields alone (52 bytes, no torch) and the
     KVC header's model id (a llama-family file's zero replay depends on how many of its layers
     slide, which the header does not say: the line gives the bound for all of them)."""
     try:
-        policy = policy_of_version(int(header["payload_version"]))
+        version = int(header["payload_version"])
+        if model_id == MODEL_ID_LLAMA:
+            version = kv_dtype_of_version(version)[1]
+        policy = policy_of_version(version)
     except (KeyError, ValueError) as exc:
         return f"unknown ({exc})"
     t, chunk = int(header.get("token_count", 0)), max(1, int(header.get("prefill_chunk", 1)))

@@ -92,8 +92,10 @@ class Dsv4Model(Model):
     def dtype(self) -> torch.dtype:
         return self.net.dtype
 
-    def new_session(self, ctx_size: int | None = None, chunk_size: int | None = None) -> Dsv4Session:
-        """chunk_size defaults to min(2048, ctx) rounded up to a multiple of the ratios."""
+    def new_session(self, ctx_size: int | None = None, chunk_size: int | None = None, *,
+                    kv_dtype: str | None = None) -> Dsv4Session:
+        """chunk_size defaults to min(2048, ctx) rounded up to a multiple of the ratios.
+        kv_dtype is ignored: the DSV4 cache keeps its own type (see its cache_f16 option)."""
         n_ctx = self.cfg.max_position_embeddings
         ctx = min(n_ctx, DEFAULT_CTX) if ctx_size is None else int(ctx_size)
         if not 0 < ctx <= n_ctx:

@@ -63,7 +63,7 @@ DS4K_EXPORT int ds4k_isa(void) {
 }
 
 /* Bumped when an entry point changes signature or meaning; qgemv.py checks it. */
-DS4K_EXPORT int ds4k_abi(void) { return 3; }
+DS4K_EXPORT int ds4k_abi(void) { return 4; }
 
 DS4K_EXPORT int ds4k_row_bytes_of(int type, int64_t cols) { return (int)ds4k_row_bytes(type, cols); }
 
@@ -85,7 +85,7 @@ DS4K_EXPORT int ds4k_dequant(int type, const void *w, float *out, int64_t rows, 
 
 DS4K_EXPORT int64_t ds4k_llama_workspace(const ds4k_llama *m, int64_t ctx) { return ops()->llama_workspace(m, ctx); }
 
-DS4K_EXPORT int ds4k_llama_step(const ds4k_llama *m, float *kv, int64_t ctx, int64_t pos, int32_t token,
+DS4K_EXPORT int ds4k_llama_step(const ds4k_llama *m, void *kv, int kv_f16, int64_t ctx, int64_t pos, int32_t token,
                                 float *logits, float *ws, int nth) {
-    return ops()->llama_step(m, kv, ctx, pos, token, logits, ws, nth);
+    return ops()->llama_step(m, kv, kv_f16, ctx, pos, token, logits, ws, nth);
 }

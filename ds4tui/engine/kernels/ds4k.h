@@ -136,7 +136,7 @@ typedef struct {
     int (*gemv)(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int nth);
     int (*gemm)(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int64_t n, int nth);
     int (*dequant)(int type, const void *w, float *out, int64_t rows, int64_t cols);
-    int (*llama_step)(const ds4k_llama *m, float *kv, int64_t ctx, int64_t pos, int32_t token,
+    int (*llama_step)(const ds4k_llama *m, void *kv, int kv_f16, int64_t ctx, int64_t pos, int32_t token,
                       float *logits, float *ws, int nth);
     int64_t (*llama_workspace)(const ds4k_llama *m, int64_t ctx);
 } ds4k_ops;

@@ -3,7 +3,9 @@
  * Owns: the math of llama.py's forward for one token at position pos, against the same
  * weights (raw GGUF blocks or fp32, through gemv in qgemv.c), the same RoPE tables (half-split
  * rotation, rows already un-permuted by the loader) and the session's own KV buffer
- * [layers, 2 (K, V), Hkv, ctx, D] (the new K/V rows are written in place). Leaves to
+ * [layers, 2 (K, V), Hkv, ctx, D], f32 or f16 (the new K/V rows are written in place, rounded
+ * to nearest-even f16 in an f16 buffer; attention converts each row as it reads it, with F16C
+ * in the vector builds, so the cache is never converted as a whole). Leaves to
  * callers (llama_step.py): building the model table (ds4k.h), checks, serializing calls.
  * Compiled once per ISA by isa.c; the vector paths below are AVX2 in both vector builds.
  *
@@ -134,13 +136,48 @@ static void swiglu(float *a, const float *g, const float *u, int n) {
     for (; i < n; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* ---------------------------------------------------------------- f16 K/V rows */
+
+/* f32 -> f16, round to nearest even (what F16C's vcvtps2ph and torch's .half() do). */
+static inline uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds past 65504: infinity */
+    if (ax < 0x38800000u) { /* below 2^-14: a subnormal f16; adding 0.5 rounds to its 2^-24 grid */
+        float a, r;
+        uint32_t ri;
+        memcpy(&a, &ax, 4);
+        r = a + 0.5f;
+        memcpy(&ri, &r, 4);
+        return (uint16_t)(sign | (ri - 0x3f000000u));
+    }
+    /* rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even */
+    return (uint16_t)(sign | ((ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13));
+}
+
+static void store_f16(uint16_t *dst, const float *src, int n) {
+    int i = 0;
+#if DS4K_AVX2
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    for (; i < n; i++) dst[i] = f32_to_f16(src[i]);
+}
+
+#if DS4K_AVX2
+static inline __m256 load8_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+#endif
+
 /* ---------------------------------------------------------------- attention */
 
 typedef struct {
     const float *q;        /* [Hq, D], roped and scaled */
-    const float *k, *v;    /* this layer's [Hkv, ctx, D] */
+    const void *k, *v;     /* this layer's [Hkv, ctx, D], float or f16 (uint16_t) */
     int64_t ctx, n, nblk;  /* n: positions 0..n-1 are live */
-    int g, d;
+    int g, d, f16;
     float *part;           /* [Hkv, nblk, G, D + 2]: max, sum, unnormalized output */
 } att_job;
 
@@ -204,31 +241,88 @@ static void weighted_sum(float *out, const float *p, const float *v, int nt, int
     }
 }
 
+/* scores() over f16 rows: each K row is converted in registers as it is read. */
+static void scores_h(float *s, const float *q, const uint16_t *k, int nt, int d) {
+    int t = 0;
+#if DS4K_AVX2
+    if (d % 8 == 0) {
+        for (; t + 8 <= nt; t += 8) {
+            __m256 a[8];
+            for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+            for (int i = 0; i < d; i += 8) {
+                __m256 qv = _mm256_loadu_ps(q + i);
+                for (int j = 0; j < 8; j++)
+                    a[j] = _mm256_fmadd_ps(qv, load8_f16(k + (int64_t)(t + j) * d + i), a[j]);
+            }
+            _mm256_storeu_ps(s + t, reduce8(a));
+        }
+    }
+#endif
+    for (; t < nt; t++) {
+        const uint16_t *kt = k + (int64_t)t * d;
+        float acc = 0.0f;
+        for (int i = 0; i < d; i++) acc += q[i] * ds4k_f16_to_f32(kt[i]);
+        s[t] = acc;
+    }
+}
+
+/* weighted_sum() over f16 rows of v. */
+static void weighted_sum_h(float *out, const float *p, const uint16_t *v, int nt, int d) {
+    int i0 = 0;
+#if DS4K_AVX2
+    for (; i0 + 64 <= d; i0 += 64) {
+        __m256 a[8];
+        for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+        for (int t = 0; t < nt; t++) {
+            __m256 pb = _mm256_broadcast_ss(p + t);
+            const uint16_t *vt = v + (int64_t)t * d + i0;
+            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(pb, load8_f16(vt + 8 * j), a[j]);
+        }
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + i0 + 8 * j, a[j]);
+    }
+    for (; i0 + 8 <= d; i0 += 8) {
+        __m256 a = _mm256_setzero_ps();
+        for (int t = 0; t < nt; t++)
+            a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t), load8_f16(v + (int64_t)t * d + i0), a);
+        _mm256_storeu_ps(out + i0, a);
+    }
+#endif
+    if (i0 < d) {
+        memset(out + i0, 0, sizeof(float) * (size_t)(d - i0));
+        for (int t = 0; t < nt; t++)
+            for (int i = i0; i < d; i++) out[i] += p[t] * ds4k_f16_to_f32(v[(int64_t)t * d + i]);
+    }
+}
+
 static void att_chunk(void *vctx, int64_t c) {
     const att_job *j = (const att_job *)vctx;
     const int64_t h = c / j->nblk, blk = c % j->nblk;
     const int64_t t0 = blk * ATT_BLOCK, t1 = t0 + ATT_BLOCK < j->n ? t0 + ATT_BLOCK : j->n;
     const int nt = (int)(t1 - t0), d = j->d;
-    const float *k = j->k + (h * j->ctx + t0) * d, *v = j->v + (h * j->ctx + t0) * d;
+    const int64_t off = (h * j->ctx + t0) * d;
+    const float *k = (const float *)j->k + off, *v = (const float *)j->v + off;
+    const uint16_t *kh = (const uint16_t *)j->k + off, *vh = (const uint16_t *)j->v + off;
     float p[ATT_BLOCK];
     for (int g = 0; g < j->g; g++) {
         const float *q = j->q + (h * j->g + g) * d;
         float *out = j->part + ((h * j->nblk + blk) * j->g + g) * (d + 2);
-        scores(p, q, k, nt, d);
+        if (j->f16) scores_h(p, q, kh, nt, d);
+        else scores(p, q, k, nt, d);
         float m = -INFINITY;
         for (int t = 0; t < nt; t++) m = p[t] > m ? p[t] : m;
         out[0] = m;
         out[1] = exp_shift_sum(p, nt, m);
-        weighted_sum(out + 2, p, v, nt, d);
+        if (j->f16) weighted_sum_h(out + 2, p, vh, nt, d);
+        else weighted_sum(out + 2, p, v, nt, d);
     }
 }
 
 /* att[Hq, D] = softmax(q k^T) v over positions 0..n-1, grouped: query head h*G+g uses KV
  * head h (llama.py's q.reshape(S, Hkv, G, D) order). */
-static void attention(const ds4k_llama *m, float *att, const float *q, const float *k,
-                      const float *v, int64_t ctx, int64_t n, float *part, int nth) {
+static void attention(const ds4k_llama *m, float *att, const float *q, const void *k,
+                      const void *v, int f16, int64_t ctx, int64_t n, float *part, int nth) {
     const int hkv = m->n_kv_heads, g = m->n_heads / m->n_kv_heads, d = m->head_dim;
-    att_job j = {q, k, v, ctx, n, (n + ATT_BLOCK - 1) / ATT_BLOCK, g, d, part};
+    att_job j = {q, k, v, ctx, n, (n + ATT_BLOCK - 1) / ATT_BLOCK, g, d, f16, part};
     /* At a short context the whole attention is a few microseconds: waking the pool for it
      * costs more than it saves (the chunks, hence the results, are the same either way). */
     const int small = n * hkv * d * g < ATT_INLINE_WORK;
@@ -265,10 +359,10 @@ static int64_t llama_workspace(const ds4k_llama *m, int64_t ctx) {
     return 3 * h + wide + hq * d + m->inter + hkv * nblk * (hq / hkv) * (d + 2);
 }
 
-/* Run `token` at position pos: writes its K/V rows into kv (valid for positions < pos on
- * entry), and logits [vocab] unless logits is NULL (then the last layer stops after its
- * K/V, as llama.py does). Returns 0, or -1 for bad arguments or shapes. */
-static int llama_step(const ds4k_llama *m, float *kv, int64_t ctx, int64_t pos, int32_t token,
+/* Run `token` at position pos: writes its K/V rows into kv (float, or f16 when kv_f16; valid
+ * for positions < pos on entry), and logits [vocab] unless logits is NULL (then the last layer
+ * stops after its K/V, as llama.py does). Returns 0, or -1 for bad arguments or shapes. */
+static int llama_step(const ds4k_llama *m, void *kv, int kv_f16, int64_t ctx, int64_t pos, int32_t token,
                       float *logits, float *ws, int nth) {
     const int hdim = m->hidden, d = m->head_dim, hq = m->n_heads, hkv = m->n_kv_heads, f = m->inter;
     if (pos < 0 || pos >= ctx || pos >= m->rope_rows || token < 0 || token >= m->vocab) return -1;
@@ -284,17 +378,26 @@ static int llama_step(const ds4k_llama *m, float *kv, int64_t ctx, int64_t pos, 
     memcpy(x, m->embed + (int64_t)token * hdim, sizeof(float) * (size_t)hdim);
     for (int i = 0; i < m->n_layers; i++) {
         const ds4k_layer *L = &m->layers[i];
-        float *kc = kv + (int64_t)i * 2 * plane, *vc = kc + plane;
+        const int64_t k0 = (int64_t)i * 2 * plane, v0 = k0 + plane; /* element offsets */
+        float *kc = (float *)kv + k0, *vc = (float *)kv + v0;
+        uint16_t *kch = (uint16_t *)kv + k0, *vch = (uint16_t *)kv + v0;
         rms_norm(hb, x, L->attn_norm, hdim, m->eps);
         if (gemv(L->qkv, nparts_of(L->qkv), hb, wide, hdim, nth)) return -1;
         for (int h = 0; h < hq + hkv; h++) rope(wide + h * d, cos_row, sin_row, d);
         for (int h = 0; h < hkv; h++) {
-            memcpy(kc + ((int64_t)h * ctx + pos) * d, wide + (hq + h) * d, sizeof(float) * (size_t)d);
-            memcpy(vc + ((int64_t)h * ctx + pos) * d, wide + (hq + hkv + h) * d, sizeof(float) * (size_t)d);
+            const int64_t row = ((int64_t)h * ctx + pos) * d;
+            if (kv_f16) {
+                store_f16(kch + row, wide + (hq + h) * d, d);
+                store_f16(vch + row, wide + (hq + hkv + h) * d, d);
+            } else {
+                memcpy(kc + row, wide + (hq + h) * d, sizeof(float) * (size_t)d);
+                memcpy(vc + row, wide + (hq + hkv + h) * d, sizeof(float) * (size_t)d);
+            }
         }
         if (i == m->n_layers - 1 && logits == NULL) return 0;
         for (int e = 0; e < hq * d; e++) wide[e] *= scale; /* llama.py scales q, not scores */
-        attention(m, att, wide, kc, vc, ctx, pos + 1, part, nth);
+        attention(m, att, wide, kv_f16 ? (const void *)kch : (const void *)kc,
+                  kv_f16 ? (const void *)vch : (const void *)vc, kv_f16, ctx, pos + 1, part, nth);
         if (gemv(&L->o, 1, att, tmp, (int64_t)hq * d, nth)) return -1;
         for (int e = 0; e < hdim; e++) x[e] += tmp[e];
         rms_norm(hb, x, L->ffn_norm, hdim, m->eps);

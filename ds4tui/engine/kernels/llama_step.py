@@ -54,7 +54,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ds4k_llama_workspace.argtypes = [ctypes.POINTER(_Llama), ctypes.c_int64]
     lib.ds4k_llama_workspace.restype = ctypes.c_int64
     lib.ds4k_llama_step.argtypes = [
-        ctypes.POINTER(_Llama), ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
+        ctypes.POINTER(_Llama), ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
     ]
     lib.ds4k_llama_step.restype = ctypes.c_int
@@ -138,11 +138,13 @@ class FastDecoder:
         return sum(t.numel() * t.element_size() for t in self._weights)
 
     def step(self, kv: torch.Tensor, token: int, pos: int, want_logits: bool) -> torch.Tensor | None:
-        """`LlamaModel.forward(kv, [token], pos, want_logits)` for one token."""
+        """`LlamaModel.forward(kv, [token], pos, want_logits)` for one token. kv: float32 or
+        float16 (the new rows are rounded to f16 as they are written; attention converts the
+        rows it reads, never the whole buffer)."""
         cfg = self.cfg
         shape = (cfg.num_layers, 2, cfg.num_kv_heads, kv.shape[3] if kv.dim() == 5 else -1, cfg.head_dim)
-        if kv.dtype != torch.float32 or tuple(kv.shape) != shape or not kv.is_contiguous():
-            raise ValueError(f"kv must be a contiguous float32 {shape} buffer, got {kv.dtype} {tuple(kv.shape)}")
+        if kv.dtype not in (torch.float32, torch.float16) or tuple(kv.shape) != shape or not kv.is_contiguous():
+            raise ValueError(f"kv must be a contiguous float32 or float16 {shape} buffer, got {kv.dtype} {tuple(kv.shape)}")
         ctx = kv.shape[3]
         if not 0 <= pos < min(ctx, self._table.rope_rows):
             raise ValueError(f"position {pos} outside the session's {ctx} rows")
@@ -154,7 +156,7 @@ class FastDecoder:
                 n = self._lib.ds4k_llama_workspace(ctypes.byref(self._table), ctx)
                 self._ws, self._ws_ctx = torch.empty(n, dtype=torch.float32), ctx
             rc = self._lib.ds4k_llama_step(
-                ctypes.byref(self._table), kv.data_ptr(), ctx, pos, token,
+                ctypes.byref(self._table), kv.data_ptr(), int(kv.dtype == torch.float16), ctx, pos, token,
                 None if logits is None else logits.data_ptr(), self._ws.data_ptr(), qgemv.num_threads(),
             )
         if rc != 0:

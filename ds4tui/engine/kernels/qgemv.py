@@ -45,7 +45,7 @@ from ds4tui import paths
 from ds4tui.engine.kernels import quants
 from ds4tui.engine.kernels.quants import TYPE_IDS, dequantize, quantize, row_bytes  # noqa: F401 (re-exported)
 
-ABI = 3  # must equal ds4k_abi() in dispatch.c
+ABI = 4  # must equal ds4k_abi() in dispatch.c
 ISAS = ("scalar", "avx2", "avx512")  # index = the C side's ISA number
 
 _DIR = Path(__file__).parent

@@ -21,7 +21,7 @@ from ds4tui.engine.errors import WeightsError
 from ds4tui.engine.kernels.llama_step import make_fast_decoder
 from ds4tui.engine.kernels.qgemm import make_blocks
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
-from ds4tui.engine.llama.session import KvBuffers, LlamaSession, kv_shapes
+from ds4tui.engine.llama.session import DEFAULT_KV_DTYPE, KV_DTYPES, KvBuffers, LlamaSession, kv_shapes
 from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
 
 # A session's context when the caller names none: SmolLM2's 8192 would pin 377 MB of fp32 KV;
@@ -181,15 +181,20 @@ class LlamaModel(Model):
             raise ValueError(f"ctx_size {ctx} outside 1..{self.cfg.max_position_embeddings}")
         return ctx
 
-    def new_session(self, ctx_size: int | None = None) -> LlamaSession:
+    def new_session(self, ctx_size: int | None = None, *, kv_dtype: str | None = None) -> LlamaSession:
+        """kv_dtype: "f16" (None: the default, as llama.cpp's cache) or "f32"."""
         ctx = self._ctx(ctx_size)
+        kv_dtype = kv_dtype or DEFAULT_KV_DTYPE
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype {kv_dtype!r}: expected one of {', '.join(KV_DTYPES)}")
         with self._spare_lock:
             kv, self._spare = self._spare, None
-        if kv is not None and [tuple(t.shape) for t in kv] != kv_shapes(self.cfg, ctx):
-            kv = None  # warmed for another context size: dropped, not kept alongside
-        return LlamaSession(self, ctx, CHUNK_SIZE, kv=kv)
+        if kv is not None and ([tuple(t.shape) for t in kv] != kv_shapes(self.cfg, ctx)
+                               or kv[0].dtype != KV_DTYPES[kv_dtype]):
+            kv = None  # warmed for another context size or type: dropped, not kept alongside
+        return LlamaSession(self, ctx, CHUNK_SIZE, kv=kv, kv_dtype=kv_dtype)
 
-    def warm_up(self, ctx_size: int | None = None) -> None:
+    def warm_up(self, ctx_size: int | None = None, *, kv_dtype: str | None = None) -> None:
         """Pay this process's first-use costs now (the app calls this in its model-loading
         worker) instead of inside the first message's time to first token.
 
@@ -201,7 +206,7 @@ class LlamaModel(Model):
         is then written through and kept for the next new_session of that size.
         """
         ctx = self._ctx(ctx_size)
-        session = self.new_session(ctx)
+        session = self.new_session(ctx, kv_dtype=kv_dtype)
         n = min(8, ctx - 1, self.cfg.vocab_size)
         if n >= 2:
             tokens = list(range(n))
@@ -222,7 +227,7 @@ class LlamaModel(Model):
                 frozen_global: bool = False) -> torch.Tensor | None:
         """Run `tokens` at absolute positions pos..pos+S-1, writing their K/V rows into `kv`.
 
-        kv: the session's buffers, one [2 (K, V), Hkv, rows, D] per layer (a global layer's
+        kv: the session's buffers (float32 or float16), one [2 (K, V), Hkv, rows, D] per layer (a global layer's
         rows are the context, valid for positions < pos on entry and < pos+S on return; a
         sliding layer's are its ring, see session.py). frozen_global: global layers read their
         rows but write none (a restore's replay: their stored rows are already exact).
@@ -273,6 +278,10 @@ class LlamaModel(Model):
             k_new = qk[:, hq:].transpose(0, 1)  # [Hkv, S, D]
             v_new = qkv[:, nqk:].view(s, hkv, d).transpose(0, 1)
             k_all, v_all = kv[i][0], kv[i][1]  # [Hkv, rows, D] each
+            if k_all.dtype != torch.float32:
+                # f16 KV: each row is rounded once, here; the chunk's own rows are read back
+                # rounded too, as a later token reads them (and as the C step does).
+                k_new, v_new = k_new.to(k_all.dtype), v_new.to(k_all.dtype)
             layer_mask = swa_mask if layer.sliding else mask
             if not layer.sliding:
                 if not frozen_global:
@@ -286,6 +295,10 @@ class LlamaModel(Model):
                 k, v = k_all[:, : min(end, cap)], v_all[:, : min(end, cap)]  # the window, in ring order
             else:
                 k, v = _ring_keys(k_all, v_all, k_new, v_new, pos, past)
+            if k.dtype != torch.float32:
+                # The used range only, once per layer and forward (a chunk of prefill, or a
+                # decode step off the C path); the plain-llama C step reads f16 in place.
+                k, v = k.float(), v.float()
             q = qk[:, :hq]
             if i == last:
                 # Only the last position's output is ever used after the final layer: its K/V

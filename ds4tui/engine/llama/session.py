@@ -18,10 +18,16 @@ at 4K tokens: it stays in L3 between the read and the copy). The reordering copy
 runs in numpy, on the calling thread: torch's copy_ of this size is split over its
 OpenMP threads, and on a busy 2-core machine one preempted thread stalls the whole
 copy. Measurements: docs/perf.md, "KV buffer layout and the reorder copy".
+
+The buffers hold f16 (the default, as llama.cpp's cache) or f32, the session's
+`kv_dtype`; the payload stores the rows in that type and says so (the KV_F16 bit of
+payload_version, format/swa_policy.py), so a file is only ever read by a session of
+its own type: an f16 file into an f32 session, or the reverse, is rejected.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import BinaryIO, Protocol, Union
 
@@ -29,7 +35,7 @@ import numpy as np
 import torch
 
 from ds4tui.format.payload import DSV4_MAGIC, FINGERPRINT_BYTES, Dsv4Header, framing_bytes
-from ds4tui.format.swa_policy import FULL_POLICY, PERIODIC, SwaPolicy, parse_policy
+from ds4tui.format.swa_policy import FULL_POLICY, KV_F16, PERIODIC, SwaPolicy, kv_dtype_of_version, parse_policy
 from ds4tui.engine.payload import (
     PayloadReader,
     check_field,
@@ -49,6 +55,10 @@ from ds4tui.engine.swa_layout import SwaLayout, read_marker, write_marker
 # the `full` tag of the SWA policies, which is all a model without sliding layers writes.
 LLAMA_PAYLOAD_VERSION = 1
 
+# The K/V types a session can hold ("f16" rounds each row once, when it is written).
+KV_DTYPES = {"f16": torch.float16, "f32": torch.float32}
+DEFAULT_KV_DTYPE = "f16"
+
 # Memory the marks of a session with sliding layers may hold in ring copies.
 MARK_BYTES = 64 << 20
 # One [layers, 2, Hkv, ctx, D] tensor (no sliding layers) or one [2, Hkv, rows, D] per layer.
@@ -61,15 +71,22 @@ def kv_shapes(cfg: LlamaConfig, ctx: int) -> list[tuple[int, ...]]:
     return [(2, cfg.num_kv_heads, ring if cfg.is_sliding(i) else ctx, cfg.head_dim) for i in range(cfg.num_layers)]
 
 
-def new_kv(cfg: LlamaConfig, ctx: int) -> KvBuffers:
+def kv_torch_dtype(kv_dtype: str) -> torch.dtype:
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype {kv_dtype!r}: expected one of {', '.join(KV_DTYPES)}")
+    return KV_DTYPES[kv_dtype]
+
+
+def new_kv(cfg: LlamaConfig, ctx: int, kv_dtype: str = DEFAULT_KV_DTYPE) -> KvBuffers:
+    dtype = kv_torch_dtype(kv_dtype)
     if not cfg.sliding_layers:
-        return torch.empty((cfg.num_layers, 2, cfg.num_kv_heads, ctx, cfg.head_dim), dtype=torch.float32)
+        return torch.empty((cfg.num_layers, 2, cfg.num_kv_heads, ctx, cfg.head_dim), dtype=dtype)
     # Zeros, not garbage: a zero-policy replay attends to ring rows it has not rebuilt yet.
-    return [torch.zeros(shape, dtype=torch.float32) for shape in kv_shapes(cfg, ctx)]
+    return [torch.zeros(shape, dtype=dtype) for shape in kv_shapes(cfg, ctx)]
 
 
 def kv_bytes(kv: KvBuffers) -> int:
-    return sum(t.numel() * 4 for t in kv)
+    return sum(t.numel() * t.element_size() for t in kv)
 
 
 class LlamaForward(Protocol):
@@ -85,22 +102,24 @@ class LlamaForward(Protocol):
 
 class LlamaSession(Session):
     def __init__(self, model: LlamaForward, ctx_size: int, chunk_size: int,
-                 kv: KvBuffers | None = None) -> None:
-        """kv: buffers of this session's shapes to adopt (the model's pre-touched spare, see
-        LlamaModel.warm_up); their content is irrelevant."""
+                 kv: KvBuffers | None = None, kv_dtype: str = DEFAULT_KV_DTYPE) -> None:
+        """kv: buffers of this session's shapes and kv_dtype ("f16" or "f32") to adopt (the
+        model's pre-touched spare, see LlamaModel.warm_up); their content is irrelevant."""
         super().__init__(ctx_size, chunk_size)
         self.model = model
         cfg = model.cfg
+        self.kv_dtype = kv_dtype
+        dtype = kv_torch_dtype(kv_dtype)
         self.swa = LlamaSwa()
         if kv is not None:
             shapes = kv_shapes(cfg, ctx_size)
-            if [tuple(t.shape) for t in kv] != shapes or any(t.dtype != torch.float32 or not t.is_contiguous() for t in kv):
-                raise ValueError(f"kv buffers do not fit {shapes} float32")
+            if [tuple(t.shape) for t in kv] != shapes or any(t.dtype != dtype or not t.is_contiguous() for t in kv):
+                raise ValueError(f"kv buffers do not fit {shapes} {kv_dtype}")
             if cfg.sliding_layers:
                 for t in kv:
                     t.zero_()
         # Rows of global layers >= len(self.tokens) are never read, so they need no zeroing.
-        self.kv = kv if kv is not None else new_kv(cfg, ctx_size)
+        self.kv = kv if kv is not None else new_kv(cfg, ctx_size, kv_dtype)
 
     @property
     def kv_bytes(self) -> int:
@@ -174,7 +193,7 @@ class LlamaSession(Session):
         cfg = self.model.cfg
         if not cfg.sliding_layers:
             return Session.max_marks
-        ring = sum(t.numel() * 4 for i, t in enumerate(self.kv) if cfg.is_sliding(i))
+        ring = sum(t.numel() * t.element_size() for i, t in enumerate(self.kv) if cfg.is_sliding(i))
         return max(2, min(Session.max_marks, MARK_BYTES // max(ring, 1)))
 
     def _rewind_plan(self, n_tokens: int) -> RewindCost:
@@ -228,7 +247,7 @@ class LlamaSession(Session):
             self.swa.snapshot_at = self.swa.snapshot = None
 
     def _copy(self, n_tokens: int) -> "LlamaSession":
-        other = LlamaSession(self.model, self.ctx_size, self.chunk_size)
+        other = LlamaSession(self.model, self.ctx_size, self.chunk_size, kv_dtype=self.kv_dtype)
         n = n_tokens
         # One numpy copy of the prefix's rows (see the module docstring on torch's copy_);
         # a sliding layer's whole ring (rewind then restores or rebuilds it for n).
@@ -258,7 +277,7 @@ class LlamaSession(Session):
         sliding = bool(cfg.sliding_layers)
         return Dsv4Header(
             magic=DSV4_MAGIC,
-            payload_version=layout.version,
+            payload_version=layout.version | (KV_F16 if self.kv_dtype == "f16" else 0),
             saved_ctx=self.ctx_size,
             prefill_chunk=self.chunk_size,
             raw_capacity=self.ctx_size,
@@ -278,7 +297,7 @@ class LlamaSession(Session):
         layout = self._layout()
         rows = sum(self._rows(layout, i) for i in range(cfg.num_layers))
         return (framing_bytes(layout.tokens, cfg.vocab_size, cfg.num_layers) + layout.marker_bytes
-                + 4 * rows * cfg.kv_row_floats)
+                + KV_DTYPES[self.kv_dtype].itemsize * rows * cfg.kv_row_floats)
 
     def save_payload(self, fp: BinaryIO) -> None:
         cfg = self.model.cfg
@@ -310,7 +329,7 @@ class LlamaSession(Session):
     def _stage(self, t: int) -> torch.Tensor:
         """A [T, 2, Hkv, D] buffer for one layer's payload rows."""
         cfg = self.model.cfg
-        return torch.empty((t, 2, cfg.num_kv_heads, cfg.head_dim), dtype=torch.float32)
+        return torch.empty((t, 2, cfg.num_kv_heads, cfg.head_dim), dtype=KV_DTYPES[self.kv_dtype])
 
     def load_payload(self, fp: BinaryIO, nbytes: int) -> None:
         try:
@@ -325,6 +344,10 @@ class LlamaSession(Session):
         r = PayloadReader(fp, nbytes)
         h = r.read_header()
         check_fingerprint(r.read_bytes(FINGERPRINT_BYTES, "the fingerprint"), self.model.info.fingerprint, self.model.info.name)
+        file_dtype, version = kv_dtype_of_version(h.payload_version)
+        if file_dtype != self.kv_dtype:
+            raise PayloadError(f"payload holds {file_dtype} K/V rows, this session's kv_dtype is {self.kv_dtype}")
+        h = dataclasses.replace(h, payload_version=version)
         check_field(h, "layer_count", cfg.num_layers)
         check_field(h, "head_dim", cfg.kv_row_floats)
         check_field(h, "indexer_head_dim", 0)
@@ -376,7 +399,8 @@ class LlamaSession(Session):
         """Rows of the window live after `at` tokens, oldest first, into their ring slots."""
         ring = self.kv[layer]
         m = min(at, self.model.cfg.sliding_window)
-        rows = r.read_f32((m, 2, self.model.cfg.num_kv_heads, self.model.cfg.head_dim), f"layer {layer} window rows")
+        rows = r.read_f32((m, 2, self.model.cfg.num_kv_heads, self.model.cfg.head_dim), f"layer {layer} window rows",
+                          KV_DTYPES[self.kv_dtype])
         check_finite(rows, f"layer {layer} window rows")
         if m:
             slots = torch.arange(at - m, at) % ring.shape[2]
