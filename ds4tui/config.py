@@ -56,6 +56,10 @@ class Config:
     # What DSV4-family checkpoints store of the sliding window: "full", "periodic:K" or
     # "zero" (ds4tui/format/swa_policy.py, docs/swa_policies.md). Other families ignore it.
     swa_policy: str = "full"
+    # Type of a llama-family session's K/V: "f16" (half the memory and disk of "f32", as
+    # llama.cpp's default cache) or "f32". A cache file is only read by sessions of its own type.
+    # DSV4 ignores it (its cache_f16 option is part of the checkpoint's config).
+    kv_dtype: str = "f16"
 
     def cache_path(self) -> Path:
         return paths.cache_dir(self.cache_dir)
@@ -76,6 +80,7 @@ _CHECKS: dict[str, tuple[tuple[type, ...], Any]] = {
     "live_sessions": ((int,), lambda v: None if v >= 1 else "must be >= 1"),
     "seed": ((int,), lambda v: None if v >= 0 else "must be >= 0"),
     "swa_policy": ((str,), check_policy_text),
+    "kv_dtype": ((str,), lambda v: None if v in ("f16", "f32") else 'must be "f16" or "f32"'),
 }
 _FLOAT_KEYS = {"temperature", "top_p", "min_p"}
 

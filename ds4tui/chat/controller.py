@@ -128,7 +128,7 @@ class ChatController:
     def warm_up(self) -> None:
         """Pay the engine's first-use costs for sessions of ctx_size() now, off the UI thread
         (the app's model-loading worker): see Model.warm_up. Changes no result."""
-        self.model.warm_up(self.ctx_size())
+        self.model.warm_up(self.ctx_size(), kv_dtype=self.settings.config.kv_dtype)
 
     def live_count(self) -> int:
         return self.pool.live_count()

@@ -38,7 +38,7 @@ class SessionPool:
             if live is None:
                 # The engine picks its default (memory-friendly, below n_ctx); ask it once
                 # with a throwaway session rather than guess. Call off the UI thread.
-                live = self.model.new_session(self.settings.config.ctx)
+                live = self.model.new_session(self.settings.config.ctx, kv_dtype=self.settings.config.kv_dtype)
             self._ctx_size = live.ctx_size
             # Same probe: only families with sliding-window layers take a storage policy.
             self._sliding_window = bool(live.set_storage_policy(self.settings.config.swa_policy))
@@ -56,7 +56,7 @@ class SessionPool:
         """conv's session, creating it; over the cap the least recently used other one goes to disk."""
         if conv.session is None:
             self._make_room(conv, on_event)
-            conv.session = self.model.new_session(self.settings.config.ctx)
+            conv.session = self.model.new_session(self.settings.config.ctx, kv_dtype=self.settings.config.kv_dtype)
             conv.session.set_storage_policy(self.settings.config.swa_policy)  # False (ignored) without SWA layers
             conv.session_text = b""
         return conv.session

@@ -10,6 +10,22 @@ from ds4tui.config import Config, ConfigError, load_config, save_config, with_ov
 
 def test_missing_file_gives_defaults():
     assert load_config() == Config()
+    assert Config().kv_dtype == "f16"
+
+
+def test_kv_dtype_reaches_the_sessions(tmp_path):
+    """The chat's sessions hold K/V of the configured type (llama family)."""
+    import torch
+
+    from ds4tui.engine.loader import load_model
+    from tests.chat.conftest import make_controller
+
+    model = load_model("tiny-llama")
+    for dtype, torch_dtype in (("f16", torch.float16), ("f32", torch.float32)):
+        ctl = make_controller(model, tmp_path / dtype, kv_dtype=dtype)
+        conv = ctl.new_conversation()
+        ctl.send(conv.key, "Hello there.", lambda e: None)
+        assert ctl.get(conv.key).session.kv.dtype == torch_dtype
 
 
 def test_file_values_are_read_and_ints_become_floats(tmp_path):
@@ -26,6 +42,7 @@ def test_file_values_are_read_and_ints_become_floats(tmp_path):
     ("max_tokens = true", "max_tokens must be int, not a boolean"),
     ("colour = 1", "unknown key 'colour'"),
     ("model = ", "invalid TOML"),
+    ("kv_dtype = \"bf16\"", 'kv_dtype must be "f16" or "f32"'),
 ])
 def test_bad_values_name_the_key(line, needle):
     paths.config_path().write_text(line + "\n")

@@ -27,17 +27,26 @@ OLD_DSV4_FINGERPRINT = "a3bbdfd6ccef010caf881c8914ac92708f3d686c7b95100437fb01b6
 
 
 def test_a_llama_file_written_before_the_move_restores_exactly(tmp_path):
+    """The old file holds f32 rows: an f32 session (kv_dtype = "f32") restores it exactly; an
+    f16 session (the default) rejects it with that reason, keeps the file, and goes on cold."""
     model = load_model("tiny-llama")
     shutil.copy(OLD_LLAMA_FILE, tmp_path / OLD_LLAMA_FILE.name)
     prompt = model.chat.render(OLD_PROMPT, add_generation_prompt=True).encode()
     checkpoints = Checkpoints(model, tmp_path, CachePolicy(), ctx_size=256)
-    restored = model.new_session(256)
+    restored = model.new_session(256, kv_dtype="f32")
     events: list = []
     assert checkpoints.restore_longest(prompt, restored, events.append) == len(prompt)
-    fresh = model.new_session(256)
+    fresh = model.new_session(256, kv_dtype="f32")
     fresh.prefill(model.tokenizer.encode(prompt.decode()))
     assert restored.tokens == fresh.tokens and len(fresh.tokens) == 40
     assert torch.equal(restored.logits, fresh.logits)
+    half = model.new_session(256)
+    events.clear()
+    assert checkpoints.restore_longest(prompt, half, events.append) == 0 and half.tokens == []
+    rejected = [e for e in events if "K/V rows" in str(getattr(e, "reason", ""))]
+    assert rejected and not rejected[0].deleted
+    assert "payload holds f32 K/V rows, this session's kv_dtype is f16" in rejected[0].reason
+    assert (tmp_path / OLD_LLAMA_FILE.name).exists()
 
 
 def test_the_dsv4_fingerprint_does_not_depend_on_module_paths():

@@ -44,8 +44,8 @@ def payload(s) -> bytes:
     return buf.getvalue()
 
 
-def session(spec: str, policy: str = "full"):
-    s = load_model(spec).new_session(CTX)
+def session(spec: str, policy: str = "full", kv_dtype: str | None = None):
+    s = load_model(spec).new_session(CTX, kv_dtype=kv_dtype)
     s.set_storage_policy(policy)
     return s
 
@@ -77,17 +77,18 @@ def assert_same(a, b) -> None:
     assert torch.equal(a.logits, b.logits)
 
 
-@pytest.mark.parametrize("spec, policy", [("tiny-llama", "full")] + [("tiny-dsv4", p) for p in POLICIES])
+@pytest.mark.parametrize("spec, policy, kv_dtype", [("tiny-llama", "full", "f16"), ("tiny-llama", "full", "f32")]
+                         + [("tiny-dsv4", p, None) for p in POLICIES])
 @pytest.mark.parametrize("n", [PROMPT, PROMPT + 2, PROMPT + DECODED + SECOND, END - 1])
-def test_rewind_then_continue_equals_the_twin(spec, policy, n):
+def test_rewind_then_continue_equals_the_twin(spec, policy, kv_dtype, n):
     """At a prompt end (kept), after decode steps, at the end of the second prefill."""
-    a = run(session(spec, policy))
+    a = run(session(spec, policy, kv_dtype))
     cost = a.rewind_cost(n)
     got = a.rewind(n)
     assert got == cost and cost.target == n and len(a.tokens) == n
     if n in (PROMPT, PROMPT + DECODED + SECOND):
         assert cost.free and cost.how == "kept"
-    assert_same(a, run(session(spec, policy), upto=n))
+    assert_same(a, run(session(spec, policy, kv_dtype), upto=n))
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -35,8 +35,8 @@ def gemma(tmp_path_factory):
         return load_llama_hf(save_hf_dir(hf_model("gemma3"), root / "hf"), "tiny-gemma3")
 
 
-def _session(model, policy: str | None) -> LlamaSession:
-    s = LlamaSession(model, CTX, CHUNK)
+def _session(model, policy: str | None, kv_dtype: str = "f16") -> LlamaSession:
+    s = LlamaSession(model, CTX, CHUNK, kv_dtype=kv_dtype)
     if policy is not None:
         assert s.set_storage_policy(policy)
     return s
@@ -49,8 +49,8 @@ def _saved(s: LlamaSession) -> bytes:
     return buf.getvalue()
 
 
-def _load(model, data: bytes, policy: str | None = None) -> LlamaSession:
-    s = _session(model, policy)
+def _load(model, data: bytes, policy: str | None = None, kv_dtype: str = "f16") -> LlamaSession:
+    s = _session(model, policy, kv_dtype)
     s.load_payload(io.BytesIO(data), len(data))
     return s
 
@@ -63,12 +63,13 @@ def _expected_replay(policy: str, t: int) -> int:
     return t % PERIOD
 
 
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("t", LENGTHS)
-def test_save_load_continue_is_bit_exact(gemma, policy, t):
-    a = _session(gemma, policy)
+def test_save_load_continue_is_bit_exact(gemma, policy, t, kv_dtype):
+    a = _session(gemma, policy, kv_dtype)
     a.prefill(TOKENS[:t])
-    b = _load(gemma, _saved(a), policy)
+    b = _load(gemma, _saved(a), policy, kv_dtype)
     assert b.tokens == a.tokens and torch.equal(b.logits, a.logits)
     info = b.swa.last_restore
     assert info.replayed == _expected_replay(policy, t)
@@ -94,7 +95,7 @@ def test_replayed_tokens_and_payload_sizes(gemma):
     # A periodic file of a session that had no snapshot at its frontier (policy set late) is a
     # full one; the zero replay starts at the chunk start before 130 - 91 = 39.
     assert replayed == {"full": 0, f"periodic:{PERIOD}": 0, "zero": 130 - 32}
-    row = 4 * gemma.cfg.kv_row_floats
+    row = 2 * gemma.cfg.kv_row_floats  # f16 rows
     assert sizes["full"] - sizes["zero"] == 6 * WINDOW * row - 16  # the rings, less the marker block
     p = _session(gemma, f"periodic:{PERIOD}")
     p.prefill(TOKENS[:130])
@@ -105,21 +106,40 @@ def test_replayed_tokens_and_payload_sizes(gemma):
 
 def test_memory_holds_global_layers_whole_and_sliding_rings(gemma):
     s = _session(gemma, None)
-    full = gemma.cfg.num_layers * 2 * gemma.cfg.num_kv_heads * CTX * gemma.cfg.head_dim * 4
+    full = gemma.cfg.num_layers * 2 * gemma.cfg.num_kv_heads * CTX * gemma.cfg.head_dim * 2  # f16
     assert s.kv_bytes == full * (6 * WINDOW + CTX) // (7 * CTX)
+    assert _session(gemma, None, "f32").kv_bytes == 2 * s.kv_bytes
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_file_is_never_read_under_another_kv_dtype(gemma, policy):
+    """The KV_F16 bit of payload_version says the rows' type; the other type's session rejects
+    the file with that reason."""
+    files = {}
+    for dtype in ("f16", "f32"):
+        a = _session(gemma, policy, dtype)
+        a.prefill(TOKENS[:40])
+        files[dtype] = _saved(a)
+        other = "f32" if dtype == "f16" else "f16"
+        with pytest.raises(PayloadError, match=f"payload holds {dtype} K/V rows, this session's kv_dtype is {other}"):
+            _load(gemma, files[dtype], policy, other)
+        assert _load(gemma, files[dtype], policy, dtype).tokens == TOKENS[:40]
+    version = int.from_bytes(files["f16"][4:8], "little")
+    assert version & 0x80 and not int.from_bytes(files["f32"][4:8], "little") & 0x80
+    assert len(files["f32"]) > len(files["f16"])
 
 
 def test_a_file_is_never_read_under_another_policy(gemma):
     a = _session(gemma, "zero")
     a.prefill(TOKENS[:40])
     data = bytearray(_saved(a))
-    data[4:8] = (1).to_bytes(4, "little")  # claim full: the header's row count then disagrees
+    data[4:8] = (0x80 | 1).to_bytes(4, "little")  # claim full (f16 rows): the header's row count then disagrees
     with pytest.raises(PayloadError):
         _load(gemma, bytes(data))
     full = _session(gemma, None)
     full.prefill(TOKENS[:40])
     data = bytearray(_saved(full))
-    data[4:8] = (3).to_bytes(4, "little")  # claim zero
+    data[4:8] = (0x80 | 3).to_bytes(4, "little")  # claim zero
     with pytest.raises(PayloadError):
         _load(gemma, bytes(data))
 
@@ -137,7 +157,7 @@ def test_the_controller_saves_and_resumes_gemma_sessions_under_its_policy(gemma,
     """The chat's swa_policy reaches a Gemma 3 session's titled file, smaller than a full one for
     zero; a fresh controller resumes it (replaying) and continues exactly like the live chat."""
     from ds4tui.format.kvc import read_kvc
-    from ds4tui.format.swa_policy import policy_of_version
+    from ds4tui.format.swa_policy import kv_dtype_of_version, policy_of_version
     from tests.chat.conftest import Recorder, make_controller
 
     first = make_controller(gemma, tmp_path, swa_policy=policy)
@@ -145,7 +165,8 @@ def test_the_controller_saves_and_resumes_gemma_sessions_under_its_policy(gemma,
     first.send(conv.key, "Hello there, tiny model.", Recorder())
     with open(tmp_path / f"{conv.saved_sha}.kv", "rb") as fp:
         kf = read_kvc(fp, with_trailers=False)
-    assert policy_of_version(kf.payload_header.payload_version).kind == policy.split(":")[0]
+    dtype, version = kv_dtype_of_version(kf.payload_header.payload_version)
+    assert dtype == "f16" and policy_of_version(version).kind == policy.split(":")[0]
     second = make_controller(gemma, tmp_path)
     resumed = second.resume(conv.saved_sha[:12], Recorder())
     assert resumed.session.swa.last_restore.replayed == len(resumed.session.tokens)  # short: all of it
@@ -159,13 +180,15 @@ def test_inspect_line_of_a_gemma_zero_file(gemma):
     """`kv inspect` and the cache browser read the policy from the header alone; for a llama-family
     file the zero replay is given as its bound (the header does not say how many layers slide)."""
     from ds4tui.format.payload import MODEL_ID_LLAMA, unpack_dsv4_header
-    from ds4tui.format.swa_policy import describe_payload
+    from ds4tui.format.swa_policy import describe_payload, payload_kv_dtype
 
     a = _session(gemma, "zero")
     a.prefill(TOKENS[:130])
     header = unpack_dsv4_header(_saved(a)[:52])
     line = describe_payload(header.__dict__, MODEL_ID_LLAMA)
     assert line == "zero (no sliding-window rows; a load re-runs at most the last 106 tokens)"  # 7 x 15 + 1
+    assert payload_kv_dtype(header.__dict__, MODEL_ID_LLAMA) == "f16"
+    assert payload_kv_dtype(unpack_dsv4_header(_saved(_session(gemma, "zero", "f32"))[:52]).__dict__, MODEL_ID_LLAMA) == "f32"
     assert _load(gemma, _saved(a)).swa.last_restore.replayed == 130 - 32  # within the bound
 
 
