@@ -51,6 +51,7 @@ class EngineBenchResult:
     kernels: str  # the C kernel variant (avx512, avx2, scalar), and whether decode is the fused step; or "torch"
     weights: str  # the quant mix: which tensor types the C kernels read, which fall back to fp32
     chat: dict | None = None  # --chat-tokens: greedy vs sampled replies through the controller
+    kv_dtype: str = ""  # the sessions' K/V type (--kv-dtype; a family without the choice: "-")
 
 
 def bench_tokens(model, n: int) -> list[int]:
@@ -79,21 +80,21 @@ def _decode_side_by_side(sessions: list, choosers: list, n: int) -> list[float]:
     return spent
 
 
-def _one_run(model, prompt: list[int], decode_tokens: int, ctx: int, tmpdir: str) -> dict:
+def _one_run(model, prompt: list[int], decode_tokens: int, ctx: int, tmpdir: str, kv_dtype: str | None = None) -> dict:
     import torch
 
     from ds4tui.engine.sampling import Sampler, SamplingParams
 
     # both through the chat's Sampler: greedy is its temperature-0 argmax
     greedy, sampler = Sampler(SamplingParams(temperature=0.0)), Sampler(SamplingParams(seed=0))
-    s = model.new_session(ctx)
+    s = model.new_session(ctx, kv_dtype=kv_dtype)
     t0 = time.perf_counter()
     s.prefill(prompt)
     t1 = time.perf_counter()
     greedy_s = sampled_s = 0.0
     if decode_tokens:
         # the sampled side decodes in a second session holding the same prompt (prefill untimed)
-        other = model.new_session(ctx)
+        other = model.new_session(ctx, kv_dtype=kv_dtype)
         other.prefill(prompt)
         greedy_s, sampled_s = _decode_side_by_side([s, other], [greedy, sampler], decode_tokens)
         del other
@@ -106,7 +107,7 @@ def _one_run(model, prompt: list[int], decode_tokens: int, ctx: int, tmpdir: str
         t4 = time.perf_counter()
     if os.path.getsize(path) != size:
         raise RuntimeError(f"payload_bytes() said {size}, save wrote {os.path.getsize(path)}")
-    restored = model.new_session(ctx)
+    restored = model.new_session(ctx, kv_dtype=kv_dtype)
     with open(path, "rb") as f:
         t5 = time.perf_counter()
         restored.load_payload(f, size)
@@ -114,13 +115,13 @@ def _one_run(model, prompt: list[int], decode_tokens: int, ctx: int, tmpdir: str
     exact = restored.logits is not None and bool(torch.equal(restored.logits, s.logits))
     return {
         "prefill_s": t1 - t0, "decode_s": greedy_s, "sampled_s": sampled_s, "save_s": t4 - t3, "load_s": t6 - t5,
-        "bytes": size, "tokens": len(s.tokens), "exact": exact,
+        "bytes": size, "tokens": len(s.tokens), "exact": exact, "kv_dtype": getattr(s, "kv_dtype", "-"),
     }
 
 
 def measure_engine(
     spec: str, prompt_tokens: int = 512, decode_tokens: int = 32, repeats: int = 3, ctx: int | None = None,
-    chat_tokens: int = 0,
+    chat_tokens: int = 0, kv_dtype: str | None = None,
 ) -> EngineBenchResult:
     import torch
 
@@ -133,9 +134,9 @@ def measure_engine(
     ctx = ctx or prompt_tokens + decode_tokens
     runs = []
     with tempfile.TemporaryDirectory(prefix="ds4tui-bench-") as tmpdir:
-        _one_run(model, prompt[: min(64, prompt_tokens)], min(2, decode_tokens), ctx, tmpdir)  # warm-up
+        _one_run(model, prompt[: min(64, prompt_tokens)], min(2, decode_tokens), ctx, tmpdir, kv_dtype)  # warm-up
         for _ in range(repeats):
-            runs.append(_one_run(model, prompt, decode_tokens, ctx, tmpdir))
+            runs.append(_one_run(model, prompt, decode_tokens, ctx, tmpdir, kv_dtype))
     chat = None
     if chat_tokens:
         from ds4tui.bench.chat_decode import measure_chat_decode
@@ -171,6 +172,7 @@ def measure_engine(
         kernels=_kernels(model, qgemv.backend()),
         weights=mix.summary() if mix is not None else "fp32 (not a GGUF)",
         chat=chat,
+        kv_dtype=runs[-1]["kv_dtype"],
     )
 
 
@@ -189,6 +191,7 @@ def add_bench_command(subparsers) -> None:
     p.add_argument("--chat-tokens", type=int, default=0, metavar="N",
                    help="also time N-token replies through the chat controller, greedy vs sampled (default: off)")
     p.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--kv-dtype", choices=("f16", "f32"), help="K/V type of llama-family sessions (default: f16)")
     p.set_defaults(func=run)
 
 
@@ -204,14 +207,14 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)  # a CLI run owns its process
     try:
         r = measure_engine(args.model, args.prompt_tokens, args.decode_tokens, args.repeats, args.ctx,
-                           args.chat_tokens)
+                           args.chat_tokens, args.kv_dtype)
     except (EngineError, ValueError) as exc:
         raise CliError(str(exc)) from None
     if args.json:
         print(json.dumps(asdict(r)))
         return 0
     rows = [
-        ("model", f"{r.model} ({r.family}), {r.threads} threads, ctx {r.ctx}, load {r.load_s:.2f} s"),
+        ("model", f"{r.model} ({r.family}), {r.threads} threads, ctx {r.ctx}, KV {r.kv_dtype}, load {r.load_s:.2f} s"),
         ("weights", f"{r.weights}; kernels: {r.kernels}"),
         ("prefill", f"{r.prefill_tok_s:.1f} tok/s ({r.prompt_tokens} tokens)"),
         ("decode", f"{r.decode_tok_s:.1f} tok/s greedy, {r.sampled_decode_tok_s:.1f} tok/s sampled,"
