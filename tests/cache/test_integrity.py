@@ -166,8 +166,8 @@ def tiny():
     return load_model("tiny-llama")
 
 
-def _session(model, prompt="hello there, a few tokens"):
-    s = model.new_session(256)
+def _session(model, prompt="hello there, a few tokens", kv_dtype=None):
+    s = model.new_session(256, kv_dtype=kv_dtype)
     s.prefill(model.tokenizer.encode(prompt))
     return s
 
@@ -179,17 +179,18 @@ def test_a_session_with_nan_in_its_kv_is_not_saved(tiny):
         s.save_payload(io.BytesIO())
 
 
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
 @pytest.mark.parametrize("what", ["kv", "logits"])
-def test_nan_in_a_payload_without_checksum_is_rejected_and_the_session_left_empty(tiny, what):
-    s = _session(tiny)
+def test_nan_in_a_payload_without_checksum_is_rejected_and_the_session_left_empty(tiny, what, kv_dtype):
+    s = _session(tiny, kv_dtype=kv_dtype)
     buf = io.BytesIO()
     s.save_payload(buf)
     data = bytearray(buf.getvalue())
     t = len(s.tokens)
     logits_at = 52 + 32 + 4 * t
     at = logits_at + 8 if what == "logits" else len(data) - 4 * 7
-    data[at:at + 4] = struct.pack("<f", float("nan"))
-    fresh = tiny.new_session(256)
+    data[at:at + 4] = struct.pack("<f", float("nan"))  # in f16 rows: an f16 NaN (0x7fc0) and a zero
+    fresh = tiny.new_session(256, kv_dtype=kv_dtype)
     with pytest.raises(PayloadError, match="NaN or infinite"):
         fresh.load_payload(io.BytesIO(bytes(data)), len(data))
     assert fresh.tokens == []
