@@ -24,8 +24,9 @@ from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
 from ds4tui.engine.llama.session import DEFAULT_KV_DTYPE, KV_DTYPES, KvBuffers, LlamaSession, kv_shapes
 from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
 
-# A session's context when the caller names none: SmolLM2's 8192 would pin 377 MB of fp32 KV;
-# 4096 (189 MB) is plenty for a chat on a CPU, where filling it takes tens of seconds.
+# A session's context when the caller names none: SmolLM2's 8192 would pin 377 MB of fp32 KV
+# (189 MB f16); 4096 (189 MB fp32, 94 MB f16) is plenty for a chat on a CPU, where filling it
+# takes tens of seconds.
 DEFAULT_CTX = 4096
 # Products of at most this many activation rows go through the weights' file blocks when
 # present (qgemm.c): the measured crossover against fp32 torch (docs/perf.md, "Short prefills").
