@@ -122,7 +122,7 @@ class KvStore:
         self.policy = policy
         self.budget_bytes = int((budget_mb if budget_mb is not None else policy.budget_mb) * MIB)
         self._clock = clock
-        self._text_shas: dict[str, tuple[tuple[int, int, int], str | None]] = {}
+        self._text_shas: dict[str, tuple[tuple[int, int, int], str | None]] = {}  # name -> (stat key, sha)
         # The lookup's view of each file: name -> ((inode, size, mtime_ns), acceptor, entry).
         self._headers: dict[str, tuple[tuple[int, int, int], Acceptor, KvEntry]] = {}
 
@@ -192,19 +192,19 @@ class KvStore:
         return files.read_text(e.path, e.header.text_bytes)
 
     def _text_sha(self, e: KvEntry) -> str | None:
-        """SHA-1 of a file's stored text, memoized per (path, size, mtime): the index of
-        titled sessions by what they hold."""
-        try:
-            st = os.stat(e.path)
-        except OSError:
+        """SHA-1 of a file's stored text, memoized per file version (the stat key the
+        lookup's listing already took): the index of titled sessions by what they hold."""
+        name = Path(e.path).name
+        listed = self._headers.get(name)
+        if listed is None:
             return None
-        key = (st.st_size, st.st_mtime_ns, e.header.text_bytes)
-        memo = self._text_shas.get(e.path)
+        key = listed[0]
+        memo = self._text_shas.get(name)
         if memo is not None and memo[0] == key:
             return memo[1]
         text = self._text_of(e)
         sha = hashlib.sha1(text).hexdigest() if text is not None else None
-        self._text_shas[e.path] = (key, sha)
+        self._text_shas[name] = (key, sha)
         return sha
 
     def lookup(self, prompt: str | bytes, acceptor: Acceptor) -> list[KvEntry]:
@@ -276,6 +276,8 @@ class KvStore:
                 continue
             self._headers[name] = (key, acceptor, e)
             entries.append(e)
+        for gone in self._text_shas.keys() - self._headers.keys():
+            del self._text_shas[gone]
         return entries
 
     # -- loading -------------------------------------------------------------
