@@ -3,7 +3,7 @@
 `Dsv4State` is the part of `Dsv4Session` that payload.py (the sections on disk) and
 swa.py (what a save stores, how a load rebuilds) read and drive; naming it here keeps
 those modules from importing the session, which imports them. `SwaState` is the
-per-session SWA bookkeeping; `RestoreInfo` what the last load did.
+per-session SWA bookkeeping (what the last load did is engine/swa_layout.py's `RestoreInfo`).
 """
 
 from __future__ import annotations
@@ -17,20 +17,8 @@ from ds4tui.engine.dsv4.cache import LayerCache
 from ds4tui.engine.dsv4.config import Dsv4Config
 from ds4tui.engine.model import ModelInfo
 from ds4tui.engine.session import ProgressFn, StopFn
+from ds4tui.engine.swa_layout import RestoreInfo
 from ds4tui.format.swa_policy import FULL_POLICY, SwaPolicy
-
-
-@dataclass(frozen=True)
-class RestoreInfo:
-    """What the last load did: for the bench, the UI and tests."""
-
-    policy: str
-    tokens: int
-    replayed: int  # tokens re-run to rebuild the raw windows
-    replay_ms: float
-    # max |replayed - stored| next-token logit: 0 when the file came from a cold prefill and
-    # the replay is bit-exact; rounding-sized otherwise. None when nothing was replayed.
-    logit_delta: float | None
 
 
 @dataclass

@@ -28,13 +28,12 @@ complete). What the replay recomputes is the raw window:
 
 from __future__ import annotations
 
-import time
 
 import torch
 
 from ds4tui.format.payload import Dsv4Header
-from ds4tui.engine.dsv4.state import Dsv4State, RestoreInfo
-from ds4tui.engine.swa_layout import SwaLayout, header_policy
+from ds4tui.engine.dsv4.state import Dsv4State
+from ds4tui.engine.swa_layout import RestoreInfo, SwaLayout, header_policy, replay_tail
 from ds4tui.format.swa_policy import (
     FULL_POLICY,
     PERIODIC,
@@ -136,22 +135,7 @@ def finish_load(s: Dsv4State, layout: SwaLayout) -> None:
 
 
 def _replay(s: Dsv4State, layout: SwaLayout) -> RestoreInfo:
-    tokens, stored = list(s.tokens), s.logits
-    start = layout.replay_from
-    s.tokens, s.logits = tokens[:start], None
+    # The compressed and indexer rows and frontiers were restored whole: the replay only
+    # rebuilds the raw windows, so the compressor states stay frozen meanwhile.
     states = [st for lc in s.layers for st in (lc.attn, lc.index) if st is not None]
-    for st in states:
-        st.frozen = True
-    s.swa.replaying = True
-    t0 = time.perf_counter()
-    try:
-        s.prefill(tokens[start:])  # chunks end on absolute multiples of the chunk, as cold
-    finally:
-        for st in states:
-            st.frozen = False
-        s.swa.replaying = False
-    ms = (time.perf_counter() - t0) * 1000.0
-    delta = None
-    if stored is not None and s.logits is not None:
-        delta = float((s.logits - stored).abs().max())
-    return RestoreInfo(str(layout.policy), len(tokens), len(tokens) - start, ms, delta)
+    return replay_tail(s, s.swa, layout, states)

@@ -28,7 +28,6 @@ its own type: an f16 file into an f32 session, or the reverse, is rejected.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import BinaryIO, Protocol, Union
 
 import numpy as np
@@ -46,10 +45,10 @@ from ds4tui.engine.payload import (
 )
 from ds4tui.engine.errors import PayloadError
 from ds4tui.engine.llama.config import LlamaConfig
-from ds4tui.engine.llama.swa import LlamaSwa, RestoreInfo, layout_for_save, layout_from_header, zero_start
+from ds4tui.engine.llama.swa import LlamaSwa, layout_for_save, layout_from_header, zero_start
 from ds4tui.engine.model import ModelInfo
 from ds4tui.engine.session import ProgressFn, RewindCost, Session
-from ds4tui.engine.swa_layout import SwaLayout, read_marker, write_marker
+from ds4tui.engine.swa_layout import RestoreInfo, SwaLayout, read_marker, replay_tail, write_marker
 
 # Version of the llama per-layer sections inside the DSV4 framing (header field payload_version):
 # the `full` tag of the SWA policies, which is all a model without sliding layers writes.
@@ -415,23 +414,8 @@ class LlamaSession(Session):
             self.swa.snapshot_at = layout.raw_at
         info = RestoreInfo(str(layout.policy), t, 0, 0.0, None)
         if layout.replay_from < t:
-            info = self._restore_replay(layout)
+            info = replay_tail(self, self.swa, layout)
         self.swa.last_restore = info
         self._maybe_snapshot(t)
 
-    def _restore_replay(self, layout: SwaLayout) -> RestoreInfo:
-        start = layout.replay_from
-        tokens, stored = list(self.tokens), self.logits
-        self.tokens, self.logits = tokens[:start], None
-        self.swa.replaying = True
-        t0 = time.perf_counter()
-        try:
-            self.prefill(tokens[start:])  # chunks end on absolute multiples of the chunk, as cold
-        finally:
-            self.swa.replaying = False
-        ms = (time.perf_counter() - t0) * 1000.0
-        delta = None
-        if stored is not None and self.logits is not None:
-            delta = float((self.logits - stored).abs().max())
-        return RestoreInfo(str(layout.policy), len(tokens), len(tokens) - start, ms, delta)
 

@@ -25,22 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ds4tui.engine.swa_layout import SwaLayout, header_policy
+from ds4tui.engine.swa_layout import RestoreInfo, SwaLayout, header_policy
 from ds4tui.format.payload import Dsv4Header
 from ds4tui.format.swa_policy import FULL_POLICY, PERIODIC, ZERO, SwaPolicy, stored_window_at, zero_replay_start
-
-
-@dataclass(frozen=True)
-class RestoreInfo:
-    """What the last load did: for the bench, the UI and tests."""
-
-    policy: str
-    tokens: int
-    replayed: int  # tokens re-run to rebuild the sliding windows
-    replay_ms: float
-    # max |replayed - stored| next-token logit (0 when the replay is bit-exact); None when
-    # nothing was replayed or the file has no logits.
-    logit_delta: float | None
 
 
 @dataclass
