@@ -37,6 +37,7 @@ from ds4tui.format.payload import DSV4_MAGIC, FINGERPRINT_BYTES, Dsv4Header, fra
 from ds4tui.engine.payload import (
     PayloadReader,
     check_field,
+    check_finite,
     check_fingerprint,
     write_framing,
     write_tensor,
@@ -144,12 +145,9 @@ def read_payload(s: Dsv4State, fp: BinaryIO, nbytes: int, begin: Callable[[], No
     if t > s.ctx_size:
         raise PayloadError(f"payload holds {t} tokens, this session's context is {s.ctx_size}")
     check_field(h, "live_raw_rows", min(layout.raw_at, cfg.sliding_window))
-    tokens = r.read_u32(t, "the tokens")
-    bad = next((x for x in tokens if x >= cfg.vocab_size), None)
-    if bad is not None:
-        raise PayloadError(f"payload token {bad} is outside the vocab of {cfg.vocab_size}")
+    tokens = r.read_tokens(t, cfg.vocab_size)
     logits = r.read_f32((cfg.vocab_size,), "the logits")
-    _check_finite(logits, "logits")
+    check_finite(logits, "logits")
     comp = r.read_u32(cfg.num_hidden_layers, "the compressed row counts")
     index = r.read_u32(cfg.num_hidden_layers, "the indexer row counts")
     for li, lc in enumerate(s.layers):
@@ -181,7 +179,7 @@ def read_payload(s: Dsv4State, fp: BinaryIO, nbytes: int, begin: Callable[[], No
 def read_raw_section(r: PayloadReader, lc: LayerCache, t: int, window: int, li: int) -> None:
     positions = lc.raw_positions(t, window)
     rows = r.read_f32((len(positions), lc.raw.shape[1]), f"layer {li} raw rows")
-    _check_finite(rows, f"layer {li} raw rows")
+    check_finite(rows, f"layer {li} raw rows")
     lc.raw[lc.raw_slots(positions)] = rows
 
 
@@ -193,13 +191,8 @@ def read_compressor_section(r: PayloadReader, st: CompressorState, n: int, t: in
     r.read_into(st.state_kv, f"{what} frontier kv")
     r.read_into(st.state_score, f"{what} frontier scores")
     for tensor, part in ((st.rows[:n], "rows"), (st.state_kv, "frontier kv"), (st.state_score, "frontier scores")):
-        _check_finite(tensor, f"{what} {part}")
+        check_finite(tensor, f"{what} {part}")
     # Canonical form: the unwritten slots of the current window are exactly (0, empty).
     free = st.current_offset + t % st.ratio
     if bool(st.state_kv[free:].any()) or bool((st.state_score[free:] != EMPTY_SCORE).any()):
         raise PayloadError(f"{what} frontier has data in slots not yet written at {t} tokens")
-
-
-def _check_finite(t: torch.Tensor, what: str) -> None:
-    if not bool(torch.isfinite(t).all()):
-        raise PayloadError(f"payload {what} contain NaN or infinite values")

@@ -366,10 +366,7 @@ class LlamaSession(Session):
             raise PayloadError(f"payload holds {t} tokens, this session's context is {self.ctx_size}")
         if t > h.raw_capacity:
             raise PayloadError(f"payload holds {t} tokens but says its context was {h.raw_capacity}")
-        tokens = r.read_u32(t, "the tokens")
-        bad = next((x for x in tokens if x >= cfg.vocab_size), None)
-        if bad is not None:
-            raise PayloadError(f"payload token {bad} is outside the vocab of {cfg.vocab_size}")
+        tokens = r.read_tokens(t, cfg.vocab_size)
         logits = r.read_f32((cfg.vocab_size,), "the logits")
         check_finite(logits, "the logits")
         for what in ("compressed row counts", "indexer row counts"):
