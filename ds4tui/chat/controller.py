@@ -100,10 +100,7 @@ class ChatController:
     def new_conversation(self, system_prompt: str | None = None) -> Conversation:
         """An empty chat; the system prompt (argument, else config) is fixed for its lifetime."""
         prompt = system_prompt if system_prompt is not None else self.config.system_prompt
-        conv = Conversation(key=self.conversations.new_key())
-        if prompt:
-            conv.messages.append({"role": "system", "content": prompt})
-        return self.conversations.add(conv)
+        return self.conversations.open_new(prompt)
 
     def get(self, key: str) -> Conversation:
         return self.conversations.get(key)

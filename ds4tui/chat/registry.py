@@ -22,6 +22,13 @@ class Conversations:
     def new_key(self) -> str:
         return f"c{next(self._keys)}"
 
+    def open_new(self, system_prompt: str | None, kind: type[Conversation] = Conversation) -> Conversation:
+        """A new empty chat of `kind`, registered; a system prompt becomes its first message."""
+        conv = kind(key=self.new_key())
+        if system_prompt:
+            conv.messages.append({"role": "system", "content": system_prompt})
+        return self.add(conv)
+
     def add(self, conv: Conversation) -> Conversation:
         with self._lock:
             self._by_key[conv.key] = conv

@@ -108,10 +108,7 @@ class RemoteChatController:
 
     def new_conversation(self, system_prompt: str | None = None) -> Conversation:
         prompt = system_prompt if system_prompt is not None else self.config.system_prompt
-        conv = RemoteConversation(key=self.conversations.new_key())
-        if prompt:
-            conv.messages.append({"role": "system", "content": prompt})
-        return self.conversations.add(conv)
+        return self.conversations.open_new(prompt, RemoteConversation)
 
     def get(self, key: str) -> Conversation:
         return self.conversations.get(key)
