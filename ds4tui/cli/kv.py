@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from ds4tui.cli.errors import CliError
-from ds4tui.format.display import human_bytes, safe_text, score_text
+from ds4tui.format.display import human_bytes, relative_time, safe_text, score_text
 
 _HEX = re.compile(r"^[0-9a-fA-F]{1,40}$")
 
@@ -136,23 +136,6 @@ def _when(ts: int | None) -> str:
         return f"@{ts}"
 
 
-def _ago(ts: int | None, now: float) -> str:
-    """`just now`, `5m ago`, `3h ago`, `2d ago`: what `kv ls` needs to tell files apart."""
-    if not ts:
-        return "-"
-    delta = now - ts
-    if abs(delta) < 60:
-        return "just now"
-    ahead, delta = delta < 0, abs(delta)
-    for limit, div, unit in ((3600, 60, "m"), (86400, 3600, "h"), (86400 * 365, 86400, "d")):
-        if delta < limit:
-            amount = f"{int(delta // div)}{unit}"
-            break
-    else:
-        amount = f"{int(delta // (86400 * 365))}y"
-    return f"in {amount}" if ahead else f"{amount} ago"
-
-
 # `kv ls` title column: at least this wide, wider when the terminal has room.
 LS_TITLE_MIN, LS_TITLE_MAX = 14, 48
 
@@ -178,7 +161,7 @@ def ls_lines(entries, now: float, columns: int) -> list[str]:
         h = e.header
         out.append(row((e.sha or "?")[:10] + ("*" if e.pinned else ""), h.reason if h else "?",
                        h.tokens if h else 0, h.hits if h else 0, human_bytes(e.file_bytes),
-                       _ago(h.last_used if h else None, now), score_text(e.score.score) if e.score else "-",
+                       relative_time(h.last_used if h else None, now, never="-"), score_text(e.score.score) if e.score else "-",
                        e.model, safe_text(e.title) or "-", _status(e)))
     return out
 
@@ -393,7 +376,6 @@ def cmd_edit(args) -> int:
 
 def cmd_grep(args) -> int:
     from ds4tui.chat.search import search
-    from ds4tui.format.display import safe_text
 
     try:
         hits = search(_cache_dir(args), args.pattern, regex=args.regex)

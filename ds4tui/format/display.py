@@ -96,3 +96,21 @@ def score_text(score: float) -> str:
     if value < 1_000_000:
         return f"{value / 1000:.0f}k"  # tiny files score high; keep the column narrow
     return f"{value / 1_000_000:.1f}M"
+
+
+def relative_time(ts: int | None, now: float, never: str = "never") -> str:
+    """`just now`, `5m ago`, `3h ago`, `2d ago`; a future stamp (a writer with a skewed
+    clock) reads `in 5m`. Below a minute it is "just now", never "0m ago"."""
+    if not ts:
+        return never
+    delta = now - ts
+    ahead, delta = delta < 0, abs(delta)
+    if delta < 60:
+        return "just now"
+    for limit, div, unit in ((3600, 60, "m"), (86400, 3600, "h"), (86400 * 365, 86400, "d")):
+        if delta < limit:
+            amount = f"{int(delta // div)}{unit}"
+            break
+    else:
+        amount = f"{int(delta // (86400 * 365))}y"
+    return f"in {amount}" if ahead else f"{amount} ago"

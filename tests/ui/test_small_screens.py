@@ -4,11 +4,10 @@ dump's rows, the picture of the cache (pure functions, no terminal needed)."""
 from __future__ import annotations
 
 from ds4tui.cache.entry import inspect_file
-from ds4tui.format.display import score_text
+from ds4tui.format.display import relative_time, score_text
 from ds4tui.screens.widgets.budget_gauge import BudgetGauge
 from ds4tui.screens.widgets.cache_map import by_kind, by_reason, stacked_bar
 from ds4tui.screens.widgets.kv_detail import hex_dump
-from ds4tui.screens.widgets.kv_format import relative_time
 from ds4tui.screens.widgets.kv_table import COLUMN_KEYS, fit_columns
 from tests.ui import kv_fixtures as fx
 

@@ -22,8 +22,8 @@ from ds4tui.cache.entry import KvEntry
 from ds4tui.format.kvc import HEADER_FIELDS, PREFIX_BYTES, payload_abi_name
 from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI
 from ds4tui.format.swa_policy import describe_payload, payload_kv_dtype
-from ds4tui.format.display import human_bytes, score_text
-from ds4tui.screens.widgets.kv_format import ResumeCost, duration, file_text, local_time, relative_time, safe_cell
+from ds4tui.format.display import human_bytes, relative_time, score_text
+from ds4tui.screens.widgets.kv_format import ResumeCost, duration, file_text, local_time, safe_cell
 
 # Alternating styles tell neighbouring fields apart in the hex dump.
 _FIELD_STYLES = ("cyan", "magenta", "green", "yellow")

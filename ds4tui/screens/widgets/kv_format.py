@@ -35,24 +35,6 @@ def local_time(ts: int | None) -> str:
         return f"@{ts} (out of range)"
 
 
-def relative_time(ts: int | None, now: float) -> str:
-    """`5m ago`, `3h ago`, `2d ago`; future stamps (a clock skewed writer) read `in 5m`."""
-    if not ts:
-        return "never"
-    delta = now - ts
-    ahead = delta < 0
-    delta = abs(delta)
-    if delta < 60:  # below a minute: "just now", never "0m ago"
-        return "just now"
-    for limit, div, unit in ((3600, 60, "m"), (86400, 3600, "h"), (86400 * 365, 86400, "d")):
-        if delta < limit:
-            amount = f"{int(delta // div)}{unit}"
-            break
-    else:
-        amount = f"{int(delta // (86400 * 365))}y"
-    return f"in {amount}" if ahead else f"{amount} ago"
-
-
 def duration(seconds: float) -> str:
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
