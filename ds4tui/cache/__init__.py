@@ -8,7 +8,12 @@ checks that none of those ended up in sys.modules.
     entry.py     one file decoded for people (KvEntry, inspect_file, Acceptor)
     policy.py    tunables: store length, frontiers, headroom, eviction score
     eviction.py  superseded checkpoints, the victim order, the dry-run EvictionPlan
-    store.py     the directory: lookup, load chain, atomic save, touch, pin, evict
+    store.py     KvStore, the facade the rest of ds4tui holds: lookup, load, save, touch, pin, evict
+    listing.py   the directory under its budget: names, every file decoded and scored
+    lookup.py    the files whose text prefixes a prompt (stat-keyed header and text-SHA memos)
+    loading.py   the load validation chain, the payload through its checksum
+    saving.py    atomic saves within the budget, and applying eviction
+    edits.py     changes to existing files: hit count, pin, delete, retitle
     files.py     atomic writes, in-place header edits, temp files, header repair
     safe_open.py regular files only: no FIFO blocks, no symlink is followed
     integrity.py the XXH3 checksum: hashed on write, verified while restoring

@@ -4,7 +4,8 @@ Owns: turning a path into every decoded field plus a verdict (valid, corrupt,
 or "not loadable here: <why>"), the `inspect --json` key set, what counts as
 loadable by a given engine (`Acceptor`). File text shown to people goes through
 `ds4tui.format.display`.
-Leaves to store.py: the directory, eviction and anything that writes.
+Leaves to the store (store.py and the modules it delegates to): the directory, eviction
+and anything that writes.
 
 Never raises for a bad file: the verdict is data. Two kinds of failure are
 kept apart on purpose: a *corrupt* file (truncated, hash mismatch, token count

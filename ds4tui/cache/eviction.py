@@ -5,7 +5,7 @@ of a newer file's text, or of the checkpoint about to be written), which
 anonymous files a user's titled session already holds, filling in each
 entry's `ScoreParts`, the greedy lowest-score-first victim list, and
 `EvictionPlan` (the dry run the cache browser shows, from that same victim choice).
-Leaves to store.py: scanning, deleting, and which file is protected.
+Leaves to the store: scanning (listing.py), deleting and which file is protected (saving.py).
 
 Where ds4tui departs from ds4's score (README, "Loading, saving, evicting"): a titled session
 is the user's own and counts as an anchor (2x), like ds4's cold/evict/shutdown

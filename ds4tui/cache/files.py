@@ -6,7 +6,7 @@ reader sees no file or a whole file, and a crash leaves at most a temp file
 (which no scan lists; every scan removes those whose writer's PID is gone, see
 `remove_stale_tmp`, and they count toward the budget while they exist). In-place edits touch
 only hits/last_used and ext_flags, after checking the file is still KVC.
-Leaves to store.py: what to write, when, and the budget.
+Leaves to saving.py and edits.py: what to write, when, and the budget.
 """
 
 from __future__ import annotations
