@@ -1,13 +1,20 @@
 """The chat screen: conversations in a sidebar, the active one in the middle, a prompt below.
 
-Owns: turning user intents (send, cancel, new, switch, resume, quit) into
-controller calls on worker threads, the screen's messages, and the sidebar.
-Beside it: chat_events.py shows the controller's events (streamed Markdown,
-the prefill bar, the status bar, notifications; one handler per event type),
-chat_dialogs.py opens rename, settings and the cache browser.
-The engine never runs on the UI thread: model loading, every turn, resuming
-and the shutdown saves are `@work(thread=True)` workers that report back
-through this screen's messages. One engine job runs at a time (the CPU has
+Owns: the layout, the key bindings, the screen's messages and its state, the
+start (the model loads, then the first chat opens) and the end (save, then exit),
+and the `@on` handlers, which Textual collects only from the Screen class itself:
+each hands its message to the mixin whose job it is.
+Beside it, mixed in, one job each:
+- chat_turns.py: sending a message, cancelling, a turn's end; opening a saved session;
+- chat_workers.py: the worker threads (model load, each turn, resume, shutdown saves,
+  the saved-session scan), reporting back through this screen's messages;
+- chat_panes.py: a pane per open chat, switching, scrolling, the sidebar;
+- chat_events.py: the controller's events on screen (streamed Markdown, the prefill
+  bar, the status bar, notifications; one handler per event type; wording in
+  chat_notices.py);
+- chat_dialogs.py: rename, settings and the cache browser;
+- chat_moves.py: regenerate, versions, edit and resend, fork, copy, find, a full context.
+The engine never runs on the UI thread. One engine job runs at a time (the CPU has
 no room for two); switching chats, typing and scrolling stay live meanwhile.
 """
 
@@ -17,7 +24,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -26,16 +33,15 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, LoadingIndicator
 
 from ds4tui.chat import events as ev
-from ds4tui.chat.streaming import EventBatcher
 from ds4tui.config import Config
-from ds4tui.format.display import one_line
 from ds4tui.screens.chat_dialogs import ChatDialogs
 from ds4tui.screens.chat_events import EngineEventView
 from ds4tui.screens.chat_moves import ChatMoves, ChatMovesPalette
+from ds4tui.screens.chat_panes import ChatPanes
+from ds4tui.screens.chat_turns import ChatTurns
+from ds4tui.screens.chat_workers import EngineWorkers
 from ds4tui.screens.widgets.chat_log import MessageAction
-from ds4tui.screens.widgets import fmt
-from ds4tui.screens.widgets.chat_pane import ChatPane
-from ds4tui.screens.widgets.conversation_list import ChatEntry, ConversationList
+from ds4tui.screens.widgets.conversation_list import ConversationList
 from ds4tui.screens.widgets.prompt_input import PromptInput
 from ds4tui.screens.widgets.status_bar import StatusBar
 
@@ -43,23 +49,17 @@ if TYPE_CHECKING:
     from ds4tui.chat.controller import ChatController
     from ds4tui.engine.model import Model
 
-SIDEBAR_HIDE_BELOW = 60  # columns: narrower, the transcript needs them all
-
 
 def preparing_text(what: str, fraction: float) -> str:
     """The status line while a model is converted for fast loading, the first time only."""
     return f"preparing {what} for fast loading (once) … {fraction:.0%}"
 
 
-def sidebar_width(columns: int) -> int:
-    return max(20, min(48, int(columns * 0.3)))
-
-
 NOTIFY_TIMEOUT = 4.0  # seconds a cache toast stays up: long enough to read one line
-SHUTDOWN_WAIT_S = 30.0  # longest wait for a running turn at exit: one prefill chunk is far less
 
 
-class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Screen):
+class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, ChatTurns, ChatPanes, EngineWorkers,
+                 Screen):
     """The whole chat UI; the app's default screen."""
 
     BINDINGS = [
@@ -194,39 +194,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
             # (docs/perf.md, "Start-up").
             self.call_after_refresh(self._load_model, self.config.model)
 
-    # -- model loading -------------------------------------------------------------------------
-
-    @work(thread=True, group="engine", description="load the model")
-    def _load_model(self, spec: str) -> None:
-        from ds4tui.engine.loader import load_model
-        from ds4tui.engine.errors import EngineError
-
-        last = [-1]
-
-        def progress(what: str, fraction: float) -> None:
-            percent = int(fraction * 100)
-            if percent != last[0]:  # one message per percent, not per step
-                last[0] = percent
-                self.post_message(self.Preparing(what, fraction))
-
-        try:
-            model = load_model(spec, progress=progress)
-            self._make_controller(model)
-            assert self.controller is not None
-            # Probes the context size (may build a session) and pays the engine's first-use
-            # costs (page faults, first library calls) here, not in the first message's TTFT.
-            self.controller.warm_up()
-        except EngineError as exc:
-            self.post_message(self.ModelFailed(str(exc)))
-        except Exception as exc:  # a loader bug is shown, never a traceback
-            self.post_message(self.ModelFailed(f"{type(exc).__name__}: {exc}"))
-        else:
-            self.post_message(self.ModelReady())
-
-    def _make_controller(self, model: Model) -> None:
-        from ds4tui.chat.controller import ChatController
-
-        self.controller = ChatController(model, self.config)
+    # -- start-up ------------------------------------------------------------------------------
 
     @on(ModelReady)
     async def _model_ready(self) -> None:
@@ -266,52 +234,11 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         pane_log.mount(NoticeLine(f"Could not load the model: {message.error}", error=True), before=0)
         self.notify(message.error, title="Model not loaded", severity="error", markup=False, timeout=10)
 
-    # -- sending -------------------------------------------------------------------------------
+    # -- messages to the mixins ----------------------------------------------------------------
 
     @on(PromptInput.Submitted)
     def _submit(self, message: PromptInput.Submitted) -> None:
-        text = message.text
-        if not text.strip():
-            return
-        if self.controller is None or self._active is None:
-            self._queued = text  # sent as soon as the model is ready
-            message.prompt_input.clear()
-            self.query_one(StatusBar).activity = "message queued: sent when the model is ready"
-            return
-        if self._engine_job:
-            self.notify("Still working on the last reply (Escape cancels it).", severity="warning", markup=False)
-            return
-        message.prompt_input.clear()
-        editing, self._editing = self._editing, None
-        if editing is not None and editing[0] == self._active:
-            self._resend_edited(editing[0], editing[1], text)
-            return
-        self._send(self._active, text)
-
-    def _send(self, key: str, text: str) -> None:
-        pane = self._pane(key)
-        pane.follow()  # sending means wanting to see the answer, wherever the view was
-        pane.log.add_user(text)
-        pane.reply = pane.log.add_assistant()
-        self._busy = key
-        self._begin_job()
-        self.query_one(StatusBar).activity = "prefilling…"
-        self._refresh_sidebar()
-        self._generate(key, text)
-
-    @work(thread=True, group="engine", description="generate a reply")
-    def _generate(self, key: str, text: str) -> None:
-        assert self.controller is not None
-        sink = EventBatcher(lambda event: self.post_message(self.EngineEvent(key, event)))
-        done = None
-        try:
-            done = self.controller.send(key, text, sink)
-        except Exception as exc:  # a controller bug: shown, never a traceback
-            sink(ev.ChatError("generate", f"{type(exc).__name__}: {exc}"))
-        finally:
-            sink.flush()
-            self._idle.set()
-            self.post_message(self.TurnEnded(key, done))
+        self._submit_prompt(message)  # ChatTurns
 
     @on(MessageAction)
     def _message_action(self, message: MessageAction) -> None:
@@ -323,105 +250,11 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
 
     @on(TurnEnded)
     def _turn_ended(self, message: TurnEnded) -> None:
-        self._busy = None
-        self._engine_job = False
-        status = self.query_one(StatusBar)
-        status.activity = ""
-        if self.controller is not None:
-            status.model_name = self.controller.model_name  # a remote engine names its model on first use
-        pane = self._pane_or_none(message.key)
-        if pane is not None:
-            pane.prefill.hide()
-            conv = self._conversation(message.key)
-            if message.done is None and pane.reply is not None:
-                shown = len(pane.log.query("UserMessage"))
-                kept = sum(1 for m in conv.messages if m.get("role") == "user") if conv is not None else 0
-                if shown > kept or conv is None or not conv.messages or conv.messages[-1].get("role") != "assistant":
-                    # Cancelled in prefill or failed: the controller withdrew the user message
-                    # (the screen still shows it; the chat's earlier replies are not this turn's).
-                    self._withdraw_turn(pane)
-                else:
-                    # A regenerate that did not happen: the old reply is back.
-                    pane.reply.set_text(conv.messages[-1]["content"])
-            pane.reply = None
-        self._refresh_sidebar()
-        self._update_context()
+        self._end_turn(message.key, message.done)  # ChatTurns
 
-    def _withdraw_turn(self, pane: ChatPane) -> None:
-        """Remove the unanswered exchange; put the text back in the prompt if it is empty."""
-        reply = pane.reply
-        assert reply is not None
-        users = pane.log.query("UserMessage")
-        text = users.last().text if users else ""
-        if users:
-            users.last().remove()
-        reply.remove()
-        prompt = self.query_one("#prompt", PromptInput)
-        if pane.key == self._active and not prompt.text:
-            prompt.load_text(text)
-            prompt.move_cursor(prompt.document.end)
-
-    def action_cancel(self) -> None:
-        """Escape: stop the running prefill or reply."""
-        if self._busy is not None and self.controller is not None:
-            self.controller.cancel()
-            self.query_one(StatusBar).activity = "cancelling…"
-
-    # -- conversations ----------------------------------------------------------------------------
-
-    async def action_new_chat(self) -> None:
-        if self.controller is None:
-            return
-        conv = self.controller.new_conversation()
-        await self._add_pane(conv.key)
-        self._switch(conv.key)
-
-    async def _add_pane(self, key: str) -> ChatPane:
-        pane = ChatPane(key)
-        await self.query_one(ContentSwitcher).add_content(pane)
-        return pane
-
-    def _switch(self, key: str) -> None:
-        self._active = key
-        self.query_one(ContentSwitcher).current = f"pane-{key}"
-        conv = self._conversation(key)
-        if conv is not None:
-            conv.touch()
-        self.query_one(StatusBar).cache = self._cache_lines.get(key, "")
-        self._refresh_sidebar()
-        self._update_context()
-        self.query_one("#prompt", PromptInput).focus()
-
-    def action_cycle_chat(self, step: int) -> None:
-        if self.controller is None or self._active is None:
-            return
-        keys = [c.key for c in self.controller.list()]
-        if len(keys) > 1:
-            self._switch(keys[(keys.index(self._active) + step) % len(keys)])
-
-    def on_resize(self, event) -> None:
-        """The chat list takes 30% of the width (20..48 columns), so titles use what the
-        terminal has; below 60 columns it folds away (ctrl+b shows it)."""
-        sidebar = self.query_one(ConversationList)
-        width = event.size.width
-        sidebar.styles.width = sidebar_width(width)
-        if width < SIDEBAR_HIDE_BELOW and not self._sidebar_folded:
-            self._sidebar_folded = True
-            sidebar.display = False
-
-    def action_scroll_transcript(self, pages: int) -> None:
-        """PageUp/PageDown: scroll the active chat's transcript, wherever the focus is."""
-        pane = self._pane_or_none(self._active) if self._active else None
-        if pane is None:
-            return
-        if pages < 0:
-            pane.log.scroll_page_up(animate=False)
-        else:
-            pane.log.scroll_page_down(animate=False)
-
-    def action_toggle_sidebar(self) -> None:
-        sidebar = self.query_one(ConversationList)
-        sidebar.display = not sidebar.display
+    @on(Resumed)
+    async def _resumed(self, message: Resumed) -> None:
+        await self._show_resumed(message.key, message.error)  # ChatTurns
 
     @on(ConversationList.ChatChosen)
     def _chat_chosen(self, message: ConversationList.ChatChosen) -> None:
@@ -434,60 +267,8 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         elif entry.sha is not None:
             self._start_resume(entry.sha, exact=True)
 
-    def open_file(self, sha: str) -> None:
-        """Open one checkpoint file (titled or not) as a chat: the cache browser's resume."""
-        if self.controller is None:
-            self.notify("The model is still loading.", severity="warning", markup=False)
-            return
-        self._start_resume(sha, exact=True)
-
-    def _start_resume(self, query: str, exact: bool = False) -> None:
-        if self._engine_job:
-            self.notify("Wait for the reply to finish (Escape cancels it).", severity="warning", markup=False)
-            return
-        self._begin_job()
-        self.query_one(StatusBar).activity = "resuming…"
-        self._resume_session(query, exact)
-
-    @work(thread=True, group="engine", description="resume a saved session")
-    def _resume_session(self, query: str, exact: bool) -> None:
-        assert self.controller is not None
-        sink = EventBatcher(lambda event: self.post_message(self.EngineEvent("", event)))
-        try:
-            if exact:
-                conv = self.controller.open_file(query, sink)
-            else:
-                conv = self.controller.resume(query, sink)
-        except Exception as exc:  # LookupError, EngineError, or a bug: all shown as one line
-            sink.flush()
-            self._idle.set()
-            self.post_message(self.Resumed(None, str(exc) or type(exc).__name__))
-        else:
-            sink.flush()
-            self._idle.set()
-            self.post_message(self.Resumed(conv.key))
-
-    @on(Resumed)
-    async def _resumed(self, message: Resumed) -> None:
-        self._engine_job = False
-        self.query_one(StatusBar).activity = ""
-        if message.error is not None or message.key is None:
-            self.notify(message.error or "not resumed", title="Resume", severity="error", markup=False)
-            if self._active is None:
-                await self.action_new_chat()
-            return
-        conv = self._conversation(message.key)
-        assert conv is not None
-        pane = self._pane_or_none(conv.key)
-        if pane is None:
-            pane = await self._add_pane(conv.key)
-            pane.log.show_messages(conv.visible_messages())
-        if "" in self._cache_lines:  # the resume's disk hit, reported before the chat existed
-            self._cache_lines[conv.key] = self._cache_lines.pop("")
-        self._switch(conv.key)
-        self._scan_saved()
-        self._toast(f"Resumed {one_line(conv.display_title, 39)} ({fmt.tokens(conv.context_tokens)} tokens,"
-                    " no prefill)", "Session")
+    def on_resize(self, event) -> None:
+        self._fit_sidebar(event.size.width)  # ChatPanes
 
     # -- quitting -----------------------------------------------------------------------------
 
@@ -505,21 +286,6 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
             self.query_one(StatusBar).activity = f"saving {live} session(s)…"
         self._shutdown()
 
-    @work(thread=True, group="shutdown", description="save live sessions")
-    def _shutdown(self) -> None:
-        assert self.controller is not None
-        # A running turn stops at its next chunk or token (cancelled above); wait for it
-        # to hand its session back. Bounded, so a stuck engine cannot hang the exit.
-        self._idle.wait(timeout=SHUTDOWN_WAIT_S)
-        sink = EventBatcher(lambda event: self.post_message(self.EngineEvent("", event)))
-        try:
-            self.controller.shutdown(sink)
-        except Exception as exc:  # exiting anyway; say what was not saved
-            sink(ev.ChatError("shutdown", str(exc) or type(exc).__name__))
-        finally:
-            sink.flush()
-            self.post_message(self.SessionsSaved())
-
     @on(SessionsSaved)
     def _sessions_saved(self) -> None:
         self.app.exit()
@@ -530,63 +296,5 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Scre
         if self.controller is not None:
             self.controller.cancel()
 
-    # -- helpers ----------------------------------------------------------------------------------
-
-    def _pane(self, key: str) -> ChatPane:
-        return self.query_one(f"#pane-{key}", ChatPane)
-
-    def _pane_or_none(self, key: str) -> ChatPane | None:
-        found = self.query(f"#pane-{key}") if key else None
-        return found.first(ChatPane) if found else None
-
-    def _conversation(self, key: str):
-        if self.controller is None:
-            return None
-        return self.controller.find(key)
-
     def _toast(self, text: str, title: str, severity: str = "information") -> None:
         self.notify(text, title=title, severity=severity, timeout=NOTIFY_TIMEOUT, markup=False)
-
-    def _update_context(self) -> None:
-        status = self.query_one(StatusBar)
-        conv = self._conversation(self._active) if self._active else None
-        status.ctx_used = conv.context_tokens if conv is not None else 0
-        if self.controller is not None:
-            status.ctx_total = self.controller.ctx_size()
-
-    def _call_from_thread(self, callback, *args) -> None:
-        """Run `callback` on the UI thread, unless the app is already gone (a worker outliving exit)."""
-        try:
-            self.app.call_from_thread(callback, *args)
-        except RuntimeError:
-            pass
-
-    def _begin_job(self) -> None:
-        self._engine_job = True
-        self._idle.clear()
-
-    def _refresh_sidebar(self) -> None:
-        """Redraw the chat list from memory (open chats) and the last disk scan (saved ones)."""
-        if self.controller is None or self._quitting:
-            return
-        entries = [ChatEntry(c.display_title, key=c.key, live=c.live, busy=c.key == self._busy)
-                   for c in self.controller.list()]
-        open_shas = {c.saved_sha for c in self.controller.list() if c.saved_sha}
-        entries += [ChatEntry(s.title, sha=s.sha, problem=s.problem) for s in self._saved if s.sha not in open_shas]
-        # exit_on_error=False: a redraw racing the app's exit must not end in a traceback.
-        self.run_worker(self.query_one(ConversationList).show_entries(entries, self._active),
-                        group="sidebar", exclusive=False, exit_on_error=False)
-
-    @work(thread=True, group="scan", exclusive=True, description="list saved sessions")
-    def _scan_saved(self) -> None:
-        """Read the titled sessions on disk (deep inspection reads files: never on the UI thread)."""
-        assert self.controller is not None
-        try:
-            saved = self.controller.saved_sessions(with_problems=True)
-        except Exception:  # an unreadable directory lists nothing; the chat goes on
-            saved = []
-        self._call_from_thread(self._saved_scanned, saved)
-
-    def _saved_scanned(self, saved: list) -> None:
-        self._saved = saved
-        self._refresh_sidebar()

@@ -3,8 +3,9 @@
 Owns: `ChatDialogs`, mixed into `ChatScreen`: the F2/F3/F4 actions, which push
 a dialog or screen and apply what it returns (the rename runs in a file worker
 and reports through the screen's `EngineEvent` messages).
-Leaves to `ChatScreen`: the key bindings, `controller`, `config`, the active
-chat and the helpers the actions call (`_refresh_sidebar`, `_call_from_thread`).
+Leaves to `ChatScreen`: the key bindings, `controller`, `config` and the active
+chat; to its other mixins the helpers the actions call (`_refresh_sidebar`:
+chat_panes.py, `_call_from_thread`: chat_workers.py).
 """
 
 from __future__ import annotations

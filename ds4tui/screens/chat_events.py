@@ -7,8 +7,9 @@ entry (a test checks that every `ChatEvent` type has one). Wording and severity
 of the cache and error notices: chat_notices.py.
 Leaves to `ChatScreen`: receiving the `EngineEvent` message (Textual collects
 `@on` handlers only from the Screen class itself), the state the handlers set
-(`_prefill_tok_s`, `_last_speed`, `_cache_lines`: each chat's last cache event) and the helpers they call (`_pane_or_none`,
-`_conversation`, `_toast`, `_refresh_sidebar`, `_scan_saved`, `_update_context`).
+(`_prefill_tok_s`, `_last_speed`, `_cache_lines`: each chat's last cache event) and
+`_toast`; to its other mixins the helpers they call (chat_panes.py: `_pane_or_none`,
+`_conversation`, `_refresh_sidebar`, `_update_context`; chat_workers.py: `_scan_saved`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class EngineEventView:
         """The status bar's cache slot belongs to a chat: remember it for the chat the event
         is about, and show it only when that chat is the one on screen. Events of no chat
         (a resume before its chat exists, the shutdown saves) show at once; a resumed chat
-        then takes the line over (`ChatScreen._resumed`)."""
+        then takes the line over (`ChatTurns._show_resumed`)."""
         key = self._event_key
         self._cache_lines[key] = line
         if not key or key == self._active:

@@ -1,0 +1,142 @@
+"""The chat screen's side of a turn and of a resume: how each starts and how it ends on screen.
+
+Owns: `ChatTurns`, mixed into `ChatScreen`: a submitted message (queued while the
+model loads, refused while another engine job runs, resent when editing), the
+user and reply bubbles of a send, Escape (cancel), the end of a turn (a cancelled
+or failed one withdraws its message and puts the text back in the prompt; a
+regenerate that did not happen shows the old reply again), and opening a saved
+session or a checkpoint file (the sidebar, the cache browser, `--resume`) up to
+the toast that says it is back.
+Leaves the work itself to the workers (chat_workers.py), and to `ChatScreen` the
+`@on` handlers that call in here (`_submit`, `_turn_ended`, `_resumed`).
+"""
+
+from __future__ import annotations
+
+from ds4tui.chat import events as ev
+from ds4tui.format.display import one_line
+from ds4tui.screens.widgets import fmt
+from ds4tui.screens.widgets.chat_pane import ChatPane
+from ds4tui.screens.widgets.prompt_input import PromptInput
+from ds4tui.screens.widgets.status_bar import StatusBar
+
+
+class ChatTurns:
+    """The `ChatScreen` methods that start and finish sends and resumes."""
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def _submit_prompt(self, message: PromptInput.Submitted) -> None:
+        text = message.text
+        if not text.strip():
+            return
+        if self.controller is None or self._active is None:
+            self._queued = text  # sent as soon as the model is ready
+            message.prompt_input.clear()
+            self.query_one(StatusBar).activity = "message queued: sent when the model is ready"
+            return
+        if self._engine_job:
+            self.notify("Still working on the last reply (Escape cancels it).", severity="warning", markup=False)
+            return
+        message.prompt_input.clear()
+        editing, self._editing = self._editing, None
+        if editing is not None and editing[0] == self._active:
+            self._resend_edited(editing[0], editing[1], text)
+            return
+        self._send(self._active, text)
+
+    def _send(self, key: str, text: str) -> None:
+        pane = self._pane(key)
+        pane.follow()  # sending means wanting to see the answer, wherever the view was
+        pane.log.add_user(text)
+        pane.reply = pane.log.add_assistant()
+        self._busy = key
+        self._begin_job()
+        self.query_one(StatusBar).activity = "prefilling…"
+        self._refresh_sidebar()
+        self._generate(key, text)
+
+    def action_cancel(self) -> None:
+        """Escape: stop the running prefill or reply."""
+        if self._busy is not None and self.controller is not None:
+            self.controller.cancel()
+            self.query_one(StatusBar).activity = "cancelling…"
+
+    def _end_turn(self, key: str, done: ev.Done | None) -> None:
+        """A send finished (`done` is None when it was cancelled in prefill or failed)."""
+        self._busy = None
+        self._engine_job = False
+        status = self.query_one(StatusBar)
+        status.activity = ""
+        if self.controller is not None:
+            status.model_name = self.controller.model_name  # a remote engine names its model on first use
+        pane = self._pane_or_none(key)
+        if pane is not None:
+            pane.prefill.hide()
+            conv = self._conversation(key)
+            if done is None and pane.reply is not None:
+                shown = len(pane.log.query("UserMessage"))
+                kept = sum(1 for m in conv.messages if m.get("role") == "user") if conv is not None else 0
+                if shown > kept or conv is None or not conv.messages or conv.messages[-1].get("role") != "assistant":
+                    # Cancelled in prefill or failed: the controller withdrew the user message
+                    # (the screen still shows it; the chat's earlier replies are not this turn's).
+                    self._withdraw_turn(pane)
+                else:
+                    # A regenerate that did not happen: the old reply is back.
+                    pane.reply.set_text(conv.messages[-1]["content"])
+            pane.reply = None
+        self._refresh_sidebar()
+        self._update_context()
+
+    def _withdraw_turn(self, pane: ChatPane) -> None:
+        """Remove the unanswered exchange; put the text back in the prompt if it is empty."""
+        reply = pane.reply
+        assert reply is not None
+        users = pane.log.query("UserMessage")
+        text = users.last().text if users else ""
+        if users:
+            users.last().remove()
+        reply.remove()
+        prompt = self.query_one("#prompt", PromptInput)
+        if pane.key == self._active and not prompt.text:
+            prompt.load_text(text)
+            prompt.move_cursor(prompt.document.end)
+
+    # -- resuming ------------------------------------------------------------------------------
+
+    def open_file(self, sha: str) -> None:
+        """Open one checkpoint file (titled or not) as a chat: the cache browser's resume."""
+        if self.controller is None:
+            self.notify("The model is still loading.", severity="warning", markup=False)
+            return
+        self._start_resume(sha, exact=True)
+
+    def _start_resume(self, query: str, exact: bool = False) -> None:
+        if self._engine_job:
+            self.notify("Wait for the reply to finish (Escape cancels it).", severity="warning", markup=False)
+            return
+        self._begin_job()
+        self.query_one(StatusBar).activity = "resuming…"
+        self._resume_session(query, exact)
+
+    async def _show_resumed(self, key: str | None, error: str | None) -> None:
+        """A resume ended: its chat on screen (a pane of its own if new), or the error."""
+        self._engine_job = False
+        self.query_one(StatusBar).activity = ""
+        if error is not None or key is None:
+            self.notify(error or "not resumed", title="Resume", severity="error", markup=False)
+            if self._active is None:
+                await self.action_new_chat()
+            return
+        conv = self._conversation(key)
+        assert conv is not None
+        pane = self._pane_or_none(conv.key)
+        if pane is None:
+            pane = await self._add_pane(conv.key)
+            pane.log.show_messages(conv.visible_messages())
+        if "" in self._cache_lines:  # the resume's disk hit, reported before the chat existed
+            self._cache_lines[conv.key] = self._cache_lines.pop("")
+        self._switch(conv.key)
+        self._scan_saved()
+        self._toast(f"Resumed {one_line(conv.display_title, 39)} ({fmt.tokens(conv.context_tokens)} tokens,"
+                    " no prefill)", "Session")

@@ -1,0 +1,128 @@
+"""The chat screen's worker threads: every call that may take the engine or read the disk.
+
+Owns: `EngineWorkers`, mixed into `ChatScreen`: loading the model, generating a reply,
+resuming a saved session, the shutdown saves (all in the `engine` group, one at a
+time: `_begin_job` marks one running, `_idle` is set when it ends) and listing the
+saved sessions for the sidebar. Each runs as `@work(thread=True)` and reports back
+only through the screen's messages (`ModelReady`, `EngineEvent`, `TurnEnded`,
+`Resumed`, `SessionsSaved`...) or `_call_from_thread`, never by touching widgets.
+Leaves to `ChatScreen` and its other mixins what the messages do on screen.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual import work
+
+from ds4tui.chat import events as ev
+from ds4tui.chat.streaming import EventBatcher
+
+if TYPE_CHECKING:
+    from ds4tui.engine.model import Model
+
+SHUTDOWN_WAIT_S = 30.0  # longest wait for a running turn at exit: one prefill chunk is far less
+
+
+class EngineWorkers:
+    """The `ChatScreen` workers and the bookkeeping of the one engine job at a time."""
+
+    def _begin_job(self) -> None:
+        self._engine_job = True
+        self._idle.clear()
+
+    def _call_from_thread(self, callback, *args) -> None:
+        """Run `callback` on the UI thread, unless the app is already gone (a worker outliving exit)."""
+        try:
+            self.app.call_from_thread(callback, *args)
+        except RuntimeError:
+            pass
+
+    @work(thread=True, group="engine", description="load the model")
+    def _load_model(self, spec: str) -> None:
+        from ds4tui.engine.loader import load_model
+        from ds4tui.engine.errors import EngineError
+
+        last = [-1]
+
+        def progress(what: str, fraction: float) -> None:
+            percent = int(fraction * 100)
+            if percent != last[0]:  # one message per percent, not per step
+                last[0] = percent
+                self.post_message(self.Preparing(what, fraction))
+
+        try:
+            model = load_model(spec, progress=progress)
+            self._make_controller(model)
+            assert self.controller is not None
+            # Probes the context size (may build a session) and pays the engine's first-use
+            # costs (page faults, first library calls) here, not in the first message's TTFT.
+            self.controller.warm_up()
+        except EngineError as exc:
+            self.post_message(self.ModelFailed(str(exc)))
+        except Exception as exc:  # a loader bug is shown, never a traceback
+            self.post_message(self.ModelFailed(f"{type(exc).__name__}: {exc}"))
+        else:
+            self.post_message(self.ModelReady())
+
+    def _make_controller(self, model: Model) -> None:
+        from ds4tui.chat.controller import ChatController
+
+        self.controller = ChatController(model, self.config)
+
+    @work(thread=True, group="engine", description="generate a reply")
+    def _generate(self, key: str, text: str) -> None:
+        assert self.controller is not None
+        sink = EventBatcher(lambda event: self.post_message(self.EngineEvent(key, event)))
+        done = None
+        try:
+            done = self.controller.send(key, text, sink)
+        except Exception as exc:  # a controller bug: shown, never a traceback
+            sink(ev.ChatError("generate", f"{type(exc).__name__}: {exc}"))
+        finally:
+            sink.flush()
+            self._idle.set()
+            self.post_message(self.TurnEnded(key, done))
+
+    @work(thread=True, group="engine", description="resume a saved session")
+    def _resume_session(self, query: str, exact: bool) -> None:
+        assert self.controller is not None
+        sink = EventBatcher(lambda event: self.post_message(self.EngineEvent("", event)))
+        try:
+            if exact:
+                conv = self.controller.open_file(query, sink)
+            else:
+                conv = self.controller.resume(query, sink)
+        except Exception as exc:  # LookupError, EngineError, or a bug: all shown as one line
+            sink.flush()
+            self._idle.set()
+            self.post_message(self.Resumed(None, str(exc) or type(exc).__name__))
+        else:
+            sink.flush()
+            self._idle.set()
+            self.post_message(self.Resumed(conv.key))
+
+    @work(thread=True, group="shutdown", description="save live sessions")
+    def _shutdown(self) -> None:
+        assert self.controller is not None
+        # A running turn stops at its next chunk or token (cancelled by save_and_exit); wait
+        # for it to hand its session back. Bounded, so a stuck engine cannot hang the exit.
+        self._idle.wait(timeout=SHUTDOWN_WAIT_S)
+        sink = EventBatcher(lambda event: self.post_message(self.EngineEvent("", event)))
+        try:
+            self.controller.shutdown(sink)
+        except Exception as exc:  # exiting anyway; say what was not saved
+            sink(ev.ChatError("shutdown", str(exc) or type(exc).__name__))
+        finally:
+            sink.flush()
+            self.post_message(self.SessionsSaved())
+
+    @work(thread=True, group="scan", exclusive=True, description="list saved sessions")
+    def _scan_saved(self) -> None:
+        """Read the titled sessions on disk (deep inspection reads files: never on the UI thread)."""
+        assert self.controller is not None
+        try:
+            saved = self.controller.saved_sessions(with_problems=True)
+        except Exception:  # an unreadable directory lists nothing; the chat goes on
+            saved = []
+        self._call_from_thread(self._saved_scanned, saved)
