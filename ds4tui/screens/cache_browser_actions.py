@@ -1,0 +1,127 @@
+"""The cache browser's file actions: pin, delete, rename, and the eviction dry run.
+
+Owns: `FileActions`, mixed into `CacheBrowserScreen`: `p` (pin/unpin), `d`
+(delete, confirmed; a pinned file asks twice), `t` (retitle a titled session) and
+`e` (what eviction would remove, in order). Every file operation runs in an `io`
+worker through `KvStore`, then a notice says what happened and the table rescans.
+Leaves every verdict on a file to `KvStore`, and the dry-run plan to `cache.eviction`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich.text import Text
+from textual import work
+
+from ds4tui.cache.entry import KvEntry
+from ds4tui.cache.eviction import EvictionPlan
+from ds4tui.chat.conversation import MAX_TITLE_CHARS
+from ds4tui.format.display import human_bytes, one_line
+from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
+from ds4tui.screens.widgets.eviction_preview import EvictionPreview
+from ds4tui.screens.widgets.kv_format import safe_cell
+from ds4tui.screens.widgets.prompt_dialog import PromptDialog
+
+
+class FileActions:
+    """The `CacheBrowserScreen` actions that change files."""
+
+    def action_toggle_pin(self) -> None:
+        e = self.selected
+        if e is None:
+            return
+        if e.header is None:
+            self.notify("cannot pin: the header does not decode", severity="error", markup=False)
+            return
+        pin = not e.pinned
+        label = self.name_of(e).text[:48] or e.sha[:12]
+        self._io(lambda: self.store.set_pinned(e.sha, pin), f"{'Pinned' if pin else 'Unpinned'} {label}",
+                 f"could not {'pin' if pin else 'unpin'} {label}", select=e.sha)
+
+    def action_delete(self) -> None:
+        e = self.selected
+        if e is None:
+            return
+        name = self.name_of(e)
+        if name.kind == "title":
+            what = Text("Delete the chat ")
+            what.append_text(safe_cell(e.title, 60, "bold"))
+        elif name.kind == "chat":
+            what = Text(f"Delete this {e.header.reason if e.header else ''} checkpoint of the chat ")
+            what.append_text(safe_cell(name.chat_title, 60, "bold"))
+            what.append(" (the chat itself stays)")
+        else:
+            what = Text("Delete the checkpoint ")
+            what.append(name.text[:60] or "(no text)", "italic")
+        what.append(f"\n{e.sha[:12]}, {human_bytes(e.file_bytes)}, {e.header.tokens if e.header else '?'} tokens?")
+
+        def second(yes: bool | None) -> None:
+            if yes:
+                self._delete(e)
+
+        def first(yes: bool | None) -> None:
+            if not yes:
+                return
+            if e.pinned:
+                again = Text.assemble(("This file is PINNED", "bold magenta"),
+                                      ": it was kept on purpose and eviction never removes it. Delete it anyway?")
+                self.app.push_screen(ConfirmDialog(again, yes_label="Delete pinned"), second)
+            else:
+                self._delete(e)
+
+        self.app.push_screen(ConfirmDialog(what, yes_label="Delete"), first)
+
+    def _delete(self, e: KvEntry) -> None:
+        label = self.name_of(e).text[:48] or e.sha[:12]
+        self._io(lambda: self.store.delete(e.sha), f"Deleted {label}", f"{label} was already gone")
+
+    def action_rename(self) -> None:
+        e = self.selected
+        if e is None:
+            return
+        if e.header is None or not e.header.titled or e.title is None:
+            self.notify("only titled sessions have a name to change", severity="warning", markup=False)
+            return
+
+        def done(title: str | None) -> None:
+            title = (title or "").strip()
+            if not title or title == e.title:
+                return
+            self._rename(e, title)
+
+        self.app.push_screen(PromptDialog(Text("New title for this session:"), e.title, max_length=MAX_TITLE_CHARS), done)
+
+    @work(thread=True, group="io", description="rename a titled session")
+    def _rename(self, e: KvEntry, title: str) -> None:
+        try:
+            new_sha = self.store.rename_title(e.sha, title)
+        except (OSError, ValueError) as exc:
+            self.app.call_from_thread(self.notify, f"rename failed: {exc}", severity="error", markup=False)
+            return
+        self._select_next = new_sha
+        self.app.call_from_thread(self.notify, f"Renamed to “{one_line(title, 60)}”", markup=False)
+        self.app.call_from_thread(self.rescan)
+
+    def action_eviction(self) -> None:
+        self._eviction_worker()
+
+    @work(thread=True, group="io", description="eviction dry run")
+    def _eviction_worker(self) -> None:
+        # A shallow scan, as a real budget pass does, so the preview matches it exactly.
+        entries = self.store.score(self.store.scan())
+        for e in entries:
+            # A shallow scan reads no text; borrow what the table already knows, for display.
+            known = self._by_sha.get(e.sha)
+            if known is not None:
+                e.title, e.text_preview = known.title, known.text_preview
+        plan = EvictionPlan.build(entries, self.store.budget_bytes)
+        self.app.call_from_thread(self.app.push_screen, EvictionPreview(plan))
+
+    @work(thread=True, group="io", description="cache file operation")
+    def _io(self, op: Callable[[], bool], ok_msg: str, fail_msg: str, select: str | None = None) -> None:
+        ok = op()
+        if select:
+            self._select_next = select
+        self.app.call_from_thread(self.notify, ok_msg if ok else fail_msg, severity="information" if ok else "warning", markup=False)
+        self.app.call_from_thread(self.rescan)
