@@ -14,9 +14,10 @@
  * whole token, so the UI thread keeps running.
  *
  * Attention splits each KV head's positions into fixed blocks of ATT_BLOCK (one pool
- * chunk each: the G query heads of a group read each K/V row once), then merges the
- * blocks' (max, sum, output) with the usual log-sum-exp rescaling. Block bounds depend
- * only on pos, so results do not depend on the thread count.
+ * chunk each), then merges the blocks' (max, sum, output) with the usual log-sum-exp
+ * rescaling. Inside a block, K and V are read in tiles of ATT_TILE rows, converted to f32
+ * once for all G query heads of the group (AVX-512 FMAs in the AVX-512 build, AVX2 in the
+ * other). Block bounds depend only on pos, so results do not depend on the thread count.
  */
 
 #define ATT_BLOCK 256
@@ -173,6 +174,8 @@ static inline __m256 load8_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_l
 
 /* ---------------------------------------------------------------- attention */
 
+#define ATT_TILE 16 /* K/V rows converted to f32 at once: 16 x 256 floats stay in L1 */
+
 typedef struct {
     const float *q;        /* [Hq, D], roped and scaled */
     const void *k, *v;     /* this layer's [Hkv, ctx, D], float or f16 (uint16_t) */
@@ -193,9 +196,41 @@ static inline __m256 reduce8(const __m256 *a) {
 }
 #endif
 
-/* s[t] = q . k_t for nt rows of k (row stride d). */
+#if DS4K_ISA >= 2
+/* Lane j = sum of a[j]'s 16 lanes, for 16 rows at once: four levels of shuffle-and-add
+ * (512 -> 256 -> 128 -> 64 -> 32-bit halves) instead of 16 separate reductions. The levels
+ * leave row r in lane PERM16[r] (PERM16 is its own inverse), so callers pass accumulators
+ * in that order and get the sums in row order. */
+static const int PERM16[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+static inline __m512 reduce16(const __m512 *a) {
+    __m512 b[8], c[4], d[2];
+    for (int i = 0; i < 8; i++)
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[i], a[i + 8], 0x44), _mm512_shuffle_f32x4(a[i], a[i + 8], 0xEE));
+    for (int i = 0; i < 4; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[i], b[i + 4], 0x88), _mm512_shuffle_f32x4(b[i], b[i + 4], 0xDD));
+    for (int i = 0; i < 2; i++)
+        d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[i], c[i + 2], 0x44), _mm512_shuffle_ps(c[i], c[i + 2], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+}
+#endif
+
+/* s[t] = q . k_t for nt rows of k (f32, row stride d). */
 static void scores(float *s, const float *q, const float *k, int nt, int d) {
     int t = 0;
+#if DS4K_ISA >= 2
+    if (d % 16 == 0) {
+        for (; t + 16 <= nt; t += 16) {
+            __m512 a[16];
+            for (int j = 0; j < 16; j++) a[j] = _mm512_setzero_ps();
+            for (int i = 0; i < d; i += 16) {
+                __m512 qv = _mm512_loadu_ps(q + i);
+                for (int j = 0; j < 16; j++)
+                    a[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + (int64_t)(t + PERM16[j]) * d + i), a[j]);
+            }
+            _mm512_storeu_ps(s + t, reduce16(a));
+        }
+    }
+#endif
 #if DS4K_AVX2
     if (d % 8 == 0) {
         for (; t + 8 <= nt; t += 8) {
@@ -213,107 +248,140 @@ static void scores(float *s, const float *q, const float *k, int nt, int d) {
     for (; t < nt; t++) s[t] = dot(q, k + (int64_t)t * d, d);
 }
 
-/* out[d] = sum_t p[t] v_t; accumulators stay in registers across the rows. */
+/* out[d] += sum_t p[t] v_t for nt rows of v (f32). Even and odd rows go to two sets of
+ * accumulators, kept in registers across the rows: one set alone is a chain of dependent
+ * FMAs, which runs at half the FMA units' rate. */
 static void weighted_sum(float *out, const float *p, const float *v, int nt, int d) {
     int i0 = 0;
-#if DS4K_AVX2
+#if DS4K_ISA >= 2
     for (; i0 + 64 <= d; i0 += 64) {
-        __m256 a[8];
-        for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
-        for (int t = 0; t < nt; t++) {
-            __m256 pb = _mm256_broadcast_ss(p + t);
-            const float *vt = v + (int64_t)t * d + i0;
-            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(vt + 8 * j), a[j]);
-        }
-        for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + i0 + 8 * j, a[j]);
-    }
-    for (; i0 + 8 <= d; i0 += 8) {
-        __m256 a = _mm256_setzero_ps();
-        for (int t = 0; t < nt; t++)
-            a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t), _mm256_loadu_ps(v + (int64_t)t * d + i0), a);
-        _mm256_storeu_ps(out + i0, a);
-    }
-#endif
-    if (i0 < d) {
-        memset(out + i0, 0, sizeof(float) * (size_t)(d - i0));
-        for (int t = 0; t < nt; t++)
-            for (int i = i0; i < d; i++) out[i] += p[t] * v[(int64_t)t * d + i];
-    }
-}
-
-/* scores() over f16 rows: each K row is converted in registers as it is read. */
-static void scores_h(float *s, const float *q, const uint16_t *k, int nt, int d) {
-    int t = 0;
-#if DS4K_AVX2
-    if (d % 8 == 0) {
-        for (; t + 8 <= nt; t += 8) {
-            __m256 a[8];
-            for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
-            for (int i = 0; i < d; i += 8) {
-                __m256 qv = _mm256_loadu_ps(q + i);
-                for (int j = 0; j < 8; j++)
-                    a[j] = _mm256_fmadd_ps(qv, load8_f16(k + (int64_t)(t + j) * d + i), a[j]);
+        __m512 a[4], b[4];
+        for (int j = 0; j < 4; j++) a[j] = _mm512_loadu_ps(out + i0 + 16 * j), b[j] = _mm512_setzero_ps();
+        int t = 0;
+        for (; t + 2 <= nt; t += 2) {
+            const __m512 pa = _mm512_set1_ps(p[t]), pb = _mm512_set1_ps(p[t + 1]);
+            const float *va = v + (int64_t)t * d + i0, *vb = va + d;
+            for (int j = 0; j < 4; j++) {
+                a[j] = _mm512_fmadd_ps(pa, _mm512_loadu_ps(va + 16 * j), a[j]);
+                b[j] = _mm512_fmadd_ps(pb, _mm512_loadu_ps(vb + 16 * j), b[j]);
             }
-            _mm256_storeu_ps(s + t, reduce8(a));
         }
+        if (t < nt) {
+            const __m512 pa = _mm512_set1_ps(p[t]);
+            for (int j = 0; j < 4; j++) a[j] = _mm512_fmadd_ps(pa, _mm512_loadu_ps(v + (int64_t)t * d + i0 + 16 * j), a[j]);
+        }
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + i0 + 16 * j, _mm512_add_ps(a[j], b[j]));
     }
 #endif
-    for (; t < nt; t++) {
-        const uint16_t *kt = k + (int64_t)t * d;
-        float acc = 0.0f;
-        for (int i = 0; i < d; i++) acc += q[i] * ds4k_f16_to_f32(kt[i]);
-        s[t] = acc;
+#if DS4K_AVX2
+    for (; i0 + 32 <= d; i0 += 32) {
+        __m256 a[4], b[4];
+        for (int j = 0; j < 4; j++) a[j] = _mm256_loadu_ps(out + i0 + 8 * j), b[j] = _mm256_setzero_ps();
+        int t = 0;
+        for (; t + 2 <= nt; t += 2) {
+            const __m256 pa = _mm256_broadcast_ss(p + t), pb = _mm256_broadcast_ss(p + t + 1);
+            const float *va = v + (int64_t)t * d + i0, *vb = va + d;
+            for (int j = 0; j < 4; j++) {
+                a[j] = _mm256_fmadd_ps(pa, _mm256_loadu_ps(va + 8 * j), a[j]);
+                b[j] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(vb + 8 * j), b[j]);
+            }
+        }
+        if (t < nt) {
+            const __m256 pa = _mm256_broadcast_ss(p + t);
+            for (int j = 0; j < 4; j++) a[j] = _mm256_fmadd_ps(pa, _mm256_loadu_ps(v + (int64_t)t * d + i0 + 8 * j), a[j]);
+        }
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + i0 + 8 * j, _mm256_add_ps(a[j], b[j]));
     }
+#endif
+    for (int t = 0; t < nt; t++)
+        for (int i = i0; i < d; i++) out[i] += p[t] * v[(int64_t)t * d + i];
 }
 
-/* weighted_sum() over f16 rows of v. */
-static void weighted_sum_h(float *out, const float *p, const uint16_t *v, int nt, int d) {
-    int i0 = 0;
+/* max(p[0..n-1]); a serial compare chain here took as long as a block's scores. */
+static float max_of(const float *p, int n) {
+    int i = 0;
+    float m = -INFINITY;
 #if DS4K_AVX2
-    for (; i0 + 64 <= d; i0 += 64) {
-        __m256 a[8];
-        for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
-        for (int t = 0; t < nt; t++) {
-            __m256 pb = _mm256_broadcast_ss(p + t);
-            const uint16_t *vt = v + (int64_t)t * d + i0;
-            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(pb, load8_f16(vt + 8 * j), a[j]);
+    if (n >= 8) {
+        __m256 a = _mm256_loadu_ps(p), b = a;
+        for (i = 8; i + 16 <= n; i += 16) {
+            a = _mm256_max_ps(a, _mm256_loadu_ps(p + i));
+            b = _mm256_max_ps(b, _mm256_loadu_ps(p + i + 8));
         }
-        for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + i0 + 8 * j, a[j]);
-    }
-    for (; i0 + 8 <= d; i0 += 8) {
-        __m256 a = _mm256_setzero_ps();
-        for (int t = 0; t < nt; t++)
-            a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t), load8_f16(v + (int64_t)t * d + i0), a);
-        _mm256_storeu_ps(out + i0, a);
+        a = _mm256_max_ps(a, b);
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        m = _mm_cvtss_f32(h);
     }
 #endif
-    if (i0 < d) {
-        memset(out + i0, 0, sizeof(float) * (size_t)(d - i0));
-        for (int t = 0; t < nt; t++)
-            for (int i = i0; i < d; i++) out[i] += p[t] * ds4k_f16_to_f32(v[(int64_t)t * d + i]);
-    }
+    for (; i < n; i++) m = p[i] > m ? p[i] : m;
+    return m;
+}
+
+/* f32 copies of n f16 values (F16C in the vector builds). */
+static void load_f16(float *dst, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+#if DS4K_ISA >= 2
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+#endif
+#if DS4K_AVX2
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8_f16(src + i));
+#endif
+    for (; i < n; i++) dst[i] = ds4k_f16_to_f32(src[i]);
+}
+
+/* Rows t0..t0+nt-1 of one K or V plane as f32: the rows themselves, or (f16) converted into
+ * tile. Converting a tile once for all G query heads of the group, rather than once per
+ * head, is what keeps attention at depth near the memory's speed. */
+static const float *rows_f32(const att_job *j, const void *plane, int64_t off, int nt, float *tile) {
+    if (!j->f16) return (const float *)plane + off;
+    load_f16(tile, (const uint16_t *)plane + off, (int64_t)nt * j->d);
+    return tile;
+}
+
+/* Ask for rows [t, t + ATT_TILE) of a plane ahead of use: the hardware prefetcher alone left
+ * the tile conversion waiting on memory about as long as all of the block's arithmetic. */
+#define ATT_PREFETCH_TILES 2
+static void prefetch_tile(const att_job *j, const void *plane, int64_t h, int64_t t, int64_t t_end) {
+    if (t >= t_end) return;
+    const int64_t nt = t_end - t < ATT_TILE ? t_end - t : ATT_TILE, elem = j->f16 ? 2 : 4;
+    const char *p = (const char *)plane + (h * j->ctx + t) * j->d * elem;
+    for (int64_t b = 0; b < nt * j->d * elem; b += 64) __builtin_prefetch(p + b, 0, 3);
 }
 
 static void att_chunk(void *vctx, int64_t c) {
     const att_job *j = (const att_job *)vctx;
     const int64_t h = c / j->nblk, blk = c % j->nblk;
     const int64_t t0 = blk * ATT_BLOCK, t1 = t0 + ATT_BLOCK < j->n ? t0 + ATT_BLOCK : j->n;
-    const int nt = (int)(t1 - t0), d = j->d;
-    const int64_t off = (h * j->ctx + t0) * d;
-    const float *k = (const float *)j->k + off, *v = (const float *)j->v + off;
-    const uint16_t *kh = (const uint16_t *)j->k + off, *vh = (const uint16_t *)j->v + off;
-    float p[ATT_BLOCK];
-    for (int g = 0; g < j->g; g++) {
-        const float *q = j->q + (h * j->g + g) * d;
-        float *out = j->part + ((h * j->nblk + blk) * j->g + g) * (d + 2);
-        if (j->f16) scores_h(p, q, kh, nt, d);
-        else scores(p, q, k, nt, d);
-        float m = -INFINITY;
-        for (int t = 0; t < nt; t++) m = p[t] > m ? p[t] : m;
-        out[0] = m;
-        out[1] = exp_shift_sum(p, nt, m);
-        if (j->f16) weighted_sum_h(out + 2, p, vh, nt, d);
-        else weighted_sum(out + 2, p, v, nt, d);
+    const int nt = (int)(t1 - t0), d = j->d, G = j->g;
+    float p[MAX_GROUP][ATT_BLOCK];
+    float tile[ATT_TILE * MAX_HEAD_DIM];
+    float *out[MAX_GROUP];
+    for (int g = 0; g < G; g++) out[g] = j->part + ((h * j->nblk + blk) * G + g) * (d + 2);
+    /* scores of every query head of the group, one K tile at a time */
+    for (int r = 0; r < ATT_PREFETCH_TILES * ATT_TILE; r += ATT_TILE) prefetch_tile(j, j->k, h, t0 + r, t1);
+    for (int r = 0; r < nt; r += ATT_TILE) {
+        const int m = nt - r < ATT_TILE ? nt - r : ATT_TILE;
+        /* the tile after next: K rows, then the first V rows once K runs out */
+        const int64_t ahead = t0 + r + ATT_PREFETCH_TILES * ATT_TILE;
+        if (ahead < t1) prefetch_tile(j, j->k, h, ahead, t1);
+        else prefetch_tile(j, j->v, h, ahead - nt, t1);
+        const float *k = rows_f32(j, j->k, (h * j->ctx + t0 + r) * d, m, tile);
+        for (int g = 0; g < G; g++) scores(p[g] + r, j->q + (h * G + g) * d, k, m, d);
+    }
+    for (int g = 0; g < G; g++) {
+        const float mx = max_of(p[g], nt);
+        out[g][0] = mx;
+        out[g][1] = exp_shift_sum(p[g], nt, mx);
+        memset(out[g] + 2, 0, sizeof(float) * (size_t)d);
+    }
+    /* outputs, one V tile at a time */
+    for (int r = 0; r < nt; r += ATT_TILE) {
+        const int m = nt - r < ATT_TILE ? nt - r : ATT_TILE;
+        prefetch_tile(j, j->v, h, t0 + r + ATT_PREFETCH_TILES * ATT_TILE, t1);
+        const float *v = rows_f32(j, j->v, (h * j->ctx + t0 + r) * d, m, tile);
+        for (int g = 0; g < G; g++) weighted_sum(out[g] + 2, p[g] + r, v, m, d);
     }
 }
 
