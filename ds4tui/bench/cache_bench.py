@@ -447,7 +447,7 @@ def _restore_fresh_ms(ctl, model, session, conv, sha: str) -> float:
     """The same restore again, into a new session whose buffer nothing has touched yet."""
     from ds4tui.chat import events as ev
 
-    prompt = model.chat.render(conv.messages[:-1], add_generation_prompt=True).encode("utf-8")
+    prompt = model.chat.render(conv.messages[:-1], add_generation_prompt=True, now=conv.template_now).encode("utf-8")
     assert ctl.checkpoints is not None
     events: list = []
     ctl.checkpoints.restore_longest(prompt, session, events.append)

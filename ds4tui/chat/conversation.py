@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -53,6 +54,11 @@ class Conversation:
     # Regenerated replies: message index -> every version of that reply; the message shows one.
     alternatives: dict[int, list[str]] = field(default_factory=dict)
     forked_from: tuple[str, int] | None = None  # (parent's title, messages kept) of a fork
+    # What a chat template's date (strftime_now) says for this chat: fixed when the chat starts
+    # (a fork keeps its parent's, a resumed chat the one its text holds), so every turn renders
+    # the same header, its cached text stays a prefix of the next prompt, and a chat resumed
+    # another day still hits its cache.
+    template_now: datetime = field(default_factory=datetime.now)
 
     def alternative_index(self, index: int) -> tuple[int, int]:
         """(shown version, versions) of the reply at message `index`; (0, 1) without alternatives."""

@@ -96,7 +96,7 @@ class Moves:
         fork = Conversation(key=self.conversations.new_key(), title=self.fork_title(conv.display_title),
                             created_at=conv.created_at, messages=copy.deepcopy(conv.messages),
                             overrides=dict(conv.overrides), alternatives=copy.deepcopy(conv.alternatives),
-                            forked_from=(conv.display_title, index))
+                            forked_from=(conv.display_title, index), template_now=conv.template_now)
         if conv.saved_sha and self.checkpoints is not None:
             new_sha = self.checkpoints.retitle(conv.saved_sha, fork.display_title, conv.created_at, on_event)
             if new_sha is not None:
@@ -110,9 +110,9 @@ class Moves:
         fork = Conversation(key=self.conversations.new_key(), title=self.fork_title(conv.display_title),
                             messages=copy.deepcopy(conv.messages[:upto]), overrides=dict(conv.overrides),
                             alternatives={i: list(v) for i, v in conv.alternatives.items() if i < upto},
-                            forked_from=(conv.display_title, upto))
+                            forked_from=(conv.display_title, upto), template_now=conv.template_now)
         self.conversations.add(fork)
-        prefix = self.model.chat.render(fork.messages, add_generation_prompt=False)
+        prefix = self.model.chat.render(fork.messages, add_generation_prompt=False, now=fork.template_now)
         source, tokens, replayed = "none", 0, 0
         parent = conv.session
         if parent is not None and parent.tokens:
@@ -150,7 +150,8 @@ class Moves:
         """Tokens of the rendered messages. With `conv`: when its live session's text starts the
         prompt, its tokens plus the rest's (what the turn will hold), so a message into a long
         chat encodes only the new text, not the whole transcript again."""
-        prompt = self.model.chat.render(messages, add_generation_prompt=generation)
+        prompt = self.model.chat.render(messages, add_generation_prompt=generation,
+                                        now=conv.template_now if conv is not None else None)
         session = conv.session if conv is not None else None
         if session is not None and session.tokens:
             have = conv.session_text.decode("utf-8", errors="replace")

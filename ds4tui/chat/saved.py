@@ -9,6 +9,7 @@ and the live-session cap to pool.py.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Callable
 
 from ds4tui.chat.checkpoints import Checkpoints, SavedSession
@@ -108,10 +109,14 @@ class SavedSessions:
         try:
             session = self.pool.ensure(conv, on_event)
             text = self.checkpoints.load_saved(saved, session, on_event)
+            transcript = text.decode("utf-8", errors="replace")
             try:
-                conv.messages = self.model.chat.parse(text.decode("utf-8", errors="replace"))
+                conv.messages = self.model.chat.parse(transcript)
             except ValueError as exc:
                 raise EngineError(f"{saved.sha[:12]}: the text is not a transcript of this chat template ({exc})") from None
+            # Render the date the stored text holds (else the file's creation day), not today's:
+            # the next prompt then starts with the stored text, whatever day it is resumed.
+            conv.template_now = self.model.chat.written_on(transcript) or datetime.fromtimestamp(saved.created_at)
             conv.session_text = text
             conv.saved_sha = saved.sha if saved.titled else None
             conv.saved_upto = len(session.tokens) if saved.titled else 0

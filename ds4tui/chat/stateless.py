@@ -17,6 +17,7 @@ Not thread-safe: one engine thread calls `complete` at a time (serve/worker.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Callable
 
 from ds4tui.chat.conversation import Conversation
@@ -48,9 +49,13 @@ class StatelessChats:
                  options: TurnOptions | None = None) -> Completion | None:
         """Answer `messages` (ending in a user turn, usually). None when cancelled during the
         prefill. EngineError (context full, a torn file...) is raised to the caller."""
-        prompt = self.controller.model.chat.render(messages, add_generation_prompt=True)
+        # A request has no chat of its own to take a date from: a template's date is the
+        # request's day, and the turn renders the same prompt the routing compared.
+        now = datetime.now()
+        prompt = self.controller.model.chat.render(messages, add_generation_prompt=True, now=now)
         conv = self._route(prompt)
         conv.messages = [dict(m) for m in messages]
+        conv.template_now = now
         conv.busy = True
         conv.touch()
         started: list[PrefillStarted] = []

@@ -115,7 +115,7 @@ class TurnPipeline:
         options = options or TurnOptions()
         cancel = options.cancel or self._stop
         t0 = time.perf_counter()
-        prompt = self.model.chat.render(conv.messages, add_generation_prompt=True)
+        prompt = self.model.chat.render(conv.messages, add_generation_prompt=True, now=conv.template_now)
         prompt_bytes = prompt.encode("utf-8")
         found = self._prepare(conv, prompt, prompt_bytes, on_event)
         suffix, source = found.suffix, found.source

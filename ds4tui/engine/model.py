@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol, Sequence
 
 from ds4tui.engine.session import Session
@@ -54,12 +55,21 @@ class ChatTemplate(Protocol):
     default_system_prompt: str | None
     stop_strings: tuple[str, ...]
 
-    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """messages: [{"role": "system"|"user"|"assistant", "content": str}, ...]"""
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True, *,
+               now: datetime | None = None) -> str:
+        """messages: [{"role": "system"|"user"|"assistant", "content": str}, ...]; now: the
+        time a template's date comes from (a chat's own, so every turn renders the same
+        date; None: the clock)."""
         ...
 
     def parse(self, text: str) -> list[dict]:
-        """Inverse of render (without the trailing generation prompt): the messages in `text`."""
+        """Inverse of render (without the trailing generation prompt): messages whose rendering
+        gives `text` again, so a system header the template writes by itself is not read back
+        as the chat's system message."""
+        ...
+
+    def written_on(self, text: str) -> datetime | None:
+        """The time the template wrote into `text` (its strftime_now date), None if none."""
         ...
 
 

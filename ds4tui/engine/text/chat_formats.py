@@ -7,7 +7,10 @@ Owns:
   no template (the Gemma 3 270M GGUF is a base model: it has none).
 - `JinjaChatTemplate`: the `ChatTemplate` protocol over a `tokenizer.chat_template`, rendered
   with jinja2's ImmutableSandboxedEnvironment (what transformers uses: a template is file
-  content, never trusted code), parsed back with the family's `TurnFormat`.
+  content, never trusted code), parsed back with the family's `TurnFormat` into the messages
+  that render the same text again (what the template wrote by itself taken out, see
+  template_probe.py). `strftime_now` gives the chat's own time, not the clock's, so a chat
+  renders the same date on every turn and when resumed another day.
 - `chat_template_for(...)`: which of the two a model gets, and a line for the model info.
 """
 
@@ -20,6 +23,7 @@ from typing import Callable, Sequence
 
 from ds4tui.engine.errors import WeightsError
 from ds4tui.engine.text.hf_tokenizer import IM_END, IM_START, ChatMLTemplate, default_system_from_template
+from ds4tui.engine.text.template_probe import Dates, StrftimeNow, SystemInjection
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,6 @@ class JinjaChatTemplate:
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         env.globals["raise_exception"] = _raise
-        env.globals["strftime_now"] = lambda f: datetime.now().strftime(f)
         try:
             self._template = env.from_string(template)
         except TemplateError as exc:
@@ -134,13 +137,74 @@ class JinjaChatTemplate:
         self.stop_strings = fmt.stop_strings
         self._tokens = {"bos_token": bos_token, "eos_token": eos_token}
         self.default_system_prompt = default_system_from_template(template) if fmt.name == "chatml" else None
+        self._injection: SystemInjection | None = None  # probed on the first parse
 
-    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True, *,
+               now: datetime | None = None) -> str:
+        """now: what the template's `strftime_now` formats (a chat passes its own time; None: the clock)."""
+        return self._render(messages, add_generation_prompt, lambda fmt: (now or datetime.now()).strftime(fmt))
+
+    def _render(self, messages: Sequence[dict], add_generation_prompt: bool, strftime_now: StrftimeNow) -> str:
+        # strftime_now goes in per render (a context value hides a global): each chat has its own date.
         return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                     tools=None, **self._tokens)
+                                     tools=None, strftime_now=strftime_now, **self._tokens)
 
     def parse(self, text: str) -> list[dict]:
-        return self.format.parse(text)
+        return self.read(text)[0]
+
+    def written_on(self, text: str) -> datetime | None:
+        """The time the template wrote into `text` through strftime_now, when it wrote one."""
+        return self.read(text)[1]
+
+    def read(self, text: str) -> tuple[list[dict], datetime | None]:
+        """The messages whose rendering reproduces `text`, and the time its dates say.
+
+        The family's parse reads every turn as written; when the template wrote a system turn
+        (or part of one) by itself, rendering that reading doubles it. Then the readings with
+        the template's part taken out are tried, and the one whose rendering agrees with the
+        most of `text` wins (the plain reading on a tie).
+        """
+        messages = self.format.parse(text)
+        if self._injection is None:
+            self._injection = SystemInjection.probe(lambda m, f: self._render(m, False, f), self.format.parse)
+        candidates = self._injection.candidates(messages)
+        dates = next((d for _, d in candidates if d is not None), None)
+        best, best_dates = messages, dates
+        agreed = self._agreement(messages, text, dates)
+        for candidate, cand_dates in candidates:
+            if agreed == len(text):
+                break
+            n = self._agreement(candidate, text, cand_dates)
+            if n > agreed:
+                best, best_dates, agreed = candidate, cand_dates, n
+        return best, best_dates.when() if best_dates is not None else None
+
+    def _agreement(self, messages: list[dict], text: str, dates: Dates | None) -> int:
+        """How many leading characters of `text` the rendering of `messages` reproduces (a
+        transcript may end inside its last message or with a generation prompt)."""
+        best = 0
+        for generation in (False, True):
+            strftime_now = dates.strftime_now() if dates is not None else lambda f: datetime.now().strftime(f)
+            try:
+                rendered = self._render(messages, generation, strftime_now)
+            except Exception:  # a reading the template refuses (e.g. roles out of order)
+                continue
+            best = max(best, _common_prefix(rendered, text))
+        return best
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class FormatChatTemplate:
@@ -153,11 +217,15 @@ class FormatChatTemplate:
         self.stop_strings = fmt.stop_strings
         self._bos = bos_token
 
-    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True, *,
+               now: datetime | None = None) -> str:
         return self.format.render_plain(messages, add_generation_prompt, self._bos)
 
     def parse(self, text: str) -> list[dict]:
         return self.format.parse(text)
+
+    def written_on(self, text: str) -> datetime | None:
+        return None  # the built-in turns write no date
 
 
 def chat_template_for(template: str | None, vocab_has: Callable[[str], bool], arch: str,

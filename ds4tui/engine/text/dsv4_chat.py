@@ -41,7 +41,8 @@ class Dsv4ChatTemplate:
         self.default_system_prompt = default_system_prompt
         self.thinking = thinking
 
-    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True, *, now=None) -> str:
+        """now: unused (V4's layout writes no date); the ChatTemplate protocol passes it."""
         systems = [m["content"] for m in messages if m["role"] == "system"]
         system = "\n\n".join(systems) if systems else (self.default_system_prompt or "")
         parts = [BOS, system]
@@ -60,6 +61,9 @@ class Dsv4ChatTemplate:
         if add_generation_prompt:
             parts += [ASSISTANT, THINK if self.thinking else THINK_END]
         return "".join(parts)
+
+    def written_on(self, text: str) -> None:
+        return None
 
     def parse(self, text: str) -> list[dict]:
         """Messages of a rendered transcript. A trailing open assistant turn (no end of

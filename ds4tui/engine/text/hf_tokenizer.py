@@ -133,7 +133,8 @@ class ChatMLTemplate:
     def __init__(self, default_system_prompt: str | None) -> None:
         self.default_system_prompt = default_system_prompt
 
-    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True, *, now=None) -> str:
+        """now: unused (this layout writes no date); the ChatTemplate protocol passes it."""
         parts: list[str] = []
         for i, msg in enumerate(messages):
             if i == 0 and msg["role"] != "system" and self.default_system_prompt is not None:
@@ -142,6 +143,9 @@ class ChatMLTemplate:
         if add_generation_prompt:
             parts.append(f"{IM_START}assistant\n")
         return "".join(parts)
+
+    def written_on(self, text: str) -> None:
+        return None
 
     def parse(self, text: str) -> list[dict]:
         """Messages of a rendered transcript; a trailing open turn (no <|im_end|>) is returned too,
