@@ -111,7 +111,7 @@ class SavedSessions:
             text = self.checkpoints.load_saved(saved, session, on_event)
             transcript = text.decode("utf-8", errors="replace")
             try:
-                conv.messages = self.model.chat.parse(transcript)
+                conv.messages = _without_stop_string(self.model.chat.parse(transcript), self.model.chat.stop_strings)
             except ValueError as exc:
                 raise EngineError(f"{saved.sha[:12]}: the text is not a transcript of this chat template ({exc})") from None
             # Render the date the stored text holds (else the file's creation day), not today's:
@@ -130,3 +130,15 @@ class SavedSessions:
         finally:
             conv.busy = False
         return self.conversations.add(conv)
+
+
+def _without_stop_string(messages: list[dict], stop_strings) -> list[dict]:
+    """The stored text of a reply that ended on a stop string holds it (its token is in the
+    state), the live chat's message does not (the stream cut it): cut it here too, so the
+    resumed chat renders its next prompt as the live one would."""
+    last = messages[-1] if messages else None
+    if last is not None and last.get("role") == "assistant":
+        for stop in stop_strings:
+            if stop and last["content"].endswith(stop):
+                return messages[:-1] + [{**last, "content": last["content"][: -len(stop)]}]
+    return messages

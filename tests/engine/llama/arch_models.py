@@ -94,8 +94,8 @@ def save_hf_dir(model, out: Path) -> Path:
     return out
 
 
-def _tokenizer():
-    return train_tiny_tokenizer(SPECIALS, vocab_size=VOCAB)
+def _tokenizer(specials=tuple(SPECIALS)):
+    return train_tiny_tokenizer(specials, vocab_size=VOCAB)
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -114,11 +114,13 @@ def _llama3_divisors(model) -> np.ndarray:
     return (base / scaled).numpy().astype(np.float32)
 
 
-def write_gguf(model, arch: str, path: Path, qtype: Q = Q.F32) -> Path:
+def write_gguf(model, arch: str, path: Path, qtype: Q = Q.F32, *, specials=tuple(SPECIALS),
+               chat_template: str = CHAT_TEMPLATE, bos_id: int | None = None) -> Path:
+    """specials: the tokenizer's special tokens, ids 0, 1, 2, ... (id 2 is the EOS)."""
     kind = arch.split("-")[0]
     cfg = model.config
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    tok = json.loads(_tokenizer().to_str())
+    tok = json.loads(_tokenizer(tuple(specials)).to_str())
     vocab = tok["model"]["vocab"]
     tokens = [None] * len(vocab)
     for piece, i in vocab.items():
@@ -147,8 +149,10 @@ def write_gguf(model, arch: str, path: Path, qtype: Q = Q.F32) -> Path:
     w.add_token_types([3 if i in special else 1 for i in range(len(tokens))])
     w.add_token_merges(merges)
     w.add_eos_token_id(2)
+    if bos_id is not None:
+        w.add_bos_token_id(bos_id)
     w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_chat_template(chat_template)
 
     def put(name: str, arr: np.ndarray) -> None:
         arr = np.ascontiguousarray(arr, dtype=np.float32)
