@@ -33,6 +33,7 @@ from ds4tui.engine.errors import ContextFullError
 from ds4tui.engine.model import Model
 from ds4tui.engine.sampling import Sampler, SamplingParams
 from ds4tui.engine.session import Session
+from ds4tui.engine.text.prefix import common_prefix
 
 EventFn = Callable[[ChatEvent], None]
 
@@ -82,21 +83,6 @@ def shared_tokens(tokenizer, tokens: Sequence[int], session_text: bytes, text: s
         if not decoder.getstate()[0]:
             best = (k, nbytes, nchars)
     return best
-
-
-def common_prefix(a: str, b: str) -> int:
-    """Length of the longest common prefix of two strings."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class TurnPipeline:

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 from ds4tui.engine.errors import WeightsError
 from ds4tui.engine.text.hf_tokenizer import IM_END, IM_START, ChatMLTemplate, default_system_from_template
+from ds4tui.engine.text.prefix import common_prefix
 from ds4tui.engine.text.template_probe import Dates, StrftimeNow, SystemInjection
 
 
@@ -189,22 +190,8 @@ class JinjaChatTemplate:
                 rendered = self._render(messages, generation, strftime_now)
             except Exception:  # a reading the template refuses (e.g. roles out of order)
                 continue
-            best = max(best, _common_prefix(rendered, text))
+            best = max(best, common_prefix(rendered, text))
         return best
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class FormatChatTemplate:
