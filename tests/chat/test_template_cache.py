@@ -95,3 +95,40 @@ def test_a_system_prompt_reads_back_without_the_header(llama3, tmp_path):
     started, original = b.of(ev.PrefillStarted)[0], a.of(ev.PrefillStarted)[0]
     assert started.source == "live" and (started.cached, started.total) == (original.cached, original.total)
     assert started.cached >= restored - turn.of(ev.Done)[0].tokens
+
+
+def test_a_resumed_chat_whose_session_left_memory_restores_its_own_file(llama3, tmp_path, monkeypatch):
+    """The disk path: a resumed chat parked by the live-session cap comes back from its own
+    file, whole. Every reply is "Blue." (a scripted sampler: the template trims replies, and a
+    random one that starts with a space would not be a prefix of the next prompt anyway)."""
+    reply = llama3.tokenizer.encode("Blue.") + [llama3.tokenizer.token_to_id("<|eot_id|>")]
+
+    class Scripted:
+        def __init__(self, params):
+            self.left = list(reply)
+
+        def __call__(self, logits):
+            return self.left.pop(0)
+
+    monkeypatch.setattr("ds4tui.chat.turn.Sampler", Scripted)
+    first = make_controller(llama3, tmp_path)
+    conv = first.new_conversation()
+    conv.template_now = STARTED
+    first.send(conv.key, "Hello there, tiny model.", Recorder())
+    turn = Recorder()
+    first.send(conv.key, "Tell me more.", turn)
+    assert turn.reply == "Blue."
+    saved = [s for s in turn.of(ev.Saved) if s.reason == "agent-session"][-1]
+
+    second = make_controller(llama3, tmp_path, live_sessions=1)
+    resumed = second.resume(saved.sha[:10], Recorder())
+    stored = len(resumed.session.tokens)
+    other, parked = second.new_conversation(), Recorder()
+    second.send(other.key, "Something else.", parked)
+    assert [f.conversation for f in parked.of(ev.SessionFreed)] == [resumed.key]
+
+    back = Recorder()
+    second.send(resumed.key, "One more thing.", back)
+    started = back.of(ev.PrefillStarted)[0]
+    assert [h.sha for h in back.of(ev.Hit)] == [saved.sha]  # its own file, by the prompt's text
+    assert started.source == "disk" and started.cached == stored
