@@ -1,6 +1,10 @@
 """Chat templates round-trip, for every template the app ships or knows: the real templates of
-SmolLM2, Gemma 3, Qwen 2.5, Llama 3.1 and Llama 3.2 (templates/*.jinja, the models'
-`tokenizer.chat_template`), the built-in turn formats and DeepSeek V4.
+SmolLM2, Gemma 3, Qwen 2.5, Llama 3.1 and Llama 3.2, the built-in turn formats and DeepSeek V4.
+
+templates/*.jinja are the models' published `chat_template` texts (facts, kept verbatim):
+SmolLM2-135M-Instruct's as its GGUF stores it, google/gemma-3-*-it, Qwen/Qwen2.5-*-Instruct,
+meta-llama/Llama-3.1-8B-Instruct and meta-llama/Llama-3.2-1B-Instruct (its date from
+strftime_now).
 
 The chat caches a conversation as its rendered text and parses stored text back into messages
 (a resumed chat). Two properties keep the next turn on the cache:
