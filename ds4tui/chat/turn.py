@@ -274,12 +274,15 @@ class TurnPipeline:
         logits = session.logits
         text = bytearray(conv.session_text)
         generated, stop, ttft = 0, "max-tokens", None
+        sampler_s = 0.0  # measured so the stats line can show what sampling costs
         started = time.perf_counter()
         while generated < max_tokens:
             if cancel.is_set():
                 stop = "cancelled"
                 break
+            before = time.perf_counter()
             token = sampler(logits)
+            sampler_s += time.perf_counter() - before
             if ttft is None:
                 ttft = (time.perf_counter() - t0) * 1000.0
             if token in eos:
@@ -312,6 +315,8 @@ class TurnPipeline:
             ttft_ms=ttft if ttft is not None else prefill_s * 1000.0,
             context_tokens=len(session.tokens),
             stop=stop,
+            sampled=params.temperature > 0,
+            sampler_ms=sampler_s * 1000.0,
         )
         return done
 

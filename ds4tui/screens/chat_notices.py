@@ -97,6 +97,19 @@ def cache_line(report: ev.CacheReport) -> str:
     return f"{head} · prefilled {fmt.tokens(report.prefilled)}"
 
 
+def _decode_mode(done: ev.Done) -> str:
+    """` greedy`, or ` sampled (sampler 2%)`: the share of the decode time spent choosing
+    tokens, so a slow reply is never blamed on the sampler unseen."""
+    if done.sampled is None:
+        return ""
+    if not done.sampled:
+        return " greedy"
+    decode_ms = done.tokens / done.tok_s * 1000.0 if done.tok_s > 0 else 0.0
+    if decode_ms <= 0:
+        return " sampled"
+    return f" sampled (sampler {fmt.share(done.sampler_ms / decode_ms)})"
+
+
 def stats_line(done: ev.Done) -> str:
     """The dim line under a finished reply: what the cache gave, then the speeds."""
     parts = []
@@ -106,7 +119,8 @@ def stats_line(done: ev.Done) -> str:
         parts.append(f"prefill {fmt.tokens(done.prompt_tokens)} tok")
     if done.cached_tokens:
         parts.append(f"cached {fmt.tokens(done.cached_tokens)} tok")
-    parts += [fmt.rate(done.tok_s), f"{fmt.tokens(done.tokens)} tokens", f"first token {fmt.ms(done.ttft_ms)}"]
+    parts += [fmt.rate(done.tok_s) + _decode_mode(done), f"{fmt.tokens(done.tokens)} tokens",
+              f"first token {fmt.ms(done.ttft_ms)}"]
     if done.regenerated:
         parts.append("regenerated" + ("" if done.forward_before_first_token else " from kept logits"))
     if done.stop == "context-full":

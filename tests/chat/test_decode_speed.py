@@ -10,6 +10,7 @@ import time
 from ds4tui.bench.engine_bench import measure_engine
 from ds4tui.cli import main
 from ds4tui.engine import sampling
+from ds4tui.screens.chat_notices import stats_line
 from tests.chat.conftest import make_controller
 
 PAUSE_S = 0.01
@@ -27,6 +28,18 @@ def test_reply_speed_includes_the_time_spent_sampling(tiny_llama, tmp_path, monk
     done = ctl.send(ctl.new_conversation().key, "Hello there", recorder)
     assert done is not None and done.tokens > 0
     assert done.tok_s <= 1.0 / PAUSE_S  # every generated token waited for its sampler
+    # ...and the reply says how much of its decode time that was (the stats line shows it)
+    assert done.sampled is True and done.sampler_ms >= done.tokens * PAUSE_S * 1000.0
+    line = stats_line(done)
+    share = done.sampler_ms / (done.tokens / done.tok_s * 1000.0)
+    assert share > 0.5 and f"tok/s sampled (sampler {share * 100:.0f}%)" in line
+
+
+def test_a_greedy_reply_says_so_on_its_stats_line(tiny_llama, tmp_path, recorder):
+    ctl = make_controller(tiny_llama, tmp_path, max_tokens=4, no_disk_cache=True)
+    done = ctl.send(ctl.new_conversation().key, "Hello there", recorder)
+    assert done is not None and done.sampled is False
+    assert "tok/s greedy" in stats_line(done) and "sampler" not in stats_line(done)
 
 
 def test_bench_engine_reports_greedy_and_sampled_decode(capsys):

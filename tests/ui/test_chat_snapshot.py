@@ -22,6 +22,7 @@ def _pinned_timings(monkeypatch):
     monkeypatch.setattr(fmt, "rate", lambda tok_s: "12.3 tok/s")
     monkeypatch.setattr(fmt, "ms", lambda value: "45 ms")
     monkeypatch.setattr(fmt, "eta", lambda seconds: "ETA 7s")
+    monkeypatch.setattr(fmt, "share", lambda fraction: "1%")
 
 
 def test_chat_after_one_reply(snap_compare, tiny_llama):

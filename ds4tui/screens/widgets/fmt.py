@@ -30,5 +30,10 @@ def eta(seconds: float | None) -> str:
     return f"ETA {seconds // 60}m{seconds % 60:02d}s"
 
 
+def share(fraction: float) -> str:
+    """A part of a whole as a percentage: `2%`, `<1%`."""
+    return "<1%" if fraction < 0.01 else f"{fraction * 100:.0f}%"
+
+
 def tokens(n: int) -> str:
     return f"{n:,}"
