@@ -45,7 +45,6 @@ from ds4tui.format.kvc import (
     decode_header,
     encode_checksum,
     encode_header,
-    sha_from_name,
 )
 from ds4tui.cache.safe_open import open_regular
 from ds4tui.format.payload import DSV4_HEADER_BYTES, unpack_dsv4_header

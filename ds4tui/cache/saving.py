@@ -107,10 +107,8 @@ def save(directory: CacheDirectory, text: bytes, *, tokens: int, reason: str, en
     pre = apply_eviction(d, others, d.budget_bytes - file_bytes - d.temp_bytes(), incoming=incoming)
     evicted = (pre,) if pre.files else ()
     t0 = time.perf_counter()
-    new_name = None
-    if fresh and title is not None:
-        def new_name(created_at: int) -> Path:
-            return d.path_for(title_sha(title, created_at))
+    # A fresh titled save is named by its title and the creation time the write stamps.
+    new_name = (lambda created_at: d.path_for(title_sha(title, created_at))) if fresh and title is not None else None
     try:
         final, created = files.write_atomic(d.path_for(sha), header, text, write_payload, tail,
                                             new_name=new_name)

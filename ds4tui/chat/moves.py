@@ -17,7 +17,7 @@ import time
 from typing import Callable
 
 from ds4tui.chat.checkpoints import Checkpoints
-from ds4tui.chat.conversation import MAX_TITLE_CHARS, Conversation, default_title
+from ds4tui.chat.conversation import MAX_TITLE_CHARS, Conversation
 from ds4tui.chat.events import ChatEvent, Done, FitCheck, Forked
 from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.registry import Conversations

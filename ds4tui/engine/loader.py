@@ -15,7 +15,6 @@ import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ds4tui.engine.errors import ModelNotFoundError, WeightsError
 from ds4tui.engine.model import Model

@@ -17,7 +17,7 @@ from ds4tui.chat import events as ev
 from ds4tui.chat.streaming import EventBatcher
 from ds4tui.format.display import one_line
 from ds4tui.screens.widgets import fmt
-from ds4tui.screens.widgets.chat_log import AssistantMessage, MessageAction, UserMessage
+from ds4tui.screens.widgets.chat_log import AssistantMessage, MessageAction
 from ds4tui.screens.widgets.prompt_input import PromptInput
 from ds4tui.screens.widgets.status_bar import StatusBar
 
