@@ -6,6 +6,7 @@ from __future__ import annotations
 from textual.app import App, ComposeResult
 
 from ds4tui.screens.widgets.chat_pane import ChatPane
+from tests.ui.chat_app import ChatHost, chat_config, send, tiny_llama  # noqa: F401
 
 
 class PaneHost(App):
@@ -68,3 +69,21 @@ async def test_sending_brings_the_view_back():
         pane.follow()
         await pilot.pause()
         assert not pane.log.reading_above and not pane.new_reply_marked
+
+
+async def test_a_reply_streamed_at_the_bottom_is_never_marked(tiny_llama, monkeypatch):
+    """In the real app the content grows a frame before the anchor scrolls to it; that gap
+    is not the user reading above, so the marker must not flicker on while following."""
+    marked: list[bool] = []
+    text_arrived = ChatPane.text_arrived
+
+    def spy(pane: ChatPane) -> None:
+        text_arrived(pane)
+        marked.append(pane.new_reply_marked)
+
+    monkeypatch.setattr(ChatPane, "text_arrived", spy)
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, max_tokens=300, no_disk_cache=True))
+    async with app.run_test(size=(100, 30)) as pilot:
+        for _ in range(3):
+            await send(pilot, "hello there " * 5)
+    assert marked and not any(marked)

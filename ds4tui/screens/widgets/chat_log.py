@@ -188,8 +188,12 @@ class ChatLog(VerticalScroll):
 
     @property
     def reading_above(self) -> bool:
-        """The user scrolled away from the newest text (and new text will not move the view)."""
-        return self.max_scroll_y - self.scroll_y > 1
+        """The user scrolled away from the newest text (and new text will not move the view).
+
+        Asked of the anchor, not of the geometry: while text streams in, the content grows a
+        frame before the anchor scrolls to it, and the gap would read as the user scrolling up.
+        Textual releases the anchor on a user's scroll and restores it at the bottom."""
+        return self.is_anchored and self._anchor_released
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
