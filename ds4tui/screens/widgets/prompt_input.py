@@ -1,7 +1,11 @@
 """The message box: a TextArea where Enter sends and ctrl+j (or shift+enter) starts a new line.
 
-Owns: those keys and the `Submitted` message. Leaves to the screen: what
-sending means, and whether a send is allowed right now.
+Owns: those keys, the `Submitted` message, and keeping terminal controls out of the
+box: a TextArea draws its text to the terminal as it is, so a pasted ESC sequence
+would recolour or move the screen's cursor. Text that enters the box (typed, pasted,
+loaded for an edit) passes `format.display.safe_lines` first (the rule every screen
+uses), so what the box shows is what is sent. Leaves to the screen: what sending
+means, and whether a send is allowed right now.
 """
 
 from __future__ import annotations
@@ -11,11 +15,20 @@ from dataclasses import dataclass
 from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
+from textual.widgets.text_area import Edit
+
+from ds4tui.format.display import safe_lines
 
 # Keys that insert a newline instead of sending. Terminals send LF for ctrl+j;
 # shift+enter and alt+enter arrive as their own keys only where the terminal
 # reports them (kitty keyboard protocol, some xterm modes).
 NEWLINE_KEYS = frozenset({"ctrl+j", "newline", "shift+enter", "alt+enter"})
+
+
+def box_text(text: str) -> str:
+    """Text as the message box holds it: line breaks of any platform as newlines, every other
+    control (ESC, BEL, bidi overrides...) as its visible escape (`\\e`, `\\x07`, `\\u202e`)."""
+    return safe_lines(text.replace("\r\n", "\n").replace("\r", "\n"))
 
 
 class PromptInput(TextArea):
@@ -49,9 +62,17 @@ class PromptInput(TextArea):
             placeholder: Shown while the box is empty.
             cursor_blink: False keeps the cursor still (snapshot tests).
         """
-        super().__init__(text, soft_wrap=True, tab_behavior="focus", show_line_numbers=False,
+        super().__init__(box_text(text), soft_wrap=True, tab_behavior="focus", show_line_numbers=False,
                          name=name, id=id, classes=classes, disabled=disabled, placeholder=placeholder)
         self.cursor_blink = cursor_blink
+
+    def edit(self, edit: Edit):
+        """Every insert, paste and replace comes through here: keep controls out."""
+        edit.text = box_text(edit.text)
+        return super().edit(edit)
+
+    def load_text(self, text: str) -> None:
+        super().load_text(box_text(text))
 
     async def _on_key(self, event: events.Key) -> None:
         keys = {event.key, *event.aliases}
