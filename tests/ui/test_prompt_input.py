@@ -1,5 +1,6 @@
-"""The message box keeps terminal controls out: a pasted ESC sequence, BEL or bidi override is
-held (and sent) as its visible escape, so it can neither restyle the screen nor reorder it."""
+"""The message box and the one-line dialog box keep terminal controls out: a pasted (or loaded)
+ESC sequence, BEL or bidi override is held, and sent, as its visible escape, so it can neither
+restyle the screen nor reorder it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 from textual import events
 from textual.app import App, ComposeResult
 
+from ds4tui.screens.widgets.prompt_dialog import OneLineInput, PromptDialog
 from ds4tui.screens.widgets.prompt_input import PromptInput
 
 CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
@@ -55,3 +57,26 @@ async def test_loaded_and_inserted_text_is_kept_clean_too():
         box.insert("\x9b")
         await pilot.press("x")
         assert not CONTROLS.search(box.text) and box.text.endswith("\\x9bx")
+
+
+class DialogHost(App):
+    def __init__(self, value: str) -> None:
+        super().__init__()
+        self.value = value
+        self.answers: list[str | None] = []
+
+    def on_mount(self) -> None:
+        self.push_screen(PromptDialog("Rename chat:", self.value), self.answers.append)
+
+
+async def test_a_title_from_a_file_reaches_the_rename_box_escaped():
+    """The rename dialog starts from a title that may come from a file (a ds4 cache, a hostile .kv)."""
+    app = DialogHost("Evil \x1b[2J title\u202e")
+    async with app.run_test(size=(80, 12)) as pilot:
+        box = app.screen.query_one(OneLineInput)
+        assert box.value == "Evil \\e[2J title\\u202e"
+        assert not CONTROLS.search("".join(s.text for y in range(box.size.height) for s in box.render_line(y)))
+        app.post_message(events.Paste("\x07 more"))
+        await pilot.pause()
+        await pilot.press("enter")
+        assert app.answers and not CONTROLS.search(app.answers[0]) and app.answers[0].endswith("\\x07 more")

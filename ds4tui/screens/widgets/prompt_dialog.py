@@ -1,7 +1,9 @@
 """A one-line text prompt: `PromptDialog(label, value) -> str | None` (None when cancelled).
 
-Owns: the label, the input and its keys (enter accepts, escape cancels).
-Leaves to callers: validating and applying the answer.
+Owns: the label, the input and its keys (enter accepts, escape cancels), and keeping
+terminal controls out of the input: an Input draws its value as it is, and the value
+is often a title read from a file, so it holds controls as their visible escapes
+(format.display.safe_text). Leaves to callers: validating and applying the answer.
 """
 
 from __future__ import annotations
@@ -13,6 +15,15 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static
+
+from ds4tui.format.display import safe_text
+
+
+class OneLineInput(Input):
+    """An Input whose value never holds a control character (ESC, BEL, bidi overrides, tabs)."""
+
+    def validate_value(self, value: str) -> str:
+        return safe_text(value)
 
 
 class PromptDialog(ModalScreen[str | None]):
@@ -55,7 +66,7 @@ class PromptDialog(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(self._label, classes="label", markup=False)
-            yield Input(self._value, placeholder=self._placeholder, select_on_focus=True,
+            yield OneLineInput(self._value, placeholder=self._placeholder, select_on_focus=True,
                         max_length=self._max_length)
 
     @on(Input.Submitted)
