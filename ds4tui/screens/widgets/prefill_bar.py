@@ -25,8 +25,10 @@ class PrefillBar(Horizontal):
         display: none;
         &.-active { display: block; }
         & > #prefill-label { width: auto; padding: 0 1 0 0; }
-        & > ProgressBar { width: auto; & > Bar { width: 16; } }
-        & > #prefill-info { width: 1fr; padding: 0 0 0 1; }
+        /* The numbers come first: the bar takes what they leave, up to 16 cells
+           (at 80 columns with the sidebar open that is about 7). */
+        & > ProgressBar { width: 1fr; max-width: 16; & > Bar { width: 1fr; min-width: 3; } }
+        & > #prefill-info { width: auto; padding: 0 0 0 1; }
     }
     """
 

@@ -1,0 +1,33 @@
+"""The chat at 80x24, the size the README promises: what must stay whole on screen."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from ds4tui.chat import events as ev
+from ds4tui.screens.chat import ChatScreen
+from ds4tui.screens.widgets.prefill_bar import PrefillBar
+from tests.ui.chat_app import ChatHost, GatedController, chat_config, tiny_llama  # noqa: F401
+
+SMALL = (80, 24)
+
+
+async def test_the_prefill_numbers_fit_at_80_columns_with_the_sidebar_open(tiny_llama):
+    """Tokens done/total, speed and ETA are what a user watches; the bar gives way to them."""
+    controller = GatedController(tiny_llama, chat_config(tiny_llama, no_disk_cache=True))
+    app = ChatHost(tiny_llama, controller=controller)
+    async with app.run_test(size=SMALL) as pilot:
+        await app.wait_for(ChatScreen.ModelReady)
+        assert app.chat.query_one("#sidebar").display
+        app.chat.query_one("#prompt").insert("Summarize: " + "word " * 420)
+        await pilot.press("enter")
+        await app.wait_for(ChatScreen.EngineEvent, lambda m: isinstance(m.event, ev.PrefillProgress))
+        await pilot.pause()
+        bar = app.chat.query_one("#chats").visible_content.query_one(PrefillBar)
+        info = bar.query_one("#prefill-info")
+        text = Text(str(info.render()))
+        assert "tok/s · ETA" in text.plain
+        assert info.content_region.width >= text.cell_len  # nothing of it cut
+        assert info.region.right <= bar.content_region.right
+        assert bar.query_one("Bar").region.width >= 3  # and the bar itself still shows
+        controller.gate.set()
