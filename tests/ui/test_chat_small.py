@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual.widgets import Label
 
 from ds4tui.chat import events as ev
 from ds4tui.screens.chat import ChatScreen
+from ds4tui.screens.widgets.conversation_list import ChatItem, ConversationList
 from ds4tui.screens.widgets.prefill_bar import PrefillBar
-from tests.ui.chat_app import ChatHost, GatedController, chat_config, tiny_llama  # noqa: F401
+from tests.ui.chat_app import ChatHost, GatedController, chat_config, send, tiny_llama  # noqa: F401
 
 SMALL = (80, 24)
 
@@ -31,3 +33,21 @@ async def test_the_prefill_numbers_fit_at_80_columns_with_the_sidebar_open(tiny_
         assert info.region.right <= bar.content_region.right
         assert bar.query_one("Bar").region.width >= 3  # and the bar itself still shows
         controller.gate.set()
+
+
+async def test_a_fork_of_a_long_title_stays_apart_from_its_parent_in_the_sidebar(tiny_llama, tmp_path):
+    """"title (fork)" cut at its end read exactly like the parent's row at 80 columns."""
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, cache_dir=str(tmp_path)))
+    async with app.run_test(size=SMALL) as pilot:
+        await send(pilot, "What is the capital of France? Answer in one sentence, please.")
+        mark = len(app.seen)
+        app.chat.action_fork_chat()
+        await app.wait_for(ConversationList.Redrawn, lambda m: len(m.entries) == 2, after=mark)
+        await pilot.pause()
+        rows = []
+        for item in app.chat.query(ChatItem):
+            title, tag = item.query_one(".title", Label), item.query_one(".tag", Label)
+            assert title.region.right <= tag.region.x and tag.region.right <= item.region.right
+            rows.append((str(title.render()), str(tag.render())))
+        assert rows[0][1] == "" and rows[1][1] == " (fork)"
+        assert rows[0][0].startswith("● What is the capital") and rows[1][0].startswith("● What is the capital")

@@ -9,6 +9,7 @@ from ds4tui.screens.widgets.budget_gauge import BudgetGauge
 from ds4tui.screens.widgets.cache_map import by_kind, by_reason, stacked_bar
 from ds4tui.screens.widgets.kv_detail import hex_dump
 from ds4tui.screens.widgets.kv_table import COLUMN_KEYS, fit_columns
+from ds4tui.screens.widgets.title_fit import fitted_title, split_tag
 from tests.ui import kv_fixtures as fx
 
 
@@ -58,3 +59,16 @@ def test_scores_and_ages_read_plainly():
     now = 1_000_000
     assert relative_time(now - 30, now) == relative_time(now - 59, now) == "just now"
     assert relative_time(now - 60, now) == "1m ago"  # never "0m ago"
+
+
+def test_a_cut_title_keeps_its_fork_tag():
+    """The browser's title column and the sidebar cut the body, not the tag that tells a fork
+    from its parent; cell widths count (CJK takes two)."""
+    parent = "What is the capital of France? Answer in one se…"
+    assert fitted_title(parent + " (fork)", 22).plain == "What is the ca… (fork)"
+    assert fitted_title(parent + " (fork 2)", 22).plain.endswith("… (fork 2)")
+    assert fitted_title("巴黎" * 8 + " (fork)", 14).cell_len == 14
+    assert fitted_title(parent, 22).plain == parent[:21] + "…"  # no tag: cut at the end
+    assert fitted_title("short (fork)", 40).plain == "short (fork)"
+    assert fitted_title(parent + " (fork)", 9).plain == "What is …"  # too narrow for the tag
+    assert split_tag("(fork)") == ("(fork)", "") and split_tag("a (fork 3)") == ("a", " (fork 3)")

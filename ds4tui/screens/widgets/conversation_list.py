@@ -16,6 +16,7 @@ from textual.message import Message
 from textual.widgets import Label, ListItem, ListView
 
 from ds4tui.format.display import one_line
+from ds4tui.screens.widgets.title_fit import split_tag
 
 LIVE, PARKED, SAVED, BUSY = "●", "○", "↺", "▶"
 BROKEN = "⚠"  # a saved session that cannot be resumed (the reason shows when chosen)
@@ -34,27 +35,35 @@ class ChatEntry:
 
 
 class ChatItem(ListItem):
+    """A marker and a title; a trailing tag such as " (fork 2)" has a label of its own, so a
+    title cut by the sidebar's width still tells a fork from its parent."""
+
     def __init__(self, entry: ChatEntry, active: bool) -> None:
-        super().__init__(Label(self._label(entry, active)))
+        title, tag = self._labels(entry, active)
+        super().__init__(Label(title, classes="title"), Label(tag, classes="tag"))
         self.entry = entry
         self.set_class(entry.key is None, "-saved")
 
     @staticmethod
-    def _label(entry: ChatEntry, active: bool) -> Text:
+    def _labels(entry: ChatEntry, active: bool) -> tuple[Text, Text]:
         if entry.key is None:
             marker = BROKEN if entry.problem else SAVED
         else:
             marker = BUSY if entry.busy else (LIVE if entry.live else PARKED)
-        # Cut by the label's width with "…" (the whole sidebar's width, whatever it is now).
+        style = "bold" if active else ("dim" if entry.problem else "")
+        body, tag = split_tag(one_line(entry.title))
+        # Cut by the label's width with "…" (the sidebar's width, whatever it is now).
         label = Text(f"{marker} ", no_wrap=True, overflow="ellipsis")
-        label.append(one_line(entry.title), style="bold" if active else ("dim" if entry.problem else ""))
-        return label
+        label.append(body, style=style)
+        return label, Text(tag, style=style, no_wrap=True)
 
     def show(self, entry: ChatEntry, active: bool) -> None:
         """Redraw this row for `entry` (same position, new title or state)."""
         self.entry = entry
         self.set_class(entry.key is None, "-saved")
-        self.query_one(Label).update(self._label(entry, active))
+        title, tag = self._labels(entry, active)
+        self.query_one(".title", Label).update(title)
+        self.query_one(".tag", Label).update(tag)
 
 
 class ConversationList(ListView):
@@ -64,7 +73,9 @@ class ConversationList(ListView):
     ConversationList {
         width: 32;
         & > ChatItem.-saved { color: $text-muted; }
-        & > ChatItem > Label { width: 100%; text-wrap: nowrap; text-overflow: ellipsis; }
+        & > ChatItem { layout: horizontal; }
+        & > ChatItem > Label.title { width: 1fr; text-wrap: nowrap; text-overflow: ellipsis; }
+        & > ChatItem > Label.tag { width: auto; text-wrap: nowrap; }
     }
     """
 

@@ -23,6 +23,7 @@ from ds4tui.cache.entry import KvEntry
 from ds4tui.format.display import human_bytes, relative_time, score_text
 from ds4tui.screens.widgets.file_names import BELONGS, FileName, name_of
 from ds4tui.screens.widgets.kv_format import safe_cell
+from ds4tui.screens.widgets.title_fit import fitted_title
 
 
 @dataclass(frozen=True)
@@ -106,22 +107,27 @@ def status_text(e: KvEntry) -> Text:
 _NAME_STYLES = {"title": "bold", "chat": "italic", "shared": "dim italic", "message": "", "text": "dim"}
 
 
-def title_cell(e: KvEntry, name: FileName | None = None) -> Text:
+def title_cell(e: KvEntry, name: FileName | None = None, width: int | None = None) -> Text:
     """The file's name (file_names.py): its title, the chat it belongs to, or its first message.
-    Already one terminal-safe line; the cell cuts it to the column's width with "…"."""
+    Already one terminal-safe line; cut to `width` with "…" before a trailing "(fork)" tag,
+    which tells a fork from its parent (else the cell cuts it at its end)."""
     if name is None:
         name = name_of(e, None, None)
-    return Text(name.text, style=_NAME_STYLES.get(name.kind, ""), no_wrap=True, overflow="ellipsis")
+    style = _NAME_STYLES.get(name.kind, "")
+    if width is not None:
+        return fitted_title(name.text, width, style)
+    return Text(name.text, style=style, no_wrap=True, overflow="ellipsis")
 
 
-def row_cells(e: KvEntry, now: float, name: FileName | None = None) -> dict[str, Text]:
+def row_cells(e: KvEntry, now: float, name: FileName | None = None, title_width: int | None = None
+              ) -> dict[str, Text]:
     h = e.header
 
     def num(v: int | None) -> Text:
         return Text("—" if v is None else str(v), justify="right")
 
     cells = [
-        title_cell(e, name),
+        title_cell(e, name, title_width),
         Text(relative_time(h.last_used, now) if h else "—"),
         Text(relative_time(h.created_at, now) if h else "—"),
         Text(human_bytes(e.file_bytes), justify="right"),
@@ -270,7 +276,7 @@ class KvTable(DataTable):
             return  # not mounted yet: on_mount adds the columns, then comes back here
         self.clear()
         for e in self._sorted():
-            cells = row_cells(e, self._now, self._names.get(e.path))
+            cells = row_cells(e, self._now, self._names.get(e.path), self._widths.get("title"))
             self.add_row(*(cells[k] for k in self._shown_columns), key=e.sha or e.path)
         for key in self._shown_columns:
             # Underlined rather than an arrow in the label: the widths are tight at 140 columns.
