@@ -22,6 +22,14 @@ from ds4tui.screens.widgets.prompt_input import PromptInput
 from ds4tui.screens.widgets.status_bar import StatusBar
 
 
+EDITING = "editing: Enter resends, Esc cancels"  # the status bar while a message is being edited
+
+
+def version_note(shown: int, count: int) -> str:
+    """Where a reply stands among its versions, and how to switch (select it, then ←/→)."""
+    return f"version {shown + 1}/{count} · tab, then ←/→ switches"
+
+
 class ChatMoves:
     """The `ChatScreen` side of regenerate, versions, edit, fork, copy, find and a full context."""
 
@@ -51,17 +59,34 @@ class ChatMoves:
             self.app.copy_to_clipboard(text)
             self._toast(f"Copied {fmt.tokens(len(text))} characters", "Clipboard")
         elif message.action == "edit":
+            if self._engine_job:
+                self._toast("Wait for the reply to finish (Escape cancels it).", "Edit", "warning")
+                return
             self._editing = (self._active, index)
             prompt = self.query_one("#prompt", PromptInput)
             prompt.load_text(text)
+            prompt.move_cursor(prompt.document.end)
             prompt.focus()
-            self.query_one(StatusBar).activity = "editing: Enter resends, the old branch becomes a fork"
+            self.query_one(StatusBar).activity = EDITING
+            self._toast("Enter resends the edited message; the chat as it is now is kept as a fork. "
+                        "Escape cancels the edit.", "Edit")
         elif message.action == "fork":
             role = conv.messages[index]["role"]
             upto = index + 1 if role == "assistant" else index  # at a question: before it, text in the prompt
             self._start_fork(self._active, upto, text if role == "user" else None)
         elif message.action in ("prev", "next"):
             self._switch_version(index, message.widget, -1 if message.action == "prev" else 1)
+
+    def _stop_editing(self) -> bool:
+        """Leave edit mode (Escape, or another chat shown): the box empties. False when not editing."""
+        if self._editing is None:
+            return False
+        self._editing = None
+        self.query_one("#prompt", PromptInput).clear()
+        status = self.query_one(StatusBar)
+        if status.activity == EDITING:
+            status.activity = ""
+        return True
 
     def _switch_version(self, index: int, widget, step: int) -> None:
         if self._engine_job or self._active is None:
@@ -74,7 +99,7 @@ class ChatMoves:
         shown, count = self.controller.alternatives(self._active, index)
         if isinstance(widget, AssistantMessage):
             widget.set_text(text)
-            widget.set_stats(f"version {shown + 1}/{count} · ←/→ switch")
+            widget.set_stats(version_note(shown, count))
 
     def action_model_info(self) -> None:
         """The palette's model line: what `ds4tui models info` prints."""
@@ -87,7 +112,11 @@ class ChatMoves:
 
     def action_regenerate(self) -> None:
         """ctrl+r: sample the last reply again (the old one stays as a version)."""
-        if self.controller is None or self._active is None or self._engine_job:
+        if self.controller is None or self._active is None:
+            self._toast("The model is still loading.", "Regenerate", "warning")
+            return
+        if self._engine_job:
+            self._toast("Wait for the reply to finish (Escape cancels it).", "Regenerate", "warning")
             return
         key = self._active
         conv = self.controller.get(key)

@@ -42,6 +42,8 @@ class ChatPanes:
         return pane
 
     def _switch(self, key: str) -> None:
+        if self._editing is not None and self._editing[0] != key:
+            self._stop_editing()  # an edit belongs to the chat it started in
         self._active = key
         self.query_one(ContentSwitcher).current = f"pane-{key}"
         conv = self._conversation(key)

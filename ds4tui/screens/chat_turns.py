@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from ds4tui.chat import events as ev
 from ds4tui.format.display import one_line
+from ds4tui.screens.chat_moves import version_note
+from ds4tui.screens.chat_notices import stats_line
 from ds4tui.screens.widgets import fmt
 from ds4tui.screens.widgets.chat_pane import ChatPane
 from ds4tui.screens.widgets.prompt_input import PromptInput
@@ -57,10 +59,12 @@ class ChatTurns:
         self._generate(key, text)
 
     def action_cancel(self) -> None:
-        """Escape: stop the running prefill or reply."""
+        """Escape: stop the running prefill or reply; else leave edit mode."""
         if self._busy is not None and self.controller is not None:
             self.controller.cancel()
             self.query_one(StatusBar).activity = "cancelling…"
+        elif self._stop_editing():  # ChatMoves
+            self._toast("Edit cancelled; the chat is unchanged.", "Edit")
 
     def _end_turn(self, key: str, done: ev.Done | None) -> None:
         """A send finished (`done` is None when it was cancelled in prefill or failed)."""
@@ -84,6 +88,11 @@ class ChatTurns:
                 else:
                     # A regenerate that did not happen: the old reply is back.
                     pane.reply.set_text(conv.messages[-1]["content"])
+            if done is not None and done.regenerated and pane.reply is not None and conv is not None:
+                # The earlier replies are versions of this one: say so, and how to see them.
+                shown, count = conv.alternative_index(len(conv.messages) - 1)
+                if count > 1:
+                    pane.reply.set_stats(f"{stats_line(done)} · {version_note(shown, count)}")
             pane.reply = None
         self._refresh_sidebar()
         self._update_context()

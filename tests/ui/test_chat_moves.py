@@ -27,6 +27,7 @@ async def test_regenerate_and_versions(tiny_llama, tmp_path):
         assert len(log.query(AssistantMessage)) == 1  # replaced, not added
         stats = str(log.last_assistant.query_one(".stats").render())
         assert "reused" in stats and "(live) · prefilled 0" in stats and "from kept logits" in stats
+        assert stats.endswith("version 2/2 · tab, then ←/→ switches")  # the old reply is not lost
         reply = log.last_assistant
         reply.focus()
         await pilot.press("left")
@@ -141,3 +142,33 @@ async def test_browser_title_column_uses_its_width(tmp_path):
         table = app.browser.query_one("KvTable")
         assert table.columns["title"].width > 18 + 10  # was a fixed 18: 19 characters were cut
         assert "A nineteen-char tit" in str(table.get_row_at(0)[0])
+
+
+async def test_escape_leaves_edit_mode_and_a_busy_chat_says_why_keys_wait(tiny_llama, tmp_path):
+    """Edit mode is a state the user can leave (Escape, or another chat), and ctrl+r during a
+    reply says why nothing happens instead of doing nothing."""
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, cache_dir=str(tmp_path)))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "First question.")
+        key = app.chat._active
+        app.chat._pane(key).log.query(UserMessage).last().focus()
+        await pilot.press("e")
+        prompt, status = app.chat.query_one("#prompt"), app.chat.query_one(StatusBar)
+        assert prompt.text == "First question." and status.activity.startswith("editing")
+        await pilot.press("escape")
+        assert app.chat._editing is None and prompt.text == "" and status.activity == ""
+        assert [m["content"] for m in app.chat.controller.get(key).messages if m["role"] == "user"] == [
+            "First question."]
+        # Editing, then another chat: the edit does not follow into it.
+        app.chat._pane(key).log.query(UserMessage).last().focus()
+        await pilot.press("e")
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert app.chat._editing is None and prompt.text == "" and status.activity == ""
+        # A key that cannot act now tells why.
+        app.chat._engine_job = True
+        app.clear_notifications()
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert any("Wait for the reply" in n.message for n in app._notifications)
+        app.chat._engine_job = False

@@ -7,8 +7,10 @@ from textual.widgets import Label
 
 from ds4tui.chat import events as ev
 from ds4tui.screens.chat import ChatScreen
+from ds4tui.screens.chat_moves import EDITING
 from ds4tui.screens.widgets.conversation_list import ChatItem, ConversationList
 from ds4tui.screens.widgets.prefill_bar import PrefillBar
+from ds4tui.screens.widgets.status_bar import StatusBar
 from tests.ui.chat_app import ChatHost, GatedController, chat_config, send, tiny_llama  # noqa: F401
 
 SMALL = (80, 24)
@@ -51,3 +53,13 @@ async def test_a_fork_of_a_long_title_stays_apart_from_its_parent_in_the_sidebar
             rows.append((str(title.render()), str(tag.render())))
         assert rows[0][1] == "" and rows[1][1] == " (fork)"
         assert rows[0][0].startswith("● What is the capital") and rows[1][0].startswith("● What is the capital")
+
+
+def test_the_status_line_drops_the_meter_before_cutting_what_the_engine_does():
+    status = StatusBar()
+    status.model_name, status.ctx_used, status.ctx_total = "smollm2-135m-instruct", 56, 4096
+    status.activity = EDITING
+    wide = status.line(138)
+    assert "▰" in wide and wide.endswith(EDITING)
+    narrow = status.line(78)  # 80 columns less the bar's padding
+    assert "▰" not in narrow and "ctx 56/4,096" in narrow and narrow.endswith(EDITING) and len(narrow) <= 78

@@ -48,15 +48,26 @@ class StatusBar(Static):
     activity: reactive[str] = reactive("")
     """What the engine is doing now (prefilling, generating, saving), or empty."""
 
+    def line(self, width: int | None = None) -> str:
+        """The status line; when it is longer than `width`, the context meter gives its
+        cells to what the engine is doing (the numbers stay)."""
+        def compose(meter: bool) -> str:
+            parts = [self.model_name]
+            if self.ctx_total:
+                bar = f"{context_meter(self.ctx_used, self.ctx_total)} " if meter else ""
+                parts.append(f"ctx {bar}{fmt.tokens(self.ctx_used)}/{fmt.tokens(self.ctx_total)}")
+            if self.activity:
+                parts.append(self.activity)
+            if self.speed:
+                parts.append(self.speed)
+            if self.cache:
+                parts.append(self.cache)
+            return " · ".join(safe_lines(p) for p in parts)
+
+        full = compose(meter=True)
+        if width is not None and Text(full).cell_len > width:
+            return compose(meter=False)
+        return full
+
     def render(self) -> Text:
-        parts = [self.model_name]
-        if self.ctx_total:
-            parts.append(f"ctx {context_meter(self.ctx_used, self.ctx_total)} "
-                         f"{fmt.tokens(self.ctx_used)}/{fmt.tokens(self.ctx_total)}")
-        if self.activity:
-            parts.append(self.activity)
-        if self.speed:
-            parts.append(self.speed)
-        if self.cache:
-            parts.append(self.cache)
-        return Text(" · ".join(safe_lines(p) for p in parts), no_wrap=True, overflow="ellipsis")
+        return Text(self.line(self.content_size.width or None), no_wrap=True, overflow="ellipsis")
