@@ -314,4 +314,4 @@ class ChatMovesPalette:
         except OSError as exc:
             self._toast(f"Export failed: {exc}", "Export", "error")
             return
-        self._toast(f"Wrote {base.name}.md and .json", "Export")
+        self._toast(f"Wrote {base.name}.md and {base.name}.json in {base.parent}", "Export")

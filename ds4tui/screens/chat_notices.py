@@ -80,11 +80,19 @@ def _chat_error(event: ev.ChatError) -> Notice:
     return Notice(None, event.message, f"Error: {event.where}", "error")
 
 
+def brief_reason(reason: str | None) -> str | None:
+    """A reason cut to its first two parts for the stats line, e.g. "file rejected: checksum
+    mismatch" (the toast and the cache browser give the whole of it, hashes and offsets)."""
+    if not reason:
+        return reason
+    return ": ".join(reason.split(": ")[:2]).split(",")[0]
+
+
 def cache_line(report: ev.CacheReport) -> str:
     """Where a turn's prefix came from and what it computed, e.g.
     "reused 3,412 tok (live) · prefilled 57" or "reused 2,048 (disk 5f71a3…, 31 ms) · prefilled 1,380"."""
     if report.source == "cold":
-        head = f"cold: {report.reason or 'no cached prefix'}"
+        head = f"cold: {brief_reason(report.reason) or 'no cached prefix'}"
     elif report.source == "disk":
         where = f"disk {report.sha[:6]}…" if report.sha else "disk"
         if report.ms is not None:
@@ -111,7 +119,8 @@ def _decode_mode(done: ev.Done) -> str:
 
 
 def stats_line(done: ev.Done) -> str:
-    """The dim line under a finished reply: what the cache gave, then the speeds."""
+    """The dim line under a finished reply: what the cache gave, then the reply's length and
+    decode speed, then the time to its first token."""
     parts = []
     if done.cache is not None:
         parts.append(cache_line(done.cache))
@@ -119,7 +128,8 @@ def stats_line(done: ev.Done) -> str:
         parts.append(f"prefill {fmt.tokens(done.prompt_tokens)} tok")
     if done.cached_tokens:
         parts.append(f"cached {fmt.tokens(done.cached_tokens)} tok")
-    parts += [fmt.rate(done.tok_s) + _decode_mode(done), f"{fmt.tokens(done.tokens)} tokens",
+    # "reply N tokens at R": a bare rate after "prefilled N" read as the prefill's speed.
+    parts += [f"reply {fmt.tokens(done.tokens)} tokens at {fmt.rate(done.tok_s)}{_decode_mode(done)}",
               f"first token {fmt.ms(done.ttft_ms)}"]
     if done.regenerated:
         parts.append("regenerated" + ("" if done.forward_before_first_token else " from kept logits"))

@@ -76,7 +76,7 @@ class SettingsScreen(ModalScreen[dict | None]):
                                  + default), classes="dialog-label")
                 yield TextArea(self._config.system_prompt or self._default_prompt, id="set-system_prompt",
                                soft_wrap=True)
-                yield Checkbox("Also the default for new chats, saved to the config file", id="set-persist")
+                yield Checkbox("Also the default for new chats (config file)", id="set-persist")
             yield Static("", id="settings-error")
             with Horizontal(classes="buttons"):
                 yield Button("Apply", variant="primary", id="settings-apply")

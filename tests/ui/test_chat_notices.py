@@ -42,3 +42,17 @@ def test_every_chat_event_type_has_exactly_one_screen_handler():
     from ds4tui.screens.chat import ChatScreen
 
     assert set(ChatScreen._EVENT_HANDLERS) == set(get_args(ChatEvent))
+
+
+def test_the_stats_line_reads_in_order_and_keeps_a_rejection_short():
+    from ds4tui.chat.events import CacheReport, Done
+    from ds4tui.screens.chat_notices import stats_line
+    from ds4tui.screens.widgets import fmt
+
+    reason = "file rejected: checksum mismatch: xxh3 94aa568a4b60f1e8, file says 2fdfe3eb1e3da54f"
+    done = Done(tokens=100, tok_s=82.2, prompt_tokens=1716, prefill_tok_s=300.0, ttft_ms=6290.0,
+                context_tokens=1816, stop="eos",
+                cache=CacheReport("cold", 0, 1716, reason=reason))
+    assert stats_line(done) == ("cold: file rejected: checksum mismatch · prefilled 1,716 · "
+                                "reply 100 tokens at 82.2 tok/s · first token 6.3 s")
+    assert fmt.ms(999.4) == "999 ms" and fmt.ms(1500) == "1.5 s" and fmt.ms(3.25) == "3.2 ms"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Label
+from textual.widgets import Checkbox, Label
 
 from ds4tui.chat import events as ev
 from ds4tui.screens.chat import ChatScreen
@@ -63,3 +63,17 @@ def test_the_status_line_drops_the_meter_before_cutting_what_the_engine_does():
     assert "▰" in wide and wide.endswith(EDITING)
     narrow = status.line(78)  # 80 columns less the bar's padding
     assert "▰" not in narrow and "ctx 56/4,096" in narrow and narrow.endswith(EDITING) and len(narrow) <= 78
+
+
+async def test_the_settings_checkbox_label_is_whole(tiny_llama):
+    """The dialog is 64 columns wide at any terminal size; its checkbox label used to lose its end."""
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SMALL) as pilot:
+        await app.wait_for(ChatScreen.ModelReady)
+        await pilot.press("f3")
+        await pilot.pause()
+        box = app.screen.query_one("#set-persist", Checkbox)
+        label = str(box.label)
+        assert "new chats" in label
+        form = app.screen.query_one("#settings-form")
+        assert box.virtual_region.right <= form.content_region.width  # not cut by the form's edge

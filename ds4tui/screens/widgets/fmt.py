@@ -16,7 +16,7 @@ def rate(tok_s: float) -> str:
 def ms(value: float) -> str:
     if value < 10:
         return f"{value:.1f} ms"
-    if value < 10_000:
+    if value < 1000:
         return f"{value:.0f} ms"
     return f"{value / 1000:.1f} s"
 
