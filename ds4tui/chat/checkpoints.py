@@ -32,6 +32,11 @@ from ds4tui.engine.model import Model
 from ds4tui.engine.session import Session
 
 
+# The problem of a titled session written by another model of the same family (SmolLM2 and
+# Gemma 3 are both llama-family) or other weights: the file is fine, this model cannot load it.
+OTHER_WEIGHTS = "written by another model of this family (or other weights): resume it with that model"
+
+
 @dataclass(frozen=True)
 class SavedSession:
     """A titled session file on disk, as the conversation list shows it."""
@@ -204,7 +209,7 @@ class Checkpoints:
             problem = None if e.valid else e.error
             fingerprint = _payload_fingerprint(e.path, h.text_bytes, h.payload_bytes)
             if problem is None and fingerprint != self.model.info.fingerprint:
-                problem = "written by another config or weights of this model family"
+                problem = OTHER_WEIGHTS
             problem = problem or self._refused.get((e.sha, e.file_bytes))
             if problem is not None and not with_problems:
                 continue

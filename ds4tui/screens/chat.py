@@ -34,6 +34,7 @@ from textual.widgets import ContentSwitcher, Footer, LoadingIndicator
 
 from ds4tui.chat import events as ev
 from ds4tui.config import Config
+from ds4tui.format.display import one_line, safe_lines
 from ds4tui.screens.chat_dialogs import ChatDialogs
 from ds4tui.screens.chat_events import EngineEventView
 from ds4tui.screens.chat_moves import ChatMoves, ChatMovesPalette
@@ -262,7 +263,11 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         if entry.key is not None:
             self._switch(entry.key)
         elif entry.problem is not None:  # listed so it never vanishes silently; it cannot resume
-            self._toast(f"{entry.title}: cannot be resumed: {entry.problem} (delete it in the cache browser, F4)",
+            from ds4tui.chat.checkpoints import OTHER_WEIGHTS  # loaded by now (it imports torch)
+
+            # A file of another model is fine: never advise deleting it.
+            advice = "" if entry.problem == OTHER_WEIGHTS else " (delete it in the cache browser, F4)"
+            self._toast(f"{one_line(entry.title, 60)}: cannot be resumed here: {entry.problem}{advice}",
                         "Saved session", "warning")
         elif entry.sha is not None:
             self._start_resume(entry.sha, exact=True)
@@ -297,4 +302,6 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
             self.controller.cancel()
 
     def _toast(self, text: str, title: str, severity: str = "information") -> None:
-        self.notify(text, title=title, severity=severity, timeout=NOTIFY_TIMEOUT, markup=False)
+        # Toasts often quote a title or a reason read from a file: the one terminal-safety rule.
+        self.notify(safe_lines(text), title=one_line(title), severity=severity, timeout=NOTIFY_TIMEOUT,
+                    markup=False)

@@ -207,6 +207,41 @@ async def test_a_broken_saved_session_stays_listed_with_its_reason(tiny_llama):
         assert all(c.saved_sha != conv.saved_sha for c in app.chat.controller.list())
 
 
+async def test_a_session_of_another_model_is_listed_without_advice_to_delete_it(tiny_llama, tmp_path):
+    """SmolLM2 and Gemma 3 are both llama-family: each lists the other's chats as not resumable
+    here. The file is fine, so the notice says which model can resume it and never suggests
+    deleting it; its title (from the file) reaches the toast escaped."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from ds4tui.chat.checkpoints import OTHER_WEIGHTS
+    from ds4tui.engine.llama.tiny import CONFIG, SEED, ensure_tiny_llama, random_llama_weights
+    from ds4tui.engine.loader import load_model
+
+    other_dir = tmp_path / "other-tiny"
+    shutil.copytree(ensure_tiny_llama(), other_dir)
+    save_file(random_llama_weights(CONFIG, SEED + 1), str(other_dir / "model.safetensors"), metadata={"format": "pt"})
+    other = load_model(str(other_dir))
+    assert other.info.fingerprint != tiny_llama.info.fingerprint
+    writer = make_controller(other)
+    conv = writer.new_conversation()
+    writer.send(conv.key, "Other model \x1b[2J chat", lambda e: None)
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.wait_for(ConversationList.Redrawn, lambda m: any(e.sha == conv.saved_sha for e in m.entries))
+        sidebar = app.chat.query_one("#sidebar")
+        row = [i for i in sidebar.query(ChatItem) if i.entry.sha == conv.saved_sha][0]
+        assert row.entry.problem == OTHER_WEIGHTS
+        sidebar.index = list(sidebar.query(ChatItem)).index(row)
+        sidebar.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        note = [n.message for n in app._notifications if "cannot be resumed" in n.message][0]
+        assert OTHER_WEIGHTS in note and "delete" not in note
+        assert "\x1b" not in note and "Other model \\e[2J chat" in note
+
+
 async def test_a_cache_dir_that_is_a_file_is_a_notice_and_the_chat_goes_on(tiny_llama, tmp_path):
     not_a_dir = tmp_path / "cache"
     not_a_dir.write_text("a regular file")
