@@ -166,7 +166,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         self._prefill_tok_s: float | None = None  # measured on the last long prefill (browser's resume cost)
         self._quitting = False
         self._queued: str | None = None  # a message sent while the model loads
-        self._sidebar_folded = False  # folded once for a narrow terminal; ctrl+b still toggles
+        self._sidebar_by_user = False  # ctrl+b was pressed: the width no longer shows or hides the list
         self._saved: list = []  # titled sessions on disk, as last scanned (off the UI thread)
         # Set while no engine job runs; the shutdown worker waits on it.
         self._idle = threading.Event()

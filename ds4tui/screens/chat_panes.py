@@ -7,7 +7,7 @@ drawing it from the open chats plus the last scan of saved sessions; also the
 lookups every other part uses (`_pane`, `_pane_or_none`, `_conversation`) and the
 status bar's context gauge for the active chat.
 Leaves to `ChatScreen` the state these read (`_active`, `_busy`, `_saved`,
-`_cache_lines`, `_quitting`, `_sidebar_folded`) and the `ChatChosen` message.
+`_cache_lines`, `_quitting`, `_sidebar_by_user`) and the `ChatChosen` message.
 """
 
 from __future__ import annotations
@@ -63,12 +63,12 @@ class ChatPanes:
 
     def _fit_sidebar(self, width: int) -> None:
         """The chat list takes 30% of the width (20..48 columns), so titles use what the
-        terminal has; below 60 columns it folds away (ctrl+b shows it)."""
+        terminal has; below 60 columns it folds away (ctrl+b shows it), and comes back when
+        the terminal is widened again, unless ctrl+b was pressed in between."""
         sidebar = self.query_one(ConversationList)
         sidebar.styles.width = sidebar_width(width)
-        if width < SIDEBAR_HIDE_BELOW and not self._sidebar_folded:
-            self._sidebar_folded = True
-            sidebar.display = False
+        if not self._sidebar_by_user:
+            sidebar.display = width >= SIDEBAR_HIDE_BELOW
 
     def action_scroll_transcript(self, pages: int) -> None:
         """PageUp/PageDown: scroll the active chat's transcript, wherever the focus is."""
@@ -83,6 +83,7 @@ class ChatPanes:
     def action_toggle_sidebar(self) -> None:
         sidebar = self.query_one(ConversationList)
         sidebar.display = not sidebar.display
+        self._sidebar_by_user = True  # the user's choice from now on, whatever the width
 
     def _refresh_sidebar(self) -> None:
         """Redraw the chat list from memory (open chats) and the last disk scan (saved ones)."""

@@ -77,3 +77,23 @@ async def test_the_settings_checkbox_label_is_whole(tiny_llama):
         assert "new chats" in label
         form = app.screen.query_one("#settings-form")
         assert box.virtual_region.right <= form.content_region.width  # not cut by the form's edge
+
+
+async def test_the_chat_list_comes_back_when_a_narrow_terminal_is_widened(tiny_llama):
+    """Below 60 columns the list folds away; a terminal resized back used to keep it hidden.
+    Once ctrl+b is pressed, the user's choice holds whatever the width."""
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SMALL) as pilot:
+        await app.wait_for(ChatScreen.ModelReady)
+        sidebar = app.chat.query_one("#sidebar")
+        await pilot.resize_terminal(50, 20)
+        await pilot.pause()
+        assert not sidebar.display
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert sidebar.display
+        await pilot.press("ctrl+b")
+        await pilot.resize_terminal(50, 20)
+        await pilot.resize_terminal(100, 30)
+        await pilot.pause()
+        assert not sidebar.display
