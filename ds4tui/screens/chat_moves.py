@@ -233,8 +233,16 @@ class ChatMoves:
 
         c = event.check
         key = self._active
-        lines = [f"This message needs {fmt.tokens(c.prompt_tokens)} tokens plus {fmt.tokens(c.reserve)} for the "
-                 f"reply; the context holds {fmt.tokens(c.ctx)}. Nothing was sent or dropped."]
+        if c.fresh_tokens is not None and c.fresh_tokens + c.reserve > c.ctx:
+            # Too long on its own: a fresh chat or dropping turns cannot help, so offer neither.
+            lines = [f"This message is too long for the context: {fmt.tokens(c.fresh_tokens)} tokens with the "
+                     f"system prompt, plus {fmt.tokens(c.reserve)} for the reply; the context holds "
+                     f"{fmt.tokens(c.ctx)} (--ctx or `ctx` in the config). Nothing was sent; shorten it."]
+            self.app.push_screen(ChoiceDialog("\n".join(lines), [("cancel", "OK")]))
+            return
+        lines = [f"The chat with this message takes {fmt.tokens(c.prompt_tokens)} tokens, plus "
+                 f"{fmt.tokens(c.reserve)} for the reply; the context holds {fmt.tokens(c.ctx)}. "
+                 "Nothing was sent or dropped."]
         choices = [("fresh", "Fresh chat (system prompt kept)")]
         if c.drop_turns:
             lines.append(f"Dropping the {c.drop_turns} oldest exchange(s) re-prefills "

@@ -99,12 +99,24 @@ async def test_full_context_dialog_offers_the_choices(tiny_llama, tmp_path):
         await pilot.pause()
         from ds4tui.screens.widgets.choice_dialog import ChoiceDialog
 
+        # Too long on its own: no fresh chat or dropped turns would help, so none is offered.
         assert isinstance(app.screen, ChoiceDialog)
-        labels = [str(b.label) for b in app.screen.query("Button")]
-        assert labels[0].startswith("Fresh chat") and labels[-1] == "Cancel"
+        assert [str(b.label) for b in app.screen.query("Button")] == ["OK"]
+        assert "too long for the context" in str(app.screen.query_one(".question").render())
         await pilot.press("escape")
         assert app.chat.query_one("#prompt").text.startswith("word word")  # nothing lost
         assert app.chat.controller.get(app.chat._active).messages == []
+        # A chat that has grown: a fresh chat (or dropping the oldest exchange) makes room.
+        app.chat.query_one("#prompt").clear()
+        assert (await send(pilot, "word " * 10)).done is not None  # ~70 of the 128 tokens
+        ended = await send(pilot, "word " * 15)
+        assert ended.done is None
+        await pilot.pause()
+        assert isinstance(app.screen, ChoiceDialog)
+        labels = [str(b.label) for b in app.screen.query("Button")]
+        assert labels[0].startswith("Fresh chat") and labels[-1] == "Cancel"
+        assert "The chat with this message takes" in str(app.screen.query_one(".question").render())
+        await pilot.press("escape")
 
 
 async def test_a_message_sent_while_loading_is_queued(tiny_llama, tmp_path):
