@@ -65,6 +65,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
 
     BINDINGS = [
         # Short labels: the footer holds them all at 80 columns (the palette has the long names).
+        Binding("f1", "keys_help", "Keys", show=False),  # the placeholder and the palette name it
         Binding("ctrl+n", "new_chat", "New"),
         Binding("f2", "rename", "Rename", show=False),  # in the palette; the footer is full at 80
         Binding("escape", "cancel", "Cancel"),
@@ -83,6 +84,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
     """
     | Key | Description |
     | :- | :- |
+    | f1 | The chat's keys. |
     | ctrl+n | Start a new chat. |
     | f2 | Rename the active chat. |
     | escape | Cancel the running prefill or reply. |
@@ -178,7 +180,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
             with Vertical(id="main"):
                 yield LoadingIndicator(id="loading")
                 yield ContentSwitcher(id="chats")
-                yield PromptInput(id="prompt", placeholder="Message · Enter sends · ctrl+j new line",
+                yield PromptInput(id="prompt", placeholder="Message · Enter sends · ctrl+j new line · F1 keys",
                                   cursor_blink=self._cursor_blink)
         yield StatusBar(id="status")
         yield Footer(compact=True)
@@ -274,6 +276,12 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
 
     def on_resize(self, event) -> None:
         self._fit_sidebar(event.size.width)  # ChatPanes
+
+    def action_keys_help(self) -> None:
+        from ds4tui.screens.keys_help import KeysHelpScreen
+
+        if not isinstance(self.app.screen, KeysHelpScreen):
+            self.app.push_screen(KeysHelpScreen())
 
     # -- quitting -----------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Command palette entries (ctrl+p) for the chat: new chat, rename, cache browser, settings, quit.
+"""Command palette entries (ctrl+p) for the chat: keys, new chat, rename, cache browser, settings, quit.
 
 The app drops Textual's own "Quit" (app.py), so the palette lists Quit once.
 
@@ -14,6 +14,7 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 # (palette name, help line, chat screen action)
 CHAT_COMMANDS = (
+    ("Keys of the chat", "Every key of the chat on one screen (f1)", "keys_help"),
     ("New chat", "Start an empty conversation (ctrl+n)", "new_chat"),
     ("Rename chat", "Give the active conversation a new title (f2)", "rename"),
     ("Cache browser", "Browse, pin, delete or resume the .kv files on disk (f4)", "cache_browser"),

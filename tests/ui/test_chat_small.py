@@ -8,6 +8,7 @@ from textual.widgets import Checkbox, Label
 from ds4tui.chat import events as ev
 from ds4tui.screens.chat import ChatScreen
 from ds4tui.screens.chat_moves import EDITING
+from ds4tui.screens.keys_help import CHAT_KEYS, KeysHelpScreen
 from ds4tui.screens.widgets.conversation_list import ChatItem, ConversationList
 from ds4tui.screens.widgets.prefill_bar import PrefillBar
 from ds4tui.screens.widgets.status_bar import StatusBar
@@ -97,3 +98,29 @@ async def test_the_chat_list_comes_back_when_a_narrow_terminal_is_widened(tiny_l
         await pilot.resize_terminal(100, 30)
         await pilot.pause()
         assert not sidebar.display
+
+
+def _listed_keys() -> set[str]:
+    """CHAT_KEYS' labels as binding names: "ctrl+pageup/down" -> ctrl+pageup, ctrl+pagedown."""
+    out = set()
+    for label, _ in CHAT_KEYS:
+        first, *rest = label.lower().split("/")
+        out.add(first)
+        out.update(first.rsplit("up", 1)[0] + r for r in rest)
+    return out
+
+
+async def test_f1_shows_every_chat_key_at_80x24(tiny_llama):
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SMALL) as pilot:
+        await app.wait_for(ChatScreen.ModelReady)
+        assert "F1 keys" in app.chat.query_one("#prompt").placeholder
+        await pilot.press("f1")
+        await pilot.pause()
+        assert isinstance(app.screen, KeysHelpScreen)
+        box = app.screen.query_one("VerticalScroll")
+        assert box.region.height <= SMALL[1] and box.max_scroll_y == 0  # all of it, no scrolling
+        bound = {b.key for b in ChatScreen.BINDINGS} | {"ctrl+q"}
+        assert bound <= _listed_keys()  # a new binding needs its line
+        await pilot.press("escape")
+        assert not isinstance(app.screen, KeysHelpScreen)
