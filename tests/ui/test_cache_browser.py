@@ -119,6 +119,23 @@ async def test_resume_a_loadable_file_asks_the_app(tmp_path):
         assert (req.sha, req.path, req.title) == (sha, str(tmp_path / f"{sha}.kv"), fx.TITLE)
 
 
+async def test_the_footer_says_enter_resumes_at_80_columns(tmp_path):
+    """The table's own (hidden) enter binding kept the footer from ever naming Resume."""
+    fx.titled_session(tmp_path)
+    app = BrowserHost(tmp_path, watch=False, model=TEST_MODEL, ctx_size=8192)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _started(pilot, 1)
+        shown = {key: b.binding.description for key, b in app.screen.active_bindings.items() if b.binding.show}
+        assert shown.get("enter") == "Resume" and {"p", "d", "escape"} <= set(shown)
+        footer = app.screen.query_one("Footer")
+
+        def keys():
+            return [k for k in footer.query("FooterKey") if k.region.width]
+
+        await until(pilot, lambda: any("Resume" in str(k.render()) for k in keys()), "Resume in the footer")
+        assert max(k.region.right for k in keys()) <= 80
+
+
 async def test_resume_refused_shows_why_and_the_transcript(tmp_path):
     """Files the model cannot load (ds4's ABI, another fingerprint) open read-only, and nothing is posted."""
     ds4 = fx.ds4_file(tmp_path)

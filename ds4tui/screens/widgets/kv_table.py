@@ -146,6 +146,9 @@ class KvTable(DataTable):
     """Rows of `KvEntry`, keyed by SHA. Click a header or press `s`/`S` to sort."""
 
     BINDINGS = [
+        # DataTable's own enter (select the row: the browser resumes it) is hidden from the
+        # footer, which then never said how to open a file: shown here under the browser's name.
+        Binding("enter", "select_cursor", "Resume"),
         # Not in the footer (the underlined header shows the sort): it is full at 80 columns.
         Binding("s", "next_sort", "Sort", show=False),
         Binding("S", "reverse_sort", "Reverse", show=False),
