@@ -210,6 +210,23 @@ async def test_eviction_preview_ranks_unpinned_files(tmp_path):
         assert plan.now == frozenset()
 
 
+async def test_eviction_preview_at_80_columns_keeps_the_mark_and_title_in_view(tmp_path):
+    """The "evict" mark came last, after a title as long as it was: off screen at 80 columns."""
+    fx.fixture_dir(tmp_path)
+    fx.titled_session(tmp_path, title="A very long title for a chat about many things " * 2, created=fx.NOW - 7)
+    app = BrowserHost(tmp_path, watch=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _started(pilot, 5)
+        await pilot.press("e")
+        await until(pilot, lambda: isinstance(app.screen, EvictionPreview), "the preview")
+        await pilot.pause()
+        table = app.screen.query_one("DataTable")
+        labels = [str(c.label) for c in table.ordered_columns]
+        assert labels[:3] == ["#", "now", "title / text"]
+        in_view = [c for c in table.ordered_columns if str(c.label) in ("#", "now", "title / text", "reason", "size")]
+        assert sum(c.get_render_width(table) for c in in_view) <= table.scrollable_content_region.width
+
+
 def test_file_text_is_never_markup_or_control_codes():
     """Text from a file keeps its newlines, shows ESC and other controls as escapes, and stays literal."""
     t = file_text("[bold]x[/bold]\n\x1b[31mred\r\u202e")

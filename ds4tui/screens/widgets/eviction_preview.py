@@ -57,14 +57,26 @@ class EvictionPreview(ModalScreen[None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("#", "sha", "title / text", "reason", "size", "score", "freed so far", "now")
+        # What a user reads first comes first (whether it goes now, which chat), and the title
+        # takes what the other columns leave: at 80 columns the sha and score are off to the
+        # right, never the "evict" mark.
+        fixed = {"#": 3, "now": 5, "reason": 13, "size": 9, "freed so far": 12, "score": 6, "sha": 8}
+        room = (table.size.width or 70) - 2 * (len(fixed) + 1) - sum(fixed[k] for k in ("#", "now", "reason",
+                                                                                     "size", "freed so far"))
+        title_width = max(12, min(48, room))
+        for label in ("#", "now"):
+            table.add_column(label, width=fixed[label])
+        table.add_column("title / text", width=title_width)
+        for label in ("reason", "size", "freed so far", "score", "sha"):
+            table.add_column(label, width=fixed[label])
         freed = 0
         for i, e in enumerate(self.plan.order, 1):
             freed += e.file_bytes
             table.add_row(
-                str(i), (e.sha or "?")[:8], title_cell(e), e.header.reason if e.header else "—",
-                human_bytes(e.file_bytes), score_text(e.score.score) if e.score else "—", human_bytes(freed),
-                Text("evict", style="bold red") if e.path in self.plan.now else "",
+                str(i), Text("evict", style="bold red") if e.path in self.plan.now else "",
+                title_cell(e, width=title_width), e.header.reason if e.header else "—",
+                human_bytes(e.file_bytes), human_bytes(freed), score_text(e.score.score) if e.score else "—",
+                (e.sha or "?")[:8],
                 key=e.path,
             )
         table.focus()
