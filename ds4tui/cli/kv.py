@@ -207,7 +207,8 @@ def cmd_ls(args) -> int:
         _print_json(rows)
         return 0
     if not entries:
-        print(f"no .kv files in {store.dir}")
+        missing = "" if store.dir.exists() else " (no such directory yet: the chat creates it)"
+        print(f"no .kv files in {store.dir}{missing}")
         return 0
     for line in ls_lines(entries, time.time(), shutil.get_terminal_size().columns):
         print(line)
@@ -466,9 +467,10 @@ def cmd_evict(args) -> int:
         print(f"{verb} {f.sha[:12]}  {f.reason:<13} tokens={f.tokens} hits={f.hits} size={human_bytes(f.bytes)} score={score_text(f.score)}")
     left = total - ev.bytes
     if not ev.files:
-        print(f"nothing to evict: {human_bytes(total)} within the {budget} MiB budget")
+        print(f"nothing to evict: {human_bytes(total)} within the {human_bytes(ev.budget_bytes)} budget")
     else:
-        print(f"{verb} {len(ev.files)} file(s), {human_bytes(ev.bytes)}; {human_bytes(left)} left of the {budget} MiB budget")
+        print(f"{verb} {len(ev.files)} file(s), {human_bytes(ev.bytes)}; {human_bytes(left)} left of the"
+              f" {human_bytes(ev.budget_bytes)} budget")
     if left > ev.budget_bytes:
         print("the rest is pinned; unpin files to go further under budget")
     return 0

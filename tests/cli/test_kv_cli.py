@@ -173,7 +173,12 @@ def test_evict_dry_run_then_real(kvdir, capsys):
     assert code == 0 and "evicted 2 file(s)" in out and "pinned" in out
     assert shas(kvdir) == [keep]
     code, out, _ = run(capsys, "kv", "evict", "--dir", str(kvdir))
-    assert "nothing to evict" in out
+    assert "nothing to evict" in out and "within the 4.0 GiB budget" in out  # one size format
+
+
+def test_ls_of_a_directory_that_does_not_exist_says_so(tmp_path, capsys):
+    code, out, _ = run(capsys, "kv", "ls", "--dir", str(tmp_path / "nowhere"))
+    assert code == 0 and "no such directory" in out and not (tmp_path / "nowhere").exists()
 
 
 @pytest.mark.parametrize("argv", [
