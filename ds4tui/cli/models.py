@@ -86,8 +86,13 @@ def _load(spec: str):
 def cmd_info(args: argparse.Namespace) -> int:
     model = _load(args.spec)
     describe = getattr(model, "describe", None)
+    from ds4tui.engine.registry import base_model_note
+
     print(f"{model.info.name}: {describe() if describe else model.info.family}")
     print(f"  context {model.info.n_ctx} tokens, fingerprint {model.info.fingerprint_hex[:16]}")
+    note = base_model_note(args.spec)
+    if note:
+        print(f"  {note}")
     return 0
 
 

@@ -45,6 +45,8 @@ class Registered:
     # joined into `file`.
     parts: tuple[tuple[str, str], ...] = ()
     file: str | None = None
+    # A pretrained (base) model: it continues text and was not tuned to answer chat turns.
+    base_model: bool = False
 
     @property
     def filename(self) -> str | None:
@@ -82,6 +84,7 @@ REGISTRY: dict[str, Registered] = {
             file="gemma-3-270m-q4_k_m.gguf",
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             size=253113024,
+            base_model=True,
         ),
         Registered(name="tiny-llama", family="llama", description="seeded random tiny llama (tests)",
                    builder="ds4tui.engine.llama.tiny:ensure_tiny_llama"),
@@ -235,3 +238,12 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: fp.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def base_model_note(name: str) -> str | None:
+    """One line for a registered base model (the chat says it once the model is loaded), else None."""
+    entry = REGISTRY.get(name)
+    if entry is None or not entry.base_model:
+        return None
+    return (f"{name} is a base model: it continues text and was not tuned to answer chat turns, so replies"
+            f" may echo or ramble ({DEFAULT_MODEL} is the chat model)")

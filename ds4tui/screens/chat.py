@@ -208,6 +208,11 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         status.ctx_total = self.controller.ctx_size()
         if self.controller.disk_cache_notice:  # the chat goes on without the disk cache
             self._toast(self.controller.disk_cache_notice, "Disk cache", "warning")
+        from ds4tui.engine.registry import base_model_note  # no torch: registry is light
+
+        note = base_model_note(self.config.model)
+        if note:  # else its echoing replies look like a broken app
+            self.notify(note, title="Base model", severity="warning", timeout=12, markup=False)
         self._scan_saved()
         if self._resume:
             self._start_resume(self._resume)

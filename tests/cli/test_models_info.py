@@ -15,6 +15,17 @@ def test_info_names_architecture_weights_and_attention(capsys):
     assert out.startswith("tiny-llama: llama, 2 layers, hidden 64; weights F32") and "full attention" in out
 
 
+def test_a_base_model_says_it_is_one():
+    """gemma3-270m is pretrained only: chatting with it echoes and rambles, which looked like a
+    broken app; `models info` and the chat (ChatScreen on ModelReady) say so."""
+    from ds4tui.engine.registry import DEFAULT_MODEL, base_model_note
+
+    note = base_model_note("gemma3-270m")
+    assert note and "base model" in note and DEFAULT_MODEL in note
+    assert base_model_note(DEFAULT_MODEL) is None and base_model_note("tiny-llama") is None
+    assert base_model_note("/some/file.gguf") is None
+
+
 def _gguf(path, arch: str, tensor_type=None) -> str:
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(1)

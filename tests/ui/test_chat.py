@@ -242,6 +242,20 @@ async def test_a_session_of_another_model_is_listed_without_advice_to_delete_it(
         assert "\x1b" not in note and "Other model \\e[2J chat" in note
 
 
+async def test_a_base_model_is_announced_when_it_is_ready(tiny_llama):
+    """Started on a registered base model, the chat says so before its first echoing reply."""
+    from dataclasses import replace
+
+    app = ChatHost(tiny_llama, config=replace(chat_config(tiny_llama), model="gemma3-270m"))
+    async with app.run_test(size=SIZE):
+        await app.wait_for(ChatScreen.ModelReady)
+        assert [n.title for n in app._notifications] == ["Base model"]
+    plain = ChatHost(tiny_llama)
+    async with plain.run_test(size=SIZE):
+        await plain.wait_for(ChatScreen.ModelReady)
+        assert not [n for n in plain._notifications if n.title == "Base model"]
+
+
 async def test_a_cache_dir_that_is_a_file_is_a_notice_and_the_chat_goes_on(tiny_llama, tmp_path):
     not_a_dir = tmp_path / "cache"
     not_a_dir.write_text("a regular file")
