@@ -140,6 +140,7 @@ class ChatTurns:
         conv = self._conversation(key)
         assert conv is not None
         pane = self._pane_or_none(conv.key)
+        already_open = pane is not None
         if pane is None:
             pane = await self._add_pane(conv.key)
             pane.log.show_messages(conv.visible_messages())
@@ -147,5 +148,8 @@ class ChatTurns:
             self._cache_lines[conv.key] = self._cache_lines.pop("")
         self._switch(conv.key)
         self._scan_saved()
+        if already_open:  # found again (ctrl+f, the browser): nothing was loaded
+            self._toast(f"{one_line(conv.display_title, 39)} is already open: shown", "Session")
+            return
         self._toast(f"Resumed {one_line(conv.display_title, 39)} ({fmt.tokens(conv.context_tokens)} tokens,"
                     " no prefill)", "Session")

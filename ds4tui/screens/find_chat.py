@@ -20,6 +20,10 @@ from textual.widgets.option_list import Option
 from ds4tui.format.display import one_line
 
 
+MIN_QUERY = 2  # characters before a search runs (one matches nearly every file)
+HINT = "Type at least 2 characters · Enter goes to the results, Enter again opens · Escape closes"
+
+
 class FindChatScreen(ModalScreen[str | None]):
     DEFAULT_CSS = """
     FindChatScreen { align: center middle; }
@@ -42,11 +46,20 @@ class FindChatScreen(ModalScreen[str | None]):
 
     def on_mount(self) -> None:
         self.query_one("#query", Input).focus()
+        self._hint()
+
+    def _hint(self) -> None:
+        self.query_one(".summary", Static).update(Text(HINT))
 
     @on(Input.Changed, "#query")
     def _changed(self, event: Input.Changed) -> None:
-        if len(event.value.strip()) >= 2:
+        if len(event.value.strip()) >= MIN_QUERY:
             self._search(event.value.strip())
+        else:  # results of a longer query would stay up, matching nothing typed
+            self.workers.cancel_group(self, "find")
+            self.query_one("#results", OptionList).clear_options()
+            self._shas = []
+            self._hint()
 
     @on(Input.Submitted, "#query")
     def _submitted(self) -> None:
@@ -65,6 +78,8 @@ class FindChatScreen(ModalScreen[str | None]):
         self.app.call_from_thread(self._show, pattern, hits, None)
 
     def _show(self, pattern: str, hits: list, error: str | None) -> None:
+        if pattern != self.query_one("#query", Input).value.strip():
+            return  # an older search, finished after the query changed
         results = self.query_one("#results", OptionList)
         results.clear_options()
         self._shas = []

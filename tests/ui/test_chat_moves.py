@@ -80,6 +80,7 @@ async def test_find_a_chat(tiny_llama, tmp_path):
         await pilot.press("ctrl+f")
         await pilot.pause()
         screen = app.screen
+        assert "at least 2 characters" in str(screen.query_one(".summary").render())  # never a blank box
         screen.query_one("#query").value = "lighthouse"
         for _ in range(100):
             await pilot.pause(0.05)
@@ -89,6 +90,18 @@ async def test_find_a_chat(tiny_llama, tmp_path):
         assert results.option_count >= 1
         text = str(results.get_option_at_index(0).prompt)
         assert "Where is the lighthouse?" in text and "load" in text and "no prefill" in text
+        screen.query_one("#query").value = "l"  # too short: the old results go, the hint is back
+        await pilot.pause()
+        assert results.option_count == 0 and "at least 2" in str(screen.query_one(".summary").render())
+        await pilot.press("escape")
+        # Opening the chat that is already on screen shows it; nothing is "resumed".
+        mark = len(app.seen)
+        app.clear_notifications()
+        app.chat.open_file(app.chat.controller.get(app.chat._active).saved_sha)
+        await app.wait_for(ChatScreen.Resumed, after=mark)
+        await pilot.pause()
+        notes = [n.message for n in app._notifications]
+        assert any("already open" in n for n in notes) and not any(n.startswith("Resumed") for n in notes)
 
 
 async def test_full_context_dialog_offers_the_choices(tiny_llama, tmp_path):
