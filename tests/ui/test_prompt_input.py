@@ -74,6 +74,7 @@ async def test_a_title_from_a_file_reaches_the_rename_box_escaped():
     app = DialogHost("Evil \x1b[2J title\u202e")
     async with app.run_test(size=(80, 12)) as pilot:
         box = app.screen.query_one(OneLineInput)
+        assert "Enter saves · Escape cancels" in str(app.screen.query_one(".hint").render())
         assert box.value == "Evil \\e[2J title\\u202e"
         assert not CONTROLS.search("".join(s.text for y in range(box.size.height) for s in box.render_line(y)))
         app.post_message(events.Paste("\x07 more"))

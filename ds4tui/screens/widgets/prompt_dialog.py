@@ -44,6 +44,7 @@ class PromptDialog(ModalScreen[str | None]):
             border: thick $primary; background: $surface;
         }
         & .label { margin-bottom: 1; }
+        & .hint { color: $text-muted; margin-top: 1; }
     }
     """
 
@@ -67,7 +68,8 @@ class PromptDialog(ModalScreen[str | None]):
         with Vertical():
             yield Static(self._label, classes="label", markup=False)
             yield OneLineInput(self._value, placeholder=self._placeholder, select_on_focus=True,
-                        max_length=self._max_length)
+                               max_length=self._max_length)
+            yield Static(Text("Enter saves · Escape cancels"), classes="hint")
 
     @on(Input.Submitted)
     def _on_submitted(self, event: Input.Submitted) -> None:
