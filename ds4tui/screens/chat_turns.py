@@ -33,6 +33,10 @@ class ChatTurns:
         if not text.strip():
             return
         if self.controller is None or self._active is None:
+            if self._queued is not None:  # one waits already: this one stays in the box, never lost
+                self.notify("A message is already waiting for the model; this one stays in the box.",
+                            severity="warning", markup=False)
+                return
             self._queued = text  # sent as soon as the model is ready
             message.prompt_input.clear()
             self.query_one(StatusBar).activity = "message queued: sent when the model is ready"

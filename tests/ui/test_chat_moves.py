@@ -132,14 +132,31 @@ async def test_full_context_dialog_offers_the_choices(tiny_llama, tmp_path):
         await pilot.press("escape")
 
 
-async def test_a_message_sent_while_loading_is_queued(tiny_llama, tmp_path):
+async def test_a_message_sent_while_loading_is_queued(tiny_llama, tmp_path, monkeypatch):
     app = ChatHost(tiny_llama, config=chat_config(tiny_llama, cache_dir=str(tmp_path)))
     app._screen_args["model"] = None  # load in the worker, as the real app does
     app.config = chat_config(tiny_llama, cache_dir=str(tmp_path))
+    import threading
+
+    import ds4tui.engine.loader as loader
+
+    loaded = threading.Event()  # the model "loads" until the test has typed both messages
+    real_load = loader.load_model
+
+    def slow_load(*args, **kwargs):
+        loaded.wait(10)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(loader, "load_model", slow_load)
     async with app.run_test(size=SIZE) as pilot:
         prompt = app.chat.query_one("#prompt")
         prompt.insert("Early message.")
         await pilot.press("enter")
+        # A second one while the first waits stays in the box (it used to replace the first).
+        prompt.insert("Second early message.")
+        await pilot.press("enter")
+        assert prompt.text == "Second early message." and app.chat.controller is None
+        loaded.set()
         ended = await app.wait_for(ChatScreen.TurnEnded)
         assert ended.done is not None
         conv = app.chat.controller.get(app.chat._active)
