@@ -207,6 +207,8 @@ class Checkpoints:
             if h is None or not h.titled or e.sha is None or h.model_id != acc.model_id:
                 continue
             problem = None if e.valid else e.error
+            if e.not_loadable and acc.quant_bits is not None and h.quant != acc.quant_bits:
+                problem = OTHER_WEIGHTS  # another model of the family: its weights' bits (Q4 vs Q5...)
             fingerprint = _payload_fingerprint(e.path, h.text_bytes, h.payload_bytes)
             if problem is None and fingerprint != self.model.info.fingerprint:
                 problem = OTHER_WEIGHTS

@@ -168,3 +168,24 @@ def test_rename_caps_the_title_whoever_calls_it(tiny_llama, tmp_path):
     ctl.rename(conv.key, "t" * (2 << 20))
     assert len(conv.title) == MAX_TITLE_CHARS and conv.title.endswith("…")
     assert make_controller(tiny_llama, tmp_path).resume(conv.title).title == conv.title
+
+
+def test_a_session_of_another_model_of_the_family_says_so(tiny_llama, tmp_path):
+    """SmolLM2 (Q4_1) and Gemma 3 (Q4_K) sessions are both ds4tui-llama files: the quant bits in
+    the header differ before the fingerprint is ever read. Either way the session is another
+    model's, not a broken file, and resuming it says which kind of problem it is."""
+    from ds4tui.chat.checkpoints import OTHER_WEIGHTS
+    from ds4tui.format.kvc import OFFSET_QUANT_BITS
+
+    writer = make_controller(tiny_llama, tmp_path)
+    conv = writer.new_conversation()
+    writer.send(conv.key, "hello from another model", lambda e: None)
+    path = writer.cache_store.path_for(conv.saved_sha)
+    data = bytearray(path.read_bytes())
+    data[OFFSET_QUANT_BITS] = (data[OFFSET_QUANT_BITS] & 0x80) | 5  # as a Q5 model of the family writes it
+    path.write_bytes(bytes(data))
+    reader = make_controller(tiny_llama, tmp_path)
+    (saved,) = reader.saved_sessions(with_problems=True)
+    assert saved.problem == OTHER_WEIGHTS
+    with pytest.raises(LookupError, match="another model of this family"):
+        reader.resume(conv.saved_sha)
