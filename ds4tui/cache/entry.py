@@ -81,7 +81,8 @@ class Acceptor:
         elif h.model_id != self.model_id:
             return f"written by {model_name(h.model_id)}, this engine is {model_name(self.model_id)}"
         if self.quant_bits is not None and h.quant != self.quant_bits:
-            return f"quant bits {h.quant}, this engine uses {self.quant_bits}"
+            # Same model id, other bits: another model of the family (or another quantization).
+            return f"other weights: quant bits {h.quant}, this model's are {self.quant_bits}"
         if self.ctx_size is not None and h.ctx_size > self.ctx_size:
             return f"written for context {h.ctx_size}, this session has {self.ctx_size}"
         return None

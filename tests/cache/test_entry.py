@@ -21,7 +21,7 @@ def test_acceptor_reasons():
     eng = Acceptor(model_id=0x80, ctx_size=4096, quant_bits=8)
     assert eng.why_not(_h()) is None and eng.why_not(_h(ctx_size=1024)) is None
     assert "written for context 8192" in eng.why_not(_h(ctx_size=8192))
-    assert "quant bits 4" in eng.why_not(_h(quant_bits=4))
+    assert "other weights: quant bits 4" in eng.why_not(_h(quant_bits=4))
     assert "written by ds4tui-dsv4" in eng.why_not(_h(model_id=0x81))
 
 
