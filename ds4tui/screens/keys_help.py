@@ -15,13 +15,13 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-# (key, what it does); docs/chat.md has the same table with the details.
+# (key, what it does), each one line in the 78-column box; docs/chat.md has the details.
 CHAT_KEYS: tuple[tuple[str, str], ...] = (
     ("Enter", "send the message"),
-    ("ctrl+j", "new line in the message (shift+enter where the terminal reports it)"),
+    ("ctrl+j", "new line (or shift+enter, where the terminal sends it)"),
     ("Escape", "stop the prefill or the reply; leave an edit"),
-    ("ctrl+r", "regenerate the last reply (the old one stays as a version)"),
-    ("tab", "select a message: e edit and resend, f fork, y copy, ←/→ versions"),
+    ("ctrl+r", "regenerate the last reply (the old one is kept)"),
+    ("tab", "select a message: e edit, f fork, y copy, ←/→ versions"),
     ("ctrl+n", "new chat"),
     ("ctrl+pageup/down", "previous / next open chat"),
     ("ctrl+b", "show / hide the chat list"),
@@ -30,7 +30,7 @@ CHAT_KEYS: tuple[tuple[str, str], ...] = (
     ("f2", "rename the chat"),
     ("f3", "settings: sampling, max tokens, system prompt"),
     ("f4", "cache browser: the .kv files (pin, delete, resume)"),
-    ("ctrl+p", "command palette: all of the above, fork, export, model info"),
+    ("ctrl+p", "command palette: the above, fork, export, model info"),
     ("f1", "this list"),
     ("ctrl+q", "save the live sessions and quit"),
 )

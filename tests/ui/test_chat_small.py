@@ -124,3 +124,10 @@ async def test_f1_shows_every_chat_key_at_80x24(tiny_llama):
         assert bound <= _listed_keys()  # a new binding needs its line
         await pilot.press("escape")
         assert not isinstance(app.screen, KeysHelpScreen)
+
+
+def test_each_key_line_fits_one_row_of_the_f1_box():
+    from ds4tui.screens.keys_help import CHAT_KEYS
+
+    key_width = max(len(k) for k, _ in CHAT_KEYS)
+    assert all(key_width + 2 + len(what) <= 78 - 4 for _, what in CHAT_KEYS)  # border and padding
