@@ -44,6 +44,8 @@ def name_of(e: KvEntry, scan: BrowserScan | None, text: str | None) -> FileName:
     if messages:  # no user turn yet: a system prompt checkpoint, say, named by its role
         return FileName(f"{one_line(messages[0].get('role'))}: {one_line(messages[0]['content'])}", "message")
     line = next((ln for ln in (body or "").splitlines() if ln.strip()), "")
+    if not line and e.header is None:  # not a KVC file at all (its status says why): never a blank row
+        return FileName(f"unreadable file {(e.sha or '?')[:12]}", "text")
     return FileName(one_line(line), "text")
 
 
