@@ -36,6 +36,10 @@ CHAT_KEYS: tuple[tuple[str, str], ...] = (
 )
 
 
+# The chat list's markers (widgets/conversation_list.py), under the keys.
+MARKERS = "chat list: ● in memory ○ on disk ▶ generating ↺ saved ⚠ cannot resume here"
+
+
 def keys_table() -> Table:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
@@ -63,6 +67,7 @@ class KeysHelpScreen(ModalScreen[None]):
         scroll.border_title = "Keys · escape closes"
         with scroll:
             yield Static(keys_table())
+            yield Static(Text(MARKERS, style="dim"))
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -129,5 +129,9 @@ async def test_f1_shows_every_chat_key_at_80x24(tiny_llama):
 def test_each_key_line_fits_one_row_of_the_f1_box():
     from ds4tui.screens.keys_help import CHAT_KEYS
 
+    from ds4tui.screens.keys_help import MARKERS
+    from ds4tui.screens.widgets import conversation_list as cl
+
     key_width = max(len(k) for k, _ in CHAT_KEYS)
     assert all(key_width + 2 + len(what) <= 78 - 4 for _, what in CHAT_KEYS)  # border and padding
+    assert len(MARKERS) <= 78 - 4 and all(m in MARKERS for m in (cl.LIVE, cl.PARKED, cl.SAVED, cl.BUSY, cl.BROKEN))
