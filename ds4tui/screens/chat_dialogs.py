@@ -54,6 +54,12 @@ class ChatDialogs:
 
     def action_settings(self) -> None:
         if self.controller is None:
+            self.notify("The model is still loading.", severity="warning", markup=False)
+            return
+        if self._busy is not None and self._busy == self._active:
+            # Applying would fail after the form was filled in, and lose what was typed.
+            self.notify("This chat is answering: change its settings after the reply (Escape stops it).",
+                        severity="warning", markup=False)
             return
         from ds4tui.screens.settings import SettingsScreen
 

@@ -145,6 +145,27 @@ async def test_settings_apply_to_the_active_chat(tiny_llama):
         assert ctl.chat_settings(ctl.new_conversation().key)["max_tokens"] == 8
 
 
+async def test_settings_of_a_chat_that_is_answering_wait_for_the_reply(tiny_llama):
+    """f3 during the active chat's turn used to open the form and refuse it on Apply, losing what
+    was typed; it now says why at once."""
+    controller = GatedController(tiny_llama, chat_config(tiny_llama, no_disk_cache=True))
+    app = ChatHost(tiny_llama, controller=controller)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.wait_for(ChatScreen.ModelReady)
+        app.chat.query_one("#prompt").insert("word " * 420)
+        await pilot.press("enter")
+        await app.wait_for(ChatScreen.EngineEvent, lambda m: isinstance(m.event, ev.PrefillProgress))
+        await pilot.press("f3")
+        await pilot.pause()
+        assert isinstance(app.screen, ChatScreen)
+        assert any("after the reply" in n.message for n in app._notifications)
+        controller.gate.set()
+        await app.wait_for(ChatScreen.TurnEnded)
+        await pilot.press("f3")
+        await pilot.pause()
+        assert not isinstance(app.screen, ChatScreen)  # the form opens once the turn is over
+
+
 async def test_palette_offers_the_chat_commands(tiny_llama):
     """ctrl+p lists New chat / Rename / Cache browser / Settings / Quit; New chat opens a chat."""
     app = ChatHost(tiny_llama)
