@@ -314,6 +314,14 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         if self.controller is not None:
             self.controller.cancel()
 
+    def _model_ready_or_say(self) -> bool:
+        """For a key pressed while the model loads (the first start converts a GGUF: 10-20 s):
+        True when the controller exists, else a notice instead of a key that does nothing."""
+        if self.controller is not None:
+            return True
+        self.notify("The model is still loading.", severity="warning", markup=False)
+        return False
+
     def _toast(self, text: str, title: str, severity: str = "information") -> None:
         # Toasts often quote a title or a reason read from a file: the one terminal-safety rule.
         self.notify(safe_lines(text), title=one_line(title), severity=severity, timeout=NOTIFY_TIMEOUT,

@@ -28,7 +28,7 @@ class ChatDialogs:
     """The `ChatScreen` actions that open a dialog or another screen."""
 
     def action_rename(self) -> None:
-        if self.controller is None or self._active is None:
+        if not self._model_ready_or_say() or self._active is None:
             return
         from ds4tui.screens.widgets.prompt_dialog import PromptDialog
 
@@ -53,8 +53,7 @@ class ChatDialogs:
         self._call_from_thread(self._refresh_sidebar)
 
     def action_settings(self) -> None:
-        if self.controller is None:
-            self.notify("The model is still loading.", severity="warning", markup=False)
+        if not self._model_ready_or_say():
             return
         if self._busy is not None and self._busy == self._active:
             # Applying would fail after the form was filled in, and lose what was typed.

@@ -112,8 +112,7 @@ class ChatMoves:
 
     def action_regenerate(self) -> None:
         """ctrl+r: sample the last reply again (the old one stays as a version)."""
-        if self.controller is None or self._active is None:
-            self._toast("The model is still loading.", "Regenerate", "warning")
+        if not self._model_ready_or_say() or self._active is None:
             return
         if self._engine_job:
             self._toast("Wait for the reply to finish (Escape cancels it).", "Regenerate", "warning")
@@ -276,7 +275,7 @@ class ChatMoves:
 
     def action_find_chat(self) -> None:
         """ctrl+f: search every saved chat's title and transcript; Enter opens the one chosen."""
-        if self.controller is None:
+        if not self._model_ready_or_say():
             return
         from ds4tui.screens.find_chat import FindChatScreen
 
@@ -297,7 +296,7 @@ class ChatMovesPalette:
     """Palette-only moves: fork the whole chat, export it."""
 
     def action_fork_chat(self) -> None:
-        if self.controller is None or self._active is None:
+        if not self._model_ready_or_say() or self._active is None:
             return
         conv = self.controller.get(self._active)
         if conv.messages:
@@ -310,7 +309,7 @@ class ChatMovesPalette:
 
         from ds4tui.chat import transcript
 
-        if self.controller is None or self._active is None:
+        if not self._model_ready_or_say() or self._active is None:
             return
         conv = self.controller.get(self._active)
         base = Path.cwd() / _export_name(conv.display_title)

@@ -30,7 +30,7 @@ class ChatPanes:
     """The `ChatScreen` side of open chats: panes, switching, scrolling and the sidebar."""
 
     async def action_new_chat(self) -> None:
-        if self.controller is None:
+        if not self._model_ready_or_say():
             return
         conv = self.controller.new_conversation()
         await self._add_pane(conv.key)

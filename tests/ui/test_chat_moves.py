@@ -156,6 +156,13 @@ async def test_a_message_sent_while_loading_is_queued(tiny_llama, tmp_path, monk
         prompt.insert("Second early message.")
         await pilot.press("enter")
         assert prompt.text == "Second early message." and app.chat.controller is None
+        # Keys that need the model say so while it loads, rather than doing nothing.
+        for key in ("ctrl+n", "f2", "f3", "ctrl+f", "ctrl+r"):
+            app.clear_notifications()
+            await pilot.press(key)
+            await pilot.pause()
+            assert isinstance(app.screen, ChatScreen), key
+            assert [n.message for n in app._notifications] == ["The model is still loading."], key
         loaded.set()
         ended = await app.wait_for(ChatScreen.TurnEnded)
         assert ended.done is not None
