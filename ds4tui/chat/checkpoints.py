@@ -26,6 +26,7 @@ from ds4tui.cache.policy import CachePolicy
 from ds4tui.cache.safe_open import CacheDirError, open_regular
 from ds4tui.cache.store import KvStore
 from ds4tui.chat.matching import match_sessions
+from ds4tui.chat.model_memo import remember, spec_for
 from ds4tui.format.payload import read_fingerprint
 from ds4tui.engine.errors import EngineError
 from ds4tui.engine.model import Model
@@ -35,6 +36,14 @@ from ds4tui.engine.session import Session
 # The problem of a titled session written by another model of the same family (SmolLM2 and
 # Gemma 3 are both llama-family) or other weights: the file is fine, this model cannot load it.
 OTHER_WEIGHTS = "written by another model of this family (or other weights): resume it with that model"
+
+
+def other_model_problem(spec: str | None, sha: str) -> str:
+    """Why a session of another model of the family does not open here, naming that model when
+    this cache directory noted it (chat/model_memo.py)."""
+    if spec is None:
+        return OTHER_WEIGHTS
+    return f"written by {spec}: `ds4tui --resume {sha[:12]}` opens it with that model"
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,7 @@ class SavedSession:
     file_bytes: int
     # Why it cannot be resumed (corrupt, written by another config, ...); None when it can.
     problem: str | None = None
+    other_model: bool = False  # the problem is only that another model of the family wrote it
 
     @property
     def titled(self) -> bool:
@@ -60,10 +70,13 @@ class Checkpoints:
     """One model's checkpoints in one cache directory."""
 
     def __init__(self, model: Model, directory: str | os.PathLike, policy: CachePolicy,
-                 ctx_size: int | None = None) -> None:
+                 ctx_size: int | None = None, model_spec: str | None = None) -> None:
         self.model = model
         self.store = KvStore(directory, policy, budget_mb=policy.budget_mb)
         self._ctx_size = ctx_size
+        # Noted in the directory's model memo at the first save (chat/model_memo.py), so that
+        # `--resume` opens these sessions with this model; None: not noted (tests, benches).
+        self._model_spec = model_spec
         # (sha, size) -> why its last load was refused (e.g. checksum mismatch, which a listing
         # does not read the whole file to find): the titled list marks it.
         self._refused: dict[tuple[str, int], str] = {}
@@ -143,6 +156,7 @@ class Checkpoints:
         )
         for ev in result.events:
             on_event(ev)
+        self._note_model(result.ok)
         return result.event.sha if result.ok else None
 
     def save_titled(self, session: Session, text: bytes, on_event: Callable, *, title: str, created_at: int,
@@ -161,7 +175,14 @@ class Checkpoints:
         )
         for ev in result.events:
             on_event(ev)
+        self._note_model(result.ok)
         return result.event if result.ok else None
+
+    def _note_model(self, saved: bool) -> None:
+        """After the first file this model saved here: note the model (once per process)."""
+        if saved and self._model_spec is not None:
+            remember(self.store.dir, self.model.info.fingerprint_hex, self._model_spec)
+            self._model_spec = None
 
     def delete(self, sha: str) -> bool:
         return self.store.delete(sha)
@@ -207,18 +228,20 @@ class Checkpoints:
             if h is None or not h.titled or e.sha is None or h.model_id != acc.model_id:
                 continue
             problem = None if e.valid else e.error
-            if e.not_loadable and acc.quant_bits is not None and h.quant != acc.quant_bits:
-                problem = OTHER_WEIGHTS  # another model of the family: its weights' bits (Q4 vs Q5...)
             fingerprint = _payload_fingerprint(e.path, h.text_bytes, h.payload_bytes)
-            if problem is None and fingerprint != self.model.info.fingerprint:
-                problem = OTHER_WEIGHTS
+            # Another model of the family: its weights' bits (Q4 vs Q5...) or its fingerprint differ.
+            other = bool(e.not_loadable and acc.quant_bits is not None and h.quant != acc.quant_bits) or (
+                problem is None and fingerprint != self.model.info.fingerprint)
+            if other:
+                problem = other_model_problem(spec_for(self.store.dir, fingerprint.hex() if fingerprint else None),
+                                              e.sha)
             problem = problem or self._refused.get((e.sha, e.file_bytes))
             if problem is not None and not with_problems:
                 continue
             title = e.title if e.title is not None else f"(unreadable title) {e.sha[:12]}"
             out.append(SavedSession(sha=e.sha, path=e.path, title=title, created_at=h.created_at,
                                     last_used=h.last_used, tokens=h.tokens, file_bytes=e.file_bytes,
-                                    problem=problem))
+                                    problem=problem, other_model=other))
         out.sort(key=lambda s: (s.last_used, s.created_at), reverse=True)
         return out
 

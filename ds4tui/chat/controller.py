@@ -62,8 +62,10 @@ class ChatController:
             if problem:
                 self.disk_cache_notice = f"disk cache off: {problem}"
             else:
+                # model_spec: the directory notes which model writes there, so that `--resume`
+                # opens a session with its own model (chat/model_memo.py).
                 self.checkpoints = Checkpoints(model, self.settings.config.cache_path(), self.policy,
-                                               ctx_size=self.settings.config.ctx)
+                                               ctx_size=self.settings.config.ctx, model_spec=self.settings.config.model)
         self.conversations = Conversations()
         self._stop = threading.Event()
         self.pool = SessionPool(model, self.settings, self.conversations, self.checkpoints)

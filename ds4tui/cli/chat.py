@@ -138,8 +138,9 @@ def _gguf_context_length(path: Path) -> int | None:
     return None
 
 
-def check_resume(query: str, cache_dir: Path) -> None:
-    """CliError unless exactly one titled session in `cache_dir` matches `query`."""
+def check_resume(query: str, cache_dir: Path) -> str:
+    """The sha of the one titled session in `cache_dir` that `query` names; CliError unless
+    exactly one matches."""
     from ds4tui.cache.entry import inspect_file
     from ds4tui.cache.store import KvStore
     from ds4tui.cli.errors import CliError
@@ -163,6 +164,18 @@ def check_resume(query: str, cache_dir: Path) -> None:
 
         names = "; ".join(f"{sha[:12]} {safe_text(title, 40)}" for sha, title in matches[:5])
         raise CliError(f"--resume {query!r} matches {len(matches)} sessions: {names}")
+    return matches[0][0]
+
+
+def resume_model(config, sha: str, *, explicit: bool):
+    """The config to resume `sha` with: the model that wrote it (chat/model_memo.py) unless
+    --model chose one, so a Gemma 3 chat opens on Gemma 3 whatever the default is."""
+    from dataclasses import replace
+
+    from ds4tui.chat.model_memo import writer_of
+
+    writer = None if explicit else writer_of(config.cache_path(), sha)
+    return replace(config, model=writer) if writer and writer != config.model else config
 
 
 def run_chat(args: argparse.Namespace) -> int:
@@ -172,6 +185,11 @@ def run_chat(args: argparse.Namespace) -> int:
     config = chat_config(args)
     if getattr(args, "engine", None):
         return run_remote_chat(args, config)
+    resume = getattr(args, "resume", None)
+    if resume:
+        if config.no_disk_cache:
+            raise CliError("--resume needs the disk cache (drop --no-disk-cache)")
+        config = resume_model(config, check_resume(resume, config.cache_path()), explicit=bool(args.model))
     try:
         check_model(config.model)
     except EngineError as exc:
@@ -180,11 +198,6 @@ def run_chat(args: argparse.Namespace) -> int:
         limit = context_limit(config.model)
         if limit is not None and config.ctx > limit:
             raise CliError(f"--ctx {config.ctx}: {config.model} has a context of {limit} tokens at most")
-    resume = getattr(args, "resume", None)
-    if resume:
-        if config.no_disk_cache:
-            raise CliError("--resume needs the disk cache (drop --no-disk-cache)")
-        check_resume(resume, config.cache_path())
 
     if not sys.stdout.isatty():
         # Without a terminal the full-screen UI has nowhere to draw and would spin.

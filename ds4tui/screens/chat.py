@@ -270,10 +270,8 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         if entry.key is not None:
             self._switch(entry.key)
         elif entry.problem is not None:  # listed so it never vanishes silently; it cannot resume
-            from ds4tui.chat.checkpoints import OTHER_WEIGHTS  # loaded by now (it imports torch)
-
             # A file of another model is fine: never advise deleting it.
-            advice = "" if entry.problem == OTHER_WEIGHTS else " (delete it in the cache browser, F4)"
+            advice = "" if entry.other_model else " (delete it in the cache browser, F4)"
             self._toast(f"{one_line(entry.title, 60)}: cannot be resumed here: {entry.problem}{advice}",
                         "Saved session", "warning")
         elif entry.sha is not None:

@@ -92,7 +92,7 @@ class ChatPanes:
         entries = [ChatEntry(c.display_title, key=c.key, live=c.live, busy=c.key == self._busy)
                    for c in self.controller.list()]
         open_shas = {c.saved_sha for c in self.controller.list() if c.saved_sha}
-        entries += [ChatEntry(s.title, sha=s.sha, problem=s.problem) for s in self._saved if s.sha not in open_shas]
+        entries += [ChatEntry(s.title, sha=s.sha, problem=s.problem, other_model=s.other_model) for s in self._saved if s.sha not in open_shas]
         # exit_on_error=False: a redraw racing the app's exit must not end in a traceback.
         self.run_worker(self.query_one(ConversationList).show_entries(entries, self._active),
                         group="sidebar", exclusive=False, exit_on_error=False)

@@ -32,6 +32,7 @@ class ChatEntry:
     live: bool = False
     busy: bool = False
     problem: str | None = None  # a saved session that cannot be resumed, and why
+    other_model: bool = False  # ... only because another model of the family wrote it
 
 
 class ChatItem(ListItem):
