@@ -89,7 +89,9 @@ class ChatPanes:
         """Redraw the chat list from memory (open chats) and the last disk scan (saved ones)."""
         if self.controller is None or self._quitting:
             return
-        entries = [ChatEntry(c.display_title, key=c.key, live=c.live, busy=c.key == self._busy)
+        # A chat with no state yet (a new one) has nothing parked on disk: not ○.
+        entries = [ChatEntry(c.display_title, key=c.key, live=c.live or not c.context_tokens,
+                             busy=c.key == self._busy)
                    for c in self.controller.list()]
         open_shas = {c.saved_sha for c in self.controller.list() if c.saved_sha}
         entries += [ChatEntry(s.title, sha=s.sha, problem=s.problem, other_model=s.other_model) for s in self._saved if s.sha not in open_shas]

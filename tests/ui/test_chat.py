@@ -305,10 +305,18 @@ async def test_a_parked_chat_keeps_its_context_and_its_own_status_line(tiny_llam
     async with app.run_test(size=SIZE) as pilot:
         first = await send(pilot, "First chat")
         tokens = app.chat.controller.get(first.key).context_tokens
+
+        async def markers() -> dict:
+            await pilot.pause()
+            return {i.entry.key: str(i.query_one(".title", Label).render())[0] for i in app.chat.query(ChatItem)}
+
         await pilot.press("ctrl+n")
+        new_key = app.chat._active
+        assert (await markers())[new_key] == "●"  # a new chat has nothing parked on disk
         second = await send(pilot, "Second chat, a longer message than the first one")
         conv = app.chat.controller.get(first.key)
         assert not conv.live and conv.context_tokens == tokens
+        assert (await markers())[first.key] == "○"
         status = app.chat.query_one(StatusBar)
         other = app.chat.controller.get(second.key).context_tokens
         assert status.cache == f"session saved ({other:,} tok)"
