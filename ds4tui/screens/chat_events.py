@@ -18,9 +18,9 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ds4tui.chat import events as ev
-from ds4tui.format.display import one_line
 from ds4tui.screens.chat_notices import notice_for, stats_line
 from ds4tui.screens.widgets import fmt
+from ds4tui.screens.widgets.title_fit import short_title
 from ds4tui.screens.widgets.chat_pane import ChatPane
 from ds4tui.screens.widgets.status_bar import StatusBar
 
@@ -109,7 +109,7 @@ class EngineEventView:
         conv = self._conversation(event.conversation)
         title = conv.display_title if conv is not None else event.conversation
         where = f"saved to disk: {event.reason}" if event.written else "its saved session holds its state"
-        self._toast(f"{one_line(title, 39)} left memory ({where})", "Sessions")
+        self._toast(f"{short_title(title)} left memory ({where})", "Sessions")
         self._refresh_sidebar()
 
     def _on_chat_error(self, event: ev.ChatError, pane: ChatPane | None) -> None:

@@ -15,8 +15,8 @@ from textual import work
 
 from ds4tui.chat import events as ev
 from ds4tui.chat.streaming import EventBatcher
-from ds4tui.format.display import one_line
 from ds4tui.screens.widgets import fmt
+from ds4tui.screens.widgets.title_fit import short_title
 from ds4tui.screens.widgets.chat_log import AssistantMessage, MessageAction
 from ds4tui.screens.widgets.prompt_input import PromptInput
 from ds4tui.screens.widgets.status_bar import StatusBar
@@ -223,7 +223,7 @@ class ChatMoves:
             how = f"{fmt.tokens(event.tokens)} tokens from {event.source}, no prefill, {fmt.ms(event.ms)}"
         conv = self._conversation(event.conversation)
         title = conv.display_title if conv is not None else event.conversation
-        self._toast(f"{one_line(title, 39)}: {how}", "Fork")
+        self._toast(f"{short_title(title)}: {how}", "Fork")
 
     # -- a full context ----------------------------------------------------------------------------
 

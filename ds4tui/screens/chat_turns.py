@@ -14,10 +14,10 @@ Leaves the work itself to the workers (chat_workers.py), and to `ChatScreen` the
 from __future__ import annotations
 
 from ds4tui.chat import events as ev
-from ds4tui.format.display import one_line
 from ds4tui.screens.chat_moves import version_note
 from ds4tui.screens.chat_notices import stats_line
 from ds4tui.screens.widgets import fmt
+from ds4tui.screens.widgets.title_fit import short_title
 from ds4tui.screens.widgets.chat_pane import ChatPane
 from ds4tui.screens.widgets.prompt_input import PromptInput
 from ds4tui.screens.widgets.status_bar import StatusBar
@@ -153,7 +153,7 @@ class ChatTurns:
         self._switch(conv.key)
         self._scan_saved()
         if already_open:  # found again (ctrl+f, the browser): nothing was loaded
-            self._toast(f"{one_line(conv.display_title, 39)} is already open: shown", "Session")
+            self._toast(f"{short_title(conv.display_title)} is already open: shown", "Session")
             return
-        self._toast(f"Resumed {one_line(conv.display_title, 39)} ({fmt.tokens(conv.context_tokens)} tokens,"
+        self._toast(f"Resumed {short_title(conv.display_title)} ({fmt.tokens(conv.context_tokens)} tokens,"
                     " no prefill)", "Session")

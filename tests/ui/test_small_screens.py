@@ -70,5 +70,13 @@ def test_a_cut_title_keeps_its_fork_tag():
     assert fitted_title("巴黎" * 8 + " (fork)", 14).cell_len == 14
     assert fitted_title(parent, 22).plain == parent[:21] + "…"  # no tag: cut at the end
     assert fitted_title("short (fork)", 40).plain == "short (fork)"
-    assert fitted_title(parent + " (fork)", 9).plain == "What is …"  # too narrow for the tag
+    assert fitted_title(parent + " (fork)", 9).plain == "What is…"  # too narrow for the tag
     assert split_tag("(fork)") == ("(fork)", "") and split_tag("a (fork 3)") == ("a", " (fork 3)")
+
+
+def test_notices_name_a_fork_with_its_tag():
+    from ds4tui.screens.widgets.title_fit import short_title
+
+    title = "Give me three tips for learning to cook quickly… (fork)"
+    assert short_title(title) == "Give me three tips for learning… (fork)"
+    assert short_title("Evil \x1b[2J title") == "Evil \\e[2J title"
