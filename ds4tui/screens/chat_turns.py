@@ -47,6 +47,11 @@ class ChatTurns:
         message.prompt_input.clear()
         editing, self._editing = self._editing, None
         if editing is not None and editing[0] == self._active:
+            if text == self.controller.get(editing[0]).messages[editing[1]]["content"]:
+                # Resending it as it was would only fork the chat: a stray `e`, Enter.
+                self.query_one(StatusBar).activity = ""
+                self._toast("The message is unchanged: nothing resent (ctrl+r samples the reply again).", "Edit")
+                return
             self._resend_edited(editing[0], editing[1], text)
             return
         self._send(self._active, text)

@@ -208,6 +208,13 @@ async def test_escape_leaves_edit_mode_and_a_busy_chat_says_why_keys_wait(tiny_l
         assert app.chat._editing is None and prompt.text == "" and status.activity == ""
         assert [m["content"] for m in app.chat.controller.get(key).messages if m["role"] == "user"] == [
             "First question."]
+        # e then Enter with the text as it was: no resend, so no needless fork.
+        app.chat._pane(key).log.query(UserMessage).last().focus()
+        await pilot.press("e")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.chat._editing is None and status.activity == "" and len(app.chat.controller.list()) == 1
+        assert any("unchanged" in n.message for n in app._notifications)
         # Editing, then another chat: the edit does not follow into it.
         app.chat._pane(key).log.query(UserMessage).last().focus()
         await pilot.press("e")
