@@ -165,6 +165,7 @@ class CacheBrowserScreen(LiveListing, FileDetail, FileOpening, FileActions, Scre
         disk_mb_s: float | None = None,
         clock: Callable[[], float] | None = None,
         watch: bool = True,
+        open_shas: frozenset[str] = frozenset(),
         name: str | None = None,
         id: str | None = None,
         classes: str | None = None,
@@ -179,6 +180,7 @@ class CacheBrowserScreen(LiveListing, FileDetail, FileOpening, FileActions, Scre
             disk_mb_s: measured disk read speed, for the resume cost.
             clock: "now" in Unix seconds (tests freeze it); default `time.time`.
             watch: follow the directory live (tests of single actions can turn it off).
+            open_shas: the titled sessions open in the chat (deleting one says it comes back).
         """
         super().__init__(name=name, id=id, classes=classes)
         self._clock = clock or time.time
@@ -193,6 +195,7 @@ class CacheBrowserScreen(LiveListing, FileDetail, FileOpening, FileActions, Scre
         self.prefill_tok_s = prefill_tok_s or DEFAULT_PREFILL_TOK_S
         self.disk_mb_s = disk_mb_s or DEFAULT_DISK_MB_S
         self._watch = watch
+        self.open_shas = open_shas
         self._watcher: CacheWatcher | None = None
         self._gen = 0
         self._shown_gen = -1

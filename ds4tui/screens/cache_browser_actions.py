@@ -55,6 +55,8 @@ class FileActions:
             what = Text("Delete the checkpoint ")
             what.append(name.text[:60] or "(no text)", "italic")
         what.append(f"\n{e.sha[:12]}, {human_bytes(e.file_bytes)}, {e.header.tokens if e.header else '?'} tokens?")
+        if e.sha in self.open_shas:  # deleting it does not close the chat
+            what.append("\nThis chat is open: it is saved again after its next reply.", "italic")
 
         def second(yes: bool | None) -> None:
             if yes:

@@ -101,7 +101,8 @@ class ChatDialogs:
         store = self.controller.cache_store
         if store is None:  # --no-disk-cache: browse the configured directory all the same
             store = self.config.cache_path()
+        open_shas = frozenset(c.saved_sha for c in self.controller.list() if c.saved_sha)
         self.app.push_screen(CacheBrowserScreen(
             store, model=self.controller.model_info, ctx_size=self.controller.ctx_size(),
-            prefill_tok_s=self._prefill_tok_s,
+            prefill_tok_s=self._prefill_tok_s, open_shas=open_shas,
         ))

@@ -80,6 +80,19 @@ async def test_delete_after_confirmation(tmp_path):
         assert app.browser.selected.sha == ds4
 
 
+async def test_deleting_a_chat_that_is_open_says_it_comes_back(tmp_path):
+    """From the chat (F4) the browser knows which sessions are open: deleting one does not close
+    the chat, whose next reply saves it again, and the question says so."""
+    sha = fx.titled_session(tmp_path)
+    app = BrowserHost(tmp_path, watch=False, open_shas=frozenset({sha}))
+    async with app.run_test(size=SIZE) as pilot:
+        await _started(pilot, 1)
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the confirmation")
+        assert "This chat is open" in str(app.screen.query_one(".question").render())
+        await pilot.press("n")
+
+
 async def test_delete_pinned_needs_a_second_confirmation(tmp_path):
     """A pinned file survives one 'yes' followed by 'no'; two 'yes' delete it."""
     sha = fx.titled_session(tmp_path, pinned=True)
