@@ -89,3 +89,12 @@ DS4K_EXPORT int ds4k_llama_step(const ds4k_llama *m, void *kv, int kv_f16, int64
                                 float *logits, float *ws, int nth) {
     return ops()->llama_step(m, kv, kv_f16, ctx, pos, token, logits, ws, nth);
 }
+
+/* Causal grouped attention of S query positions over KV rows in place (attn.c). */
+DS4K_EXPORT int ds4k_attn(const float *q, int64_t ldq, float *o, int64_t ldo, const void *k, const void *v, int64_t hs,
+                          int64_t cap, const void *kn, int64_t hsn, int64_t rsn, const void *vn, int64_t hsv, int64_t rsv,
+                int kv_f16, int64_t s,
+                          int64_t qpos0, int64_t kbase, int64_t window, int hq, int hkv, int d, float scale, int nth) {
+    return ops()->attn(q, ldq, o, ldo, k, v, hs, cap, kn, hsn, rsn, vn, hsv, rsv, kv_f16, s, qpos0, kbase, window, hq,
+                       hkv, d, scale, nth);
+}

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ds4k.h"
@@ -17,9 +18,10 @@
 #include "qgemv.c"
 #include "qgemm.c"
 #include "llama_step.c"
+#include "attn.c"
 
 #ifndef DS4K_OPS_NAME
 #define DS4K_OPS_NAME ds4k_ops_scalar
 #endif
 
-const ds4k_ops DS4K_OPS_NAME = {gemv, gemm, dequant, llama_step, llama_workspace};
+const ds4k_ops DS4K_OPS_NAME = {gemv, gemm, dequant, llama_step, llama_workspace, attn};

@@ -49,7 +49,7 @@ ABI = 4  # must equal ds4k_abi() in dispatch.c
 ISAS = ("scalar", "avx2", "avx512")  # index = the C side's ISA number
 
 _DIR = Path(__file__).parent
-_ISA_SOURCES = ["isa.c", "dequant.c", "qgemv.c", "qgemm.c", "llama_step.c"]
+_ISA_SOURCES = ["isa.c", "dequant.c", "qgemv.c", "qgemm.c", "llama_step.c", "attn.c"]
 _HEADERS = ["ds4k.h", "simd.h"]
 _ISA_FLAGS = {
     "scalar": [],
@@ -160,6 +160,10 @@ def _load(lib_path: Path) -> ctypes.CDLL:
     lib.ds4k_gemm.restype = ctypes.c_int
     lib.ds4k_dequant.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
     lib.ds4k_dequant.restype = ctypes.c_int
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.ds4k_attn.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, ctypes.c_int, i64,
+                              i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
+    lib.ds4k_attn.restype = ctypes.c_int
     lib.ds4k_set_spin_ns.argtypes = [ctypes.c_long]
     lib.ds4k_set_spin_ns.restype = None
     return lib

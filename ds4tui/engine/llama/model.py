@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from ds4tui.engine.errors import WeightsError
+from ds4tui.engine.kernels import attn as attn_kernel
+from ds4tui.engine.kernels.attn import attend
 from ds4tui.engine.kernels.llama_step import make_fast_decoder
 from ds4tui.engine.kernels.qgemm import make_blocks
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
@@ -156,6 +158,8 @@ class LlamaModel(Model):
             self.lm_head.blocks = make_blocks(raw.get("embed" if cfg.tie_word_embeddings else "lm_head"),
                                               self.lm_head.weight)
             self.use_blocks |= self.lm_head.blocks is not None
+        # Chunk attention in C whenever the library is loaded (attn.c takes the head size).
+        self.use_c_attention = attn_kernel.available() and attn_kernel.supports(cfg.head_dim)
         # What the loader knows about the file (quant_mix: {type: parameters}, chat: format line).
         self.details: dict = {}
         # One KV buffer written through by warm_up, handed to the next new_session of its size.
@@ -219,6 +223,12 @@ class LlamaModel(Model):
         with self._spare_lock:
             self._spare = session.kv
 
+    @property
+    def _c_attention(self) -> bool:
+        """Whether attention runs in C (kernels/attn.c); tied to the block products, so
+        `model.fast = None` keeps a plain llama's whole forward in torch."""
+        return self.use_c_attention and (self.fast is not None or not self.cfg.plain)
+
     def _block_products(self) -> bool:
         """Whether short products go through the file's blocks. A plain llama ties this to its
         C step, so `model.fast = None` keeps the whole forward in torch fp32."""
@@ -238,35 +248,22 @@ class LlamaModel(Model):
             return self.fast.step(kv, tokens[0], pos, want_logits)
         cfg = self.cfg
         s, end = len(tokens), pos + len(tokens)
-        hq, hkv, d, g = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.group
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         nqk = (hq + hkv) * d
         eps = cfg.rms_norm_eps
         # Few rows: multiply by the file's blocks (qgemm.c); `fast = None` keeps all-torch fp32.
         small = self._block_products() and s <= _SMALL_ROWS
         scale = cfg.attn_scale
-        sdpa_scale = scale if cfg.query_pre_attn_scalar else None  # None: SDPA's own 1/sqrt(D), as before
         x = F.embedding(torch.tensor(tokens, dtype=torch.long), self.embed)  # [S, H]
         if cfg.embed_scale != 1.0:
             x = x * torch.tensor(cfg.embed_scale, dtype=torch.float32)
         ropes = {False: (self.cos[pos:end].unsqueeze(1), self.sin[pos:end].unsqueeze(1)),  # [S, 1, D/2]
                  True: (self.local_cos[pos:end].unsqueeze(1), self.local_sin[pos:end].unsqueeze(1))}
-        # Additive masks built once per forward (SDPA would convert a bool mask in every layer);
-        # rows are (group member g, position s), g-major, matching the grouped q below.
-        # Global: query s (absolute pos+s) sees keys 0..pos+s. SDPA's is_causal would align the
-        # diagonal to the top-left and hide the cached rows.
-        mask = None
-        if s > 1:
-            allowed = torch.arange(end).unsqueeze(0) <= torch.arange(pos, end).unsqueeze(1)  # [S, end]
-            mask = _additive(allowed).repeat(g, 1)  # [G*S, end]
-        # Sliding: keys are the `past` ring rows before pos (oldest first), then the chunk's own;
-        # query pos+s sees absolute keys pos+s-W+1..pos+s.
+        # Attention in C (kernels/attn.c) reads the K/V rows in place, f16 or f32, with the causal
+        # and window masks computed on the fly; without the C library, torch's SDPA over additive
+        # masks. Both are deterministic for a given chunk, so a replayed chunk matches the live one.
         w = cfg.sliding_window
-        past = min(pos, w - 1) if cfg.sliding_layers else 0
-        swa_mask = None
-        if cfg.sliding_layers and s > 1:
-            key_pos = torch.arange(pos - past, end).unsqueeze(0)
-            q_pos = torch.arange(pos, end).unsqueeze(1)
-            swa_mask = _additive((key_pos <= q_pos) & (key_pos > q_pos - w)).repeat(g, 1)  # [G*S, past+S]
+        torch_attn = None if self._c_attention else _TorchAttention(cfg, pos, s)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (cfg.hidden_size,), layer.attn_norm, eps)
@@ -283,47 +280,29 @@ class LlamaModel(Model):
                 # f16 KV: each row is rounded once, here; the chunk's own rows are read back
                 # rounded too, as a later token reads them (and as the C step does).
                 k_new, v_new = k_new.to(k_all.dtype), v_new.to(k_all.dtype)
-            layer_mask = swa_mask if layer.sliding else mask
-            if not layer.sliding:
-                if not frozen_global:
-                    k_all[:, pos:end] = k_new
-                    v_all[:, pos:end] = v_new
-                k, v = k_all[:, :end], v_all[:, :end]  # [Hkv, end, D]: per-head rows contiguous
-            elif s == 1:
-                cap = k_all.shape[1]
-                k_all[:, pos % cap] = k_new[:, 0]
-                v_all[:, pos % cap] = v_new[:, 0]
-                k, v = k_all[:, : min(end, cap)], v_all[:, : min(end, cap)]  # the window, in ring order
-            else:
-                k, v = _ring_keys(k_all, v_all, k_new, v_new, pos, past)
-            if k.dtype != torch.float32:
-                # The used range only, once per layer and forward (a chunk of prefill, or a
-                # decode step off the C path); the plain-llama C step reads f16 in place.
-                k, v = k.float(), v.float()
-            q = qk[:, :hq]
+            if not layer.sliding and not frozen_global:
+                k_all[:, pos:end] = k_new
+                v_all[:, pos:end] = v_new
+            q = qk[:, :hq]  # [S, Hq, D]
             if i == last:
                 # Only the last position's output is ever used after the final layer: its K/V
                 # are stored above; skip the rest unless logits are wanted, then do one row.
                 if not want_logits:
+                    if layer.sliding:
+                        _ring_write(k_all, v_all, k_new, v_new, pos)
                     return None
-                # The last query sees every key of a global layer (no mask: the decode path);
-                # on a sliding layer it keeps its band.
-                sliced = layer.sliding and layer_mask is not None
                 x, q = x[-1:], q[-1:]
-                layer_mask = layer_mask.view(g, s, -1)[:, -1:].reshape(g, -1) if sliced else None
-                s = 1
-            # Grouped GQA: the G query heads sharing a KV head become G*S query rows of that
-            # head, so K/V are never repeated: q [S, Hq, D] -> [Hkv, G*S, D].
-            qg = q.reshape(s, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * s, d)
-            if s == 1 and layer_mask is None:
-                # Decode: plain batched matmuls beat SDPA's CPU kernel for G query rows.
-                att = torch.bmm(qg * scale, k.transpose(1, 2))  # [Hkv, G, keys]
-                o = torch.bmm(att.softmax(-1), v)  # [Hkv, G, D]
+            # A sliding layer's ring is read before the chunk's rows go in: they may overwrite
+            # ring rows the chunk's first queries still see.
+            if torch_attn is not None:
+                o = torch_attn(layer.sliding, q, k_all, v_all, k_new, v_new)
+            elif layer.sliding:
+                o = attend(q, k_all, v_all, qpos=end - q.shape[0], kbase=pos, k_new=k_new, v_new=v_new,
+                           window=w, scale=scale)
             else:
-                # 4-D inputs: with 3-D ones SDPA falls back to its slower math path on CPU
-                # (docs/perf.md, "SDPA input rank").
-                o = F.scaled_dot_product_attention(qg[None], k[None], v[None], attn_mask=layer_mask, scale=sdpa_scale)[0]
-            o = o.view(hkv, g, s, d).permute(2, 0, 1, 3).reshape(s, hq * d)  # [S, Hq D]
+                o = attend(q, k_all, v_all, qpos=end - q.shape[0], kbase=end, scale=scale)  # [S, Hq D]
+            if layer.sliding:
+                _ring_write(k_all, v_all, k_new, v_new, pos)
             o = layer.wo(o, small)
             if layer.post_attn_norm is not None:
                 o = F.rms_norm(o, (cfg.hidden_size,), layer.post_attn_norm, eps)
@@ -350,21 +329,81 @@ def _additive(allowed: torch.Tensor) -> torch.Tensor:
     return torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
 
 
+class _TorchAttention:
+    """Attention of one forward's chunk in torch (no C library): SDPA over additive masks
+    built once per forward (SDPA would convert a bool mask in every layer), batched matmuls
+    for one query row without a mask."""
+
+    def __init__(self, cfg: LlamaConfig, pos: int, s: int) -> None:
+        self.cfg, self.pos, self.s = cfg, pos, s
+        end, g, w = pos + s, cfg.group, cfg.sliding_window
+        # Rows are (group member g, position s), g-major, matching the grouped q below.
+        # Global: query s (absolute pos+s) sees keys 0..pos+s. SDPA's is_causal would align the
+        # diagonal to the top-left and hide the cached rows.
+        self.mask = self.swa_mask = None
+        if s > 1:
+            allowed = torch.arange(end).unsqueeze(0) <= torch.arange(pos, end).unsqueeze(1)  # [S, end]
+            self.mask = _additive(allowed).repeat(g, 1)  # [G*S, end]
+        # Sliding: keys are the `past` ring rows before pos (oldest first), then the chunk's own;
+        # query pos+s sees absolute keys pos+s-W+1..pos+s.
+        self.past = min(pos, w - 1) if cfg.sliding_layers else 0
+        if cfg.sliding_layers and s > 1:
+            key_pos = torch.arange(pos - self.past, end).unsqueeze(0)
+            q_pos = torch.arange(pos, end).unsqueeze(1)
+            self.swa_mask = _additive((key_pos <= q_pos) & (key_pos > q_pos - w)).repeat(g, 1)  # [G*S, past+S]
+
+    def __call__(self, sliding: bool, q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
+                 k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
+        """o [S', Hq D] for q [S', Hq, D] (S' = 1: only the chunk's last query)."""
+        cfg, pos, s = self.cfg, self.pos, self.s
+        hq, hkv, d, g = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.group
+        end = pos + s
+        if sliding:
+            k, v = _ring_keys(k_all, v_all, k_new, v_new, pos, self.past)
+            mask = self.swa_mask
+        else:
+            k, v = k_all[:, :end], v_all[:, :end]  # [Hkv, end, D]: per-head rows contiguous
+            mask = self.mask
+        if k.dtype != torch.float32:
+            k, v = k.float(), v.float()  # the used range only, once per layer and forward
+        n = q.shape[0]
+        if mask is not None and n < s:
+            # The chunk's last query alone: a global layer's sees every key (no mask), a
+            # sliding layer's keeps its band.
+            mask = mask.view(g, s, -1)[:, -n:].reshape(g * n, -1) if sliding else None
+        # Grouped GQA: the G query heads sharing a KV head become G*S query rows of that
+        # head, so K/V are never repeated: q [S, Hq, D] -> [Hkv, G*S, D].
+        qg = q.reshape(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
+        if n == 1 and mask is None:
+            # Decode: plain batched matmuls beat SDPA's CPU kernel for G query rows.
+            att = torch.bmm(qg * cfg.attn_scale, k.transpose(1, 2))  # [Hkv, G, keys]
+            o = torch.bmm(att.softmax(-1), v)  # [Hkv, G, D]
+        else:
+            # 4-D inputs: with 3-D ones SDPA falls back to its slower math path on CPU
+            # (docs/perf.md, "SDPA input rank"). None: SDPA's own 1/sqrt(D), as before.
+            sdpa_scale = cfg.attn_scale if cfg.query_pre_attn_scalar else None
+            o = F.scaled_dot_product_attention(qg[None], k[None], v[None], attn_mask=mask, scale=sdpa_scale)[0]
+        return o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hq * d)
+
+
 def _ring_keys(k_ring: torch.Tensor, v_ring: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                pos: int, past: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys/values of a chunk on a sliding layer: the `past` ring rows before pos (oldest
-    first) then the chunk's own rows; then the chunk's last rows go into the ring (slot
-    p % capacity). The gather comes first: the chunk may overwrite rows it still needs."""
-    cap = k_ring.shape[1]
-    slots = torch.arange(pos - past, pos) % cap
+    first) then the chunk's own rows."""
+    slots = torch.arange(pos - past, pos) % k_ring.shape[1]
     k = torch.cat([k_ring.index_select(1, slots), k_new], dim=1)
     v = torch.cat([v_ring.index_select(1, slots), v_new], dim=1)
-    s = k_new.shape[1]
+    return k, v
+
+
+def _ring_write(k_ring: torch.Tensor, v_ring: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                pos: int) -> None:
+    """The chunk's last rows into a sliding layer's ring (position p at slot p % capacity)."""
+    cap, s = k_ring.shape[1], k_new.shape[1]
     keep = min(s, cap)
     dst = torch.arange(pos + s - keep, pos + s) % cap
     k_ring.index_copy_(1, dst, k_new[:, s - keep:])
     v_ring.index_copy_(1, dst, v_new[:, s - keep:])
-    return k, v
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
