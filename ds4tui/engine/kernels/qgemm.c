@@ -18,8 +18,78 @@
  */
 
 #define TILE_ROWS 4
-#define GEMM_MAX_COLS 8192 /* the dequantized tile lives on the stack: 4 x 8192 floats */
-#define CHUNK_ROWS 32      /* rows per pool chunk: a multiple of TILE_ROWS */
+#define GEMM_MAX_COLS 8192  /* the dequantized tiles live on the stack: at least one 4 x 8192 tile */
+#define CHUNK_ROWS 32       /* rows per pool chunk: a multiple of TILE_ROWS */
+#define GROUP_FLOATS 65536  /* dequantized rows kept per chunk: 256 KB */
+#define X_BLOCK 48          /* activation rows per pass over the dequantized rows (a multiple of 6) */
+#define K_PANEL 768         /* at most this many columns per pass of the AVX-512 micro-tiles */
+
+#if DS4K_ISA >= 2
+/* y[a, i] (+)= sum_c x[a][c] w[i][c] for a < na (<= 6), i < TILE_ROWS, c < len: 24 FMA chains,
+ * 10 loads per 24 FMAs, one 16-wide reduction per output; len % 16 != 0 ends masked. w and x
+ * rows are ld floats apart; y is [na][TILE_ROWS]. */
+static inline __attribute__((always_inline)) void tile_times_x16(const float *w, const float *x, int64_t ld,
+                                                                int64_t len, float *y, int add, const int na) {
+    __m512 acc[TILE_ROWS][6];
+    for (int i = 0; i < TILE_ROWS; i++)
+        for (int a = 0; a < na; a++) acc[i][a] = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 16 <= len; c += 16) {
+        __m512 xv[6];
+        for (int a = 0; a < na; a++) xv[a] = _mm512_loadu_ps(x + a * ld + c);
+        for (int i = 0; i < TILE_ROWS; i++) {
+            __m512 wv = _mm512_loadu_ps(w + i * ld + c);
+            for (int a = 0; a < na; a++) acc[i][a] = _mm512_fmadd_ps(wv, xv[a], acc[i][a]);
+        }
+    }
+    if (c < len) {
+        const __mmask16 k = (__mmask16)((1u << (len - c)) - 1);
+        __m512 xv[6];
+        for (int a = 0; a < na; a++) xv[a] = _mm512_maskz_loadu_ps(k, x + a * ld + c);
+        for (int i = 0; i < TILE_ROWS; i++) {
+            __m512 wv = _mm512_maskz_loadu_ps(k, w + i * ld + c);
+            for (int a = 0; a < na; a++) acc[i][a] = _mm512_fmadd_ps(wv, xv[a], acc[i][a]);
+        }
+    }
+    for (int a = 0; a < na; a++)
+        for (int i = 0; i < TILE_ROWS; i++) {
+            float v = _mm512_reduce_add_ps(acc[i][a]);
+            y[a * TILE_ROWS + i] = add ? y[a * TILE_ROWS + i] + v : v;
+        }
+}
+
+/* Y[t][i] for t < n activation rows and the rows of `tiles` (ntile 4-row tiles of cols floats
+ * each row), into ybuf [n][ntile * 4]. Columns go in panels of <= K_PANEL so that the six x rows
+ * and four w rows of a micro-tile stay in L1 (wide rows: w2's 1536 columns); the panels' sums
+ * add up in panel order. */
+static void tiles_times_x16(const float *tiles, int ntile, const float *x, int64_t n, int64_t cols, float *ybuf) {
+    float part[6 * TILE_ROWS];
+    const int64_t ldy = (int64_t)ntile * TILE_ROWS;
+    const int64_t npanel = (cols + K_PANEL - 1) / K_PANEL;
+    const int64_t panel = ((cols + npanel - 1) / npanel + 15) / 16 * 16; /* equal panels, whole vectors */
+    for (int64_t k0 = 0; k0 < cols; k0 += panel) {
+        const int64_t len = cols - k0 < panel ? cols - k0 : panel;
+        for (int64_t t = 0; t < n; t += 6) {
+            const int na = n - t < 6 ? (int)(n - t) : 6;
+            for (int tile = 0; tile < ntile; tile++) {
+                const float *w = tiles + (int64_t)tile * TILE_ROWS * cols + k0, *xa = x + t * cols + k0;
+                float *yt = ybuf + t * ldy + tile * TILE_ROWS;
+                if (k0 > 0)
+                    for (int a = 0; a < na; a++) memcpy(part + a * TILE_ROWS, yt + a * ldy, sizeof(float) * TILE_ROWS);
+                switch (na) {
+                case 6: tile_times_x16(w, xa, cols, len, part, k0 > 0, 6); break;
+                case 5: tile_times_x16(w, xa, cols, len, part, k0 > 0, 5); break;
+                case 4: tile_times_x16(w, xa, cols, len, part, k0 > 0, 4); break;
+                case 3: tile_times_x16(w, xa, cols, len, part, k0 > 0, 3); break;
+                case 2: tile_times_x16(w, xa, cols, len, part, k0 > 0, 2); break;
+                default: tile_times_x16(w, xa, cols, len, part, k0 > 0, 1); break;
+                }
+                for (int a = 0; a < na; a++) memcpy(yt + a * ldy, part + a * TILE_ROWS, sizeof(float) * TILE_ROWS);
+            }
+        }
+    }
+}
+#endif
 
 /* y[t, r0 + i] for i < nr (<= 4), every activation row t, from the tile w[4][cols]. */
 static void tile_times_x(const float *w, int64_t cols, const float *x, int64_t n, float *y,
@@ -82,22 +152,46 @@ typedef struct {
 
 static void gemm_chunk(void *ctx, int64_t c) {
     const gemm_job *j = (const gemm_job *)ctx;
-    float tile[TILE_ROWS * GEMM_MAX_COLS] __attribute__((aligned(64)));
+    /* As many dequantized 4-row tiles as fit 256 KB (all 32 rows of the chunk up to 2048
+     * columns): each is then multiplied by one block of activation rows after another, so a
+     * block (up to X_BLOCK rows) stays in L2 across the tiles instead of streaming the whole
+     * X once per tile. */
+    float tiles[GROUP_FLOATS] __attribute__((aligned(64)));
     int k = 0;
     while (c >= j->first[k + 1]) k++;
     const ds4k_mat *m = &j->parts[k];
     const int64_t rb = ds4k_row_bytes(m->type, j->cols);
+    const int64_t group = GROUP_FLOATS / (TILE_ROWS * j->cols) * TILE_ROWS;
     int64_t r0 = (c - j->first[k]) * CHUNK_ROWS, r1 = r0 + CHUNK_ROWS;
     if (r1 > m->rows) r1 = m->rows;
-    for (int64_t r = r0; r < r1; r += TILE_ROWS) {
-        int nr = r1 - r < TILE_ROWS ? (int)(r1 - r) : TILE_ROWS;
-        for (int i = 0; i < TILE_ROWS; i++) {
-            if (i < nr)
-                dequant_row(m->type, (const uint8_t *)m->w + (r + i) * rb, j->cols, tile + i * j->cols);
+    for (int64_t g0 = r0; g0 < r1; g0 += group) {
+        const int64_t g1 = g0 + group < r1 ? g0 + group : r1;
+        const int64_t padded = (g1 - g0 + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+        for (int64_t r = g0; r < g0 + padded; r++) {
+            float *row = tiles + (r - g0) * j->cols;
+            if (r < g1)
+                dequant_row(m->type, (const uint8_t *)m->w + r * rb, j->cols, row);
             else /* a short last tile: zero rows, never stored */
-                memset(tile + i * j->cols, 0, (size_t)j->cols * sizeof(float));
+                memset(row, 0, (size_t)j->cols * sizeof(float));
         }
-        tile_times_x(tile, j->cols, j->x, j->n, j->y, j->rows, j->row0[k] + r, nr);
+        for (int64_t t = 0; t < j->n; t += X_BLOCK) {
+            const int64_t nt = j->n - t < X_BLOCK ? j->n - t : X_BLOCK;
+#if DS4K_ISA >= 2
+            /* Results land in a small buffer first: straight into Y, rows a few KB apart
+             * would share L1 sets. */
+            float ybuf[X_BLOCK * CHUNK_ROWS];
+            const int ntile = (int)(padded / TILE_ROWS);
+            tiles_times_x16(tiles, ntile, j->x + t * j->cols, nt, j->cols, ybuf);
+            for (int64_t a = 0; a < nt; a++)
+                memcpy(j->y + (t + a) * j->rows + j->row0[k] + g0, ybuf + a * padded, sizeof(float) * (size_t)(g1 - g0));
+#else
+            for (int64_t r = g0; r < g1; r += TILE_ROWS) {
+                const int nr = g1 - r < TILE_ROWS ? (int)(g1 - r) : TILE_ROWS;
+                tile_times_x(tiles + (r - g0) * j->cols, j->cols, j->x + t * j->cols, nt, j->y + t * j->rows,
+                             j->rows, j->row0[k] + r, nr);
+            }
+#endif
+        }
     }
 }
 

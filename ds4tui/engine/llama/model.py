@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ds4tui.engine.errors import WeightsError
 from ds4tui.engine.kernels import attn as attn_kernel
+from ds4tui.engine.kernels import qgemv
 from ds4tui.engine.kernels.attn import attend
 from ds4tui.engine.kernels.llama_step import make_fast_decoder
 from ds4tui.engine.kernels.qgemm import make_blocks
@@ -32,6 +33,8 @@ from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
 DEFAULT_CTX = 4096
 # Products of at most this many activation rows go through the weights' file blocks when
 # present (qgemm.c): the measured crossover against fp32 torch (docs/perf.md, "Short prefills").
+# The AVX-512 variant of qgemm.c beats torch's fp32 GEMM at every size ("Prefill GEMMs"), so
+# there every product takes the blocks.
 _SMALL_ROWS = 256
 # Prefill chunk: 512 tokens keep the [G*S, T] masks and activations small while matmuls stay
 # large enough to run near peak; chunk ends are aligned to absolute multiples (session.py).
@@ -251,8 +254,8 @@ class LlamaModel(Model):
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         nqk = (hq + hkv) * d
         eps = cfg.rms_norm_eps
-        # Few rows: multiply by the file's blocks (qgemm.c); `fast = None` keeps all-torch fp32.
-        small = self._block_products() and s <= _SMALL_ROWS
+        # Multiply by the file's blocks (qgemm.c) where they win; `fast = None` keeps all-torch fp32.
+        small = self._block_products() and (s <= _SMALL_ROWS or qgemv.backend() == "avx512")
         scale = cfg.attn_scale
         x = F.embedding(torch.tensor(tokens, dtype=torch.long), self.embed)  # [S, H]
         if cfg.embed_scale != 1.0:
