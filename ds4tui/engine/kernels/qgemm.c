@@ -1,20 +1,25 @@
-/* qgemm.c: small-batch matrix products Y[n, rows] = X[n, cols] W^T, W in any ds4k type.
+/* qgemm.c: matrix products Y[n, rows] = X[n, cols] W^T, W in any ds4k type.
  *
- * Owns: gemm, for a few dozen activation rows (a short prefill: the new message after a
- * disk-cache restore). Leaves to callers (dispatch.c, qgemm.py, the llama forward): which
- * shapes take this path; long prefill chunks stay torch fp32 GEMMs, batch-1 decode is the
- * fused step. Compiled once per ISA by isa.c.
+ * Owns: gemm, for anything from a few activation rows (a short prefill: the new message after
+ * a disk-cache restore) to a 512-token prefill chunk. Leaves to callers (dispatch.c,
+ * qgemm.py, the llama forward): which shapes take this path (every prefill chunk with the
+ * AVX-512 variant, chunks up to 256 rows with the others; batch-1 decode is the fused
+ * step). Compiled once per ISA by isa.c.
  *
  * Why: a short prefill multiplies by every weight once. From the fp32 copy that is 4-8x the
  * weight traffic of the file's blocks, and torch's fp32 GEMM at such a small M is memory
- * bound (docs/perf.md, "Short prefills"). So each group of 4 rows is dequantized once
- * (dequant.c, bit-exact to gguf) into an L1-resident fp32 tile, then multiplied against
- * every activation row (4 rows x 3 activations per register tile: 12 FMA chains, 7 loads
- * per 12 FMAs), so the FMA ports, not DRAM, are the limit.
+ * bound (docs/perf.md, "Short prefills"). So weight rows are dequantized once per pool chunk
+ * (dequant.c, bit-exact to gguf) into fp32 tiles that stay in cache, then multiplied against
+ * every activation row, so the FMA ports, not DRAM, are the limit:
+ * - few activation rows: 4 weight rows x 6 activations per register tile (AVX-512; 4 x 3
+ *   with AVX2), summed along the columns and reduced once per output;
+ * - many (AVX-512, >= WIDE_MIN_ROWS): the chunk's 32 rows transposed, 12 activations x 32
+ *   outputs per register tile with no reductions ("Prefill GEMMs" in docs/perf.md: this beats
+ *   torch's fp32 GEMM at 512 rows, hence every chunk takes the blocks there).
  *
  * Results equal dequantize(W) @ x up to float summation order (the same values as the fp32
- * copy, which is the dequantized file). Chunk bounds depend on the shape only, so results
- * never depend on the thread count (ds4k.h).
+ * copy, which is the dequantized file). Chunk bounds and the path taken depend on the shape
+ * only, so results never depend on the thread count (ds4k.h).
  */
 
 #define TILE_ROWS 4
@@ -91,6 +96,69 @@ static void tiles_times_x16(const float *tiles, int ntile, const float *x, int64
 }
 #endif
 
+#if DS4K_ISA >= 2
+/* Long products (many activation rows): the chunk's 32 weight rows dequantized transposed,
+ * wt[c][32], so a micro-tile keeps 12 activation rows x 32 outputs in 24 registers, two wt
+ * loads and 12 broadcasts per 24 FMAs, no horizontal sums: each output is one sequential sum
+ * over the columns, carried across column panels through ybuf. */
+#define WIDE_ACTS 12
+#define WIDE_PANEL 256    /* columns per panel: wt's 32 KB panel stays in L1 across activations */
+#define WIDE_BLOCK 240    /* activation rows per pass (a multiple of WIDE_ACTS): ybuf is 30 KB */
+#define WIDE_MIN_ROWS 96  /* products with fewer activation rows take the 4 x 6 tiles */
+
+static inline __attribute__((always_inline)) void wide_tile(const float *wt, const float *x, int64_t ldx,
+                                                           int64_t len, float *ybuf, int first, const int na) {
+    __m512 acc[WIDE_ACTS][2];
+    for (int a = 0; a < na; a++) {
+        acc[a][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ybuf + a * 32);
+        acc[a][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ybuf + a * 32 + 16);
+    }
+    for (int64_t c = 0; c < len; c++) {
+        const __m512 w0 = _mm512_loadu_ps(wt + c * 32), w1 = _mm512_loadu_ps(wt + c * 32 + 16);
+        for (int a = 0; a < na; a++) {
+            const __m512 xb = _mm512_set1_ps(x[a * ldx + c]);
+            acc[a][0] = _mm512_fmadd_ps(w0, xb, acc[a][0]);
+            acc[a][1] = _mm512_fmadd_ps(w1, xb, acc[a][1]);
+        }
+    }
+    for (int a = 0; a < na; a++) {
+        _mm512_storeu_ps(ybuf + a * 32, acc[a][0]);
+        _mm512_storeu_ps(ybuf + a * 32 + 16, acc[a][1]);
+    }
+}
+
+/* y[t][row0 + i] for every activation row t and the nr (<= 32) rows dequantized in wt. */
+static void wide_chunk(const float *wt, const float *x, int64_t n, int64_t cols, float *y, int64_t ldy, int nr) {
+    float ybuf[WIDE_BLOCK * 32] __attribute__((aligned(64)));
+    const int64_t npanel = (cols + WIDE_PANEL - 1) / WIDE_PANEL, panel = (cols + npanel - 1) / npanel;
+    for (int64_t t0 = 0; t0 < n; t0 += WIDE_BLOCK) {
+        const int64_t nt = n - t0 < WIDE_BLOCK ? n - t0 : WIDE_BLOCK;
+        for (int64_t k0 = 0; k0 < cols; k0 += panel) {
+            const int64_t len = cols - k0 < panel ? cols - k0 : panel;
+            for (int64_t a = 0; a < nt; a += WIDE_ACTS) {
+                const float *xa = x + (t0 + a) * cols + k0;
+                float *yb = ybuf + a * 32;
+                switch (nt - a < WIDE_ACTS ? nt - a : WIDE_ACTS) {
+                case 12: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 12); break;
+                case 11: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 11); break;
+                case 10: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 10); break;
+                case 9: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 9); break;
+                case 8: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 8); break;
+                case 7: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 7); break;
+                case 6: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 6); break;
+                case 5: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 5); break;
+                case 4: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 4); break;
+                case 3: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 3); break;
+                case 2: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 2); break;
+                default: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 1); break;
+                }
+            }
+        }
+        for (int64_t a = 0; a < nt; a++) memcpy(y + (t0 + a) * ldy, ybuf + a * 32, sizeof(float) * (size_t)nr);
+    }
+}
+#endif
+
 /* y[t, r0 + i] for i < nr (<= 4), every activation row t, from the tile w[4][cols]. */
 static void tile_times_x(const float *w, int64_t cols, const float *x, int64_t n, float *y,
                          int64_t ldy, int64_t r0, int nr) {
@@ -152,10 +220,9 @@ typedef struct {
 
 static void gemm_chunk(void *ctx, int64_t c) {
     const gemm_job *j = (const gemm_job *)ctx;
-    /* As many dequantized 4-row tiles as fit 256 KB (all 32 rows of the chunk up to 2048
-     * columns): each is then multiplied by one block of activation rows after another, so a
-     * block (up to X_BLOCK rows) stays in L2 across the tiles instead of streaming the whole
-     * X once per tile. */
+    /* Dequantized rows, up to 256 KB (all 32 rows of the chunk up to 2048 columns): then
+     * multiplied by one block of activation rows after another, so a block (up to X_BLOCK
+     * rows) stays in L2 across the tiles instead of streaming the whole X once per tile. */
     float tiles[GROUP_FLOATS] __attribute__((aligned(64)));
     int k = 0;
     while (c >= j->first[k + 1]) k++;
@@ -164,6 +231,19 @@ static void gemm_chunk(void *ctx, int64_t c) {
     const int64_t group = GROUP_FLOATS / (TILE_ROWS * j->cols) * TILE_ROWS;
     int64_t r0 = (c - j->first[k]) * CHUNK_ROWS, r1 = r0 + CHUNK_ROWS;
     if (r1 > m->rows) r1 = m->rows;
+#if DS4K_ISA >= 2
+    if (j->n >= WIDE_MIN_ROWS && CHUNK_ROWS * j->cols <= GROUP_FLOATS) {
+        /* Each row dequantized, then scattered into wt's column-major layout (padding rows 0). */
+        float tmp[GROUP_FLOATS / CHUNK_ROWS];
+        memset(tiles, 0, sizeof(float) * (size_t)(CHUNK_ROWS * j->cols));
+        for (int64_t r = r0; r < r1; r++) {
+            dequant_row(m->type, (const uint8_t *)m->w + r * rb, j->cols, tmp);
+            for (int64_t col = 0; col < j->cols; col++) tiles[col * CHUNK_ROWS + (r - r0)] = tmp[col];
+        }
+        wide_chunk(tiles, j->x, j->n, j->cols, j->y + j->row0[k] + r0, j->rows, (int)(r1 - r0));
+        return;
+    }
+#endif
     for (int64_t g0 = r0; g0 < r1; g0 += group) {
         const int64_t g1 = g0 + group < r1 ? g0 + group : r1;
         const int64_t padded = (g1 - g0 + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;

@@ -25,19 +25,39 @@ def test_gemm_equals_the_dequantized_matmul(qtype, rows, cols, n):
     assert ((got.double() - want).abs().max() / scale).item() < 1e-6
 
 
+@pytest.mark.parametrize("variant", qgemv.variants())
+@pytest.mark.parametrize("qtype,rows,cols,n", [
+    ("q4_1", 37, 1536, 30),    # AVX-512 short tiles over two column panels
+    ("q4_k", 70, 512, 100),    # long product: transposed 32-row chunks, a partial last chunk
+    ("q6_k", 33, 2048, 250),   # long product: 8 column panels, two activation blocks
+    ("q8_0", 40, 768, 517),    # a prefill chunk's size and more
+])
+def test_long_and_wide_products_equal_the_dequantized_matmul(variant, qtype, rows, cols, n):
+    """The paths qgemm.c takes for many activation rows or wide rows, in every variant."""
+    blocks = random_blocks(qtype, rows, cols, seed=n)
+    w = qgemv.dequantize(blocks, qtype, cols)
+    x = torch.randn(n, cols, generator=torch.Generator().manual_seed(rows))
+    with qgemv.use_variant(variant):
+        got = qgemm.make_blocks((qtype, blocks), w).matmul(x)
+    want = x.double() @ w.double().T
+    scale = (x.abs().double() @ w.abs().double().T).max()
+    assert ((got.double() - want).abs().max() / scale).item() < 1e-6
+
+
 def test_gemm_does_not_depend_on_the_thread_count():
     blocks = random_blocks("q4_1", 1000, 512, seed=4)
     m = qgemm.make_blocks(("q4_1", blocks), torch.empty(1000, 512))
-    x = torch.randn(23, 512)
     before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = m.matmul(x)
-        torch.set_num_threads(2)
-        two = m.matmul(x)
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(one, two)
+    for n in (23, 200):  # short tiles and long products
+        x = torch.randn(n, 512)
+        try:
+            torch.set_num_threads(1)
+            one = m.matmul(x)
+            torch.set_num_threads(2)
+            two = m.matmul(x)
+        finally:
+            torch.set_num_threads(before)
+        assert torch.equal(one, two)
 
 
 def test_gemm_rejects_bad_arguments():
