@@ -1,7 +1,9 @@
 /* dequant.c: GGUF blocks -> fp32, exactly the values gguf.quants.dequantize computes.
  *
  * Owns: dequant_row (one row of any ds4k type; qgemm.c dequantizes its tiles with it) and
- * dequant (whole matrices, exported for tests and fallbacks). Every product and sum is
+ * dequant (whole matrices, exported for tests and fallbacks). The block types run 16 quants
+ * at a time on simd.h's vectors (dequant_row_vec; the per-element loops below stay as the
+ * plain statement of each format, and for F16/BF16). Every product and sum is
  * one float32 operation in the order gguf's numpy code applies them (no FMA contraction:
  * the build passes -ffp-contract=off), so results are bit-identical on every ISA.
  *
@@ -32,6 +34,112 @@ static inline void k4_scale_min(const uint8_t *s, int i, uint8_t *sc, uint8_t *m
     }
 }
 
+static inline void dq_store(float *p, vf v) {
+#if DS4K_ISA >= 2
+    _mm512_storeu_ps(p, v);
+#elif DS4K_ISA == 1
+    _mm256_storeu_ps(p, v.a), _mm256_storeu_ps(p + 8, v.b);
+#else
+    memcpy(p, v.v, sizeof v.v);
+#endif
+}
+
+/* out = d * q (+ m) for 16 quants: one multiply and one add, rounded apart, as numpy does. */
+static inline void dq_put(float *out, vf q, float d, int has_m, float m) {
+    vf w = vf_mul(vf_set1(d), q);
+    dq_store(out, has_m ? vf_add(w, vf_set1(m)) : w);
+}
+
+/* The block types 16 quants at a time (simd.h), the same operations as the scalar loops of
+ * dequant_row below, so the same bits; 0 for a type it leaves to them. */
+static int dequant_row_vec(int type, const uint8_t *p, int64_t cols, float *out) {
+    const int qk = ds4k_block_weights(type), bs = ds4k_block_bytes(type);
+    switch (type) {
+    case DS4K_Q4_0: case DS4K_Q4_1: case DS4K_Q5_0: case DS4K_Q5_1: case DS4K_Q8_0:
+    case DS4K_Q4_K: case DS4K_Q5_K: case DS4K_Q6_K: break;
+    default: return 0;
+    }
+    for (int64_t b = 0; b < cols / qk; b++, p += bs, out += qk) {
+        switch (type) {
+        case DS4K_Q4_0: {
+            vb v = vb_load(p + 2);
+            const float d = h2f(p);
+            dq_put(out, vf_i8(vb_sub(vb_lo4(v), 8)), d, 0, 0.0f);
+            dq_put(out + 16, vf_i8(vb_sub(vb_hi4(v), 8)), d, 0, 0.0f);
+            break;
+        }
+        case DS4K_Q4_1: {
+            vb v = vb_load(p + 4);
+            const float d = h2f(p), m = h2f(p + 2);
+            dq_put(out, vf_u8(vb_lo4(v)), d, 1, m);
+            dq_put(out + 16, vf_u8(vb_hi4(v)), d, 1, m);
+            break;
+        }
+        case DS4K_Q5_0: case DS4K_Q5_1: {
+            const int has_m = type == DS4K_Q5_1, off = has_m ? 4 : 2;
+            const float d = h2f(p), m = has_m ? h2f(p + 2) : 0.0f;
+            uint32_t qh;
+            memcpy(&qh, p + off, 4);
+            vb v = vb_load(p + off + 4), h0, h1;
+            vb_from_bits32(qh, &h0, &h1);
+            vb lo = vb_or(vb_lo4(v), h0), hi = vb_or(vb_hi4(v), h1);
+            if (has_m) {
+                dq_put(out, vf_u8(lo), d, 1, m);
+                dq_put(out + 16, vf_u8(hi), d, 1, m);
+            } else {
+                dq_put(out, vf_i8(vb_sub(lo, 16)), d, 0, 0.0f);
+                dq_put(out + 16, vf_i8(vb_sub(hi, 16)), d, 0, 0.0f);
+            }
+            break;
+        }
+        case DS4K_Q8_0: {
+            const float d = h2f(p);
+            dq_put(out, vf_i8_mem(p + 2), d, 0, 0.0f);
+            dq_put(out + 16, vf_i8_mem(p + 18), d, 0, 0.0f);
+            break;
+        }
+        case DS4K_Q4_K: case DS4K_Q5_K: {
+            const int five = type == DS4K_Q5_K;
+            const float d = h2f(p), dmin = h2f(p + 2);
+            const uint8_t *sc12 = p + 4, *qs = p + (five ? 48 : 16);
+            vb h0 = vb_load(p + 16), h1 = vb_load(p + 32);
+            for (int i = 0; i < 8; i++) {
+                uint8_t sc, mn;
+                k4_scale_min(sc12, i, &sc, &mn);
+                /* ds q - dm is ds q + (-dm) exactly */
+                const float ds = d * (float)sc, ndm = -(dmin * (float)mn);
+                const uint8_t *q = qs + 32 * (i / 2);
+                vb a = vb_load(q), c = vb_load(q + 16);
+                a = i & 1 ? vb_hi4(a) : vb_lo4(a);
+                c = i & 1 ? vb_hi4(c) : vb_lo4(c);
+                if (five) a = vb_or(a, vb_bits_hi(h0, i, 1)), c = vb_or(c, vb_bits_hi(h1, i, 1));
+                dq_put(out + 32 * i, vf_u8(a), ds, 1, ndm);
+                dq_put(out + 32 * i + 16, vf_u8(c), ds, 1, ndm);
+            }
+            break;
+        }
+        case DS4K_Q6_K: {
+            const int8_t *sc = (const int8_t *)(p + 192);
+            const float d = h2f(p + 208);
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = p + 64 * h, *qh = p + 128 + 32 * h;
+                for (int s = 0; s < 4; s++)
+                    for (int half = 0; half < 2; half++) {
+                        vb lo = vb_load(ql + 32 * (s & 1) + 16 * half);
+                        lo = s >= 2 ? vb_hi4(lo) : vb_lo4(lo);
+                        vb v = vb_sub(vb_or(lo, vb_bits_hi(vb_load(qh + 16 * half), 2 * s, 3)), 32);
+                        const int e = 128 * h + 32 * s + 16 * half;
+                        dq_put(out + e, vf_i8(v), d * (float)sc[e / 16], 0, 0.0f);
+                    }
+            }
+            break;
+        }
+        default: break;
+        }
+    }
+    return 1;
+}
+
 static void dequant_row(int type, const uint8_t *p, int64_t cols, float *out) {
     switch (type) {
     case DS4K_F32: memcpy(out, p, (size_t)cols * 4); return;
@@ -43,6 +151,7 @@ static void dequant_row(int type, const uint8_t *p, int64_t cols, float *out) {
         return;
     default: break;
     }
+    if (dequant_row_vec(type, p, cols, out)) return;
     const int qk = ds4k_block_weights(type), bs = ds4k_block_bytes(type);
     for (int64_t b = 0; b < cols / qk; b++, p += bs, out += qk) {
         switch (type) {
