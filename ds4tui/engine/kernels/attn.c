@@ -28,7 +28,7 @@
 #define ATTN_QB 96         /* query rows per block (G*S rows of a short chunk fit one) */
 #define ATTN_NK 64         /* keys per block: K and V tiles stay in L1 at D = 64 */
 #define ATTN_SPAN_MIN 256  /* a key span is never split below this */
-#define ATTN_MIN_CHUNKS 8  /* split keys until there are this many chunks (or spans run out) */
+#define ATTN_MIN_CHUNKS 12 /* split keys until there are this many chunks (or spans run out): even for 2, 3, 4 threads */
 #define ATTN_MAX_D 256
 
 _Static_assert(ATTN_NK % 8 == 0, "key blocks must be whole micro-tiles (AJR divides 8)");
