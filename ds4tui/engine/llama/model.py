@@ -33,8 +33,8 @@ from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
 DEFAULT_CTX = 4096
 # Products of at most this many activation rows go through the weights' file blocks when
 # present (qgemm.c): the measured crossover against fp32 torch (docs/perf.md, "Short prefills").
-# The AVX-512 variant of qgemm.c beats torch's fp32 GEMM at every size ("Prefill GEMMs"), so
-# there every product takes the blocks.
+# The AVX-512 variant of qgemm.c beats torch's fp32 GEMM at every size (docs/perf.md,
+# "Prefill: attention and GEMMs in C"), so there every product takes the blocks.
 _SMALL_ROWS = 256
 # Prefill chunk: 512 tokens keep the [G*S, T] masks and activations small while matmuls stay
 # large enough to run near peak; chunk ends are aligned to absolute multiples (session.py).
@@ -45,9 +45,10 @@ class Linear:
     """y = x W^T (+ b) with W float32 [out, in]: the only place a layer multiplies by a weight.
 
     `blocks`, when set (LlamaModel attaches the GGUF's own blocks), takes the
-    products the forward marks `small` (at most _SMALL_ROWS rows while the C kernels run):
-    a short prefill (the new message after a disk-cache restore) then reads 5x fewer
-    weight bytes than the fp32 copy, the same values up to summation order.
+    products the forward marks `small` (every chunk with the AVX-512 kernels, chunks of at
+    most _SMALL_ROWS rows with the others): a short prefill (the new message after a
+    disk-cache restore) then reads 5x fewer weight bytes than the fp32 copy, a long one runs
+    qgemm.c's register tiles instead of torch's fp32 GEMM; the same values up to summation order.
     """
 
     __slots__ = ("weight", "bias", "blocks")
