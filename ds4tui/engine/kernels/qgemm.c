@@ -14,8 +14,9 @@
  * - few activation rows: 4 weight rows x 6 activations per register tile (AVX-512; 4 x 3
  *   with AVX2), summed along the columns and reduced once per output;
  * - many (AVX-512, >= WIDE_MIN_ROWS): the chunk's 32 rows transposed, 12 activations x 32
- *   outputs per register tile with no reductions (docs/perf.md, "Prefill: attention and GEMMs in C": this beats
- *   torch's fp32 GEMM at 512 rows, hence every chunk takes the blocks there).
+ *   outputs per register tile with no reductions. This beats torch's fp32 GEMM at 512 rows,
+ *   hence every chunk takes the blocks there (docs/perf.md, "Prefill: attention and GEMMs
+ *   in C").
  *
  * Results equal dequantize(W) @ x up to float summation order (the same values as the fp32
  * copy, which is the dequantized file). Chunk bounds and the path taken depend on the shape
