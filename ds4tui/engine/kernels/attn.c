@@ -47,6 +47,7 @@ static inline av av_mul(av a, av b) { return _mm512_mul_ps(a, b); }
 static inline av av_add(av a, av b) { return _mm512_add_ps(a, b); }
 static inline av av_sub(av a, av b) { return _mm512_sub_ps(a, b); }
 static inline av av_max(av a, av b) { return _mm512_max_ps(a, b); }
+static inline av av_div(av a, av b) { return _mm512_div_ps(a, b); }
 /* a where lo <= q < hi, else -inf */
 static inline av av_keep(av a, av q, float lo, float hi) {
     __mmask16 k = _mm512_cmp_ps_mask(q, _mm512_set1_ps(lo), _CMP_GE_OQ) &
@@ -83,6 +84,7 @@ static inline av av_mul(av a, av b) { return _mm256_mul_ps(a, b); }
 static inline av av_add(av a, av b) { return _mm256_add_ps(a, b); }
 static inline av av_sub(av a, av b) { return _mm256_sub_ps(a, b); }
 static inline av av_max(av a, av b) { return _mm256_max_ps(a, b); }
+static inline av av_div(av a, av b) { return _mm256_div_ps(a, b); }
 static inline av av_keep(av a, av q, float lo, float hi) {
     __m256 k = _mm256_and_ps(_mm256_cmp_ps(q, _mm256_set1_ps(lo), _CMP_GE_OQ),
                              _mm256_cmp_ps(q, _mm256_set1_ps(hi), _CMP_LT_OQ));
@@ -118,6 +120,7 @@ static inline av av_mul(av a, av b) { return a * b; }
 static inline av av_add(av a, av b) { return a + b; }
 static inline av av_sub(av a, av b) { return a - b; }
 static inline av av_max(av a, av b) { return a > b ? a : b; }
+static inline av av_div(av a, av b) { return a / b; }
 static inline av av_keep(av a, av q, float lo, float hi) { return q >= lo && q < hi ? a : -INFINITY; }
 static inline av av_exp(av x) { return expf(x); }
 #endif

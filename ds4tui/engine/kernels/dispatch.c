@@ -98,3 +98,8 @@ DS4K_EXPORT int ds4k_attn(const float *q, int64_t ldq, float *o, int64_t ldo, co
     return ops()->attn(q, ldq, o, ldo, k, v, hs, cap, kn, hsn, rsn, vn, hsv, rsv, kv_f16, s, qpos0, kbase, window, hq,
                        hkv, d, scale, nth);
 }
+
+/* out = act(gate) * up over the rows of a gate|up product (glu.c). */
+DS4K_EXPORT int ds4k_glu(const float *gu, int64_t ld, float *out, int64_t rows, int64_t f, int gelu, int nth) {
+    return ops()->glu(gu, ld, out, rows, f, gelu, nth);
+}

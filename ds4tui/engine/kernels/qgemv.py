@@ -49,7 +49,7 @@ ABI = 4  # must equal ds4k_abi() in dispatch.c
 ISAS = ("scalar", "avx2", "avx512")  # index = the C side's ISA number
 
 _DIR = Path(__file__).parent
-_ISA_SOURCES = ["isa.c", "dequant.c", "qgemv.c", "qgemm.c", "llama_step.c", "attn.c"]
+_ISA_SOURCES = ["isa.c", "dequant.c", "qgemv.c", "qgemm.c", "llama_step.c", "attn.c", "glu.c"]
 _HEADERS = ["ds4k.h", "simd.h"]
 _ISA_FLAGS = {
     "scalar": [],
@@ -164,6 +164,8 @@ def _load(lib_path: Path) -> ctypes.CDLL:
     lib.ds4k_attn.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, ctypes.c_int, i64,
                               i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
     lib.ds4k_attn.restype = ctypes.c_int
+    lib.ds4k_glu.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int, ctypes.c_int]
+    lib.ds4k_glu.restype = ctypes.c_int
     lib.ds4k_set_spin_ns.argtypes = [ctypes.c_long]
     lib.ds4k_set_spin_ns.restype = None
     return lib

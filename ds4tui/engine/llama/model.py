@@ -21,6 +21,7 @@ from ds4tui.engine.errors import WeightsError
 from ds4tui.engine.kernels import attn as attn_kernel
 from ds4tui.engine.kernels import qgemv
 from ds4tui.engine.kernels.attn import attend
+from ds4tui.engine.kernels.glu import glu
 from ds4tui.engine.kernels.llama_step import make_fast_decoder
 from ds4tui.engine.kernels.qgemm import make_blocks
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
@@ -162,8 +163,9 @@ class LlamaModel(Model):
             self.lm_head.blocks = make_blocks(raw.get("embed" if cfg.tie_word_embeddings else "lm_head"),
                                               self.lm_head.weight)
             self.use_blocks |= self.lm_head.blocks is not None
-        # Chunk attention in C whenever the library is loaded (attn.c takes the head size).
-        self.use_c_attention = attn_kernel.available() and attn_kernel.supports(cfg.head_dim)
+        # Attention and the gated activation in C whenever the library is loaded (and attn.c
+        # takes the head size).
+        self.use_c_kernels = attn_kernel.available() and attn_kernel.supports(cfg.head_dim)
         # What the loader knows about the file (quant_mix: {type: parameters}, chat: format line).
         self.details: dict = {}
         # One KV buffer written through by warm_up, handed to the next new_session of its size.
@@ -228,10 +230,11 @@ class LlamaModel(Model):
             self._spare = session.kv
 
     @property
-    def _c_attention(self) -> bool:
-        """Whether attention runs in C (kernels/attn.c); tied to the block products, so
-        `model.fast = None` keeps a plain llama's whole forward in torch."""
-        return self.use_c_attention and (self.fast is not None or not self.cfg.plain)
+    def _c_kernels(self) -> bool:
+        """Whether a forward's attention and gated activation run in C (kernels/attn.c,
+        glu.c); tied to the block products, so `model.fast = None` keeps a plain llama's
+        whole forward in torch."""
+        return self.use_c_kernels and (self.fast is not None or not self.cfg.plain)
 
     def _block_products(self) -> bool:
         """Whether short products go through the file's blocks. A plain llama ties this to its
@@ -267,7 +270,8 @@ class LlamaModel(Model):
         # and window masks computed on the fly; without the C library, torch's SDPA over additive
         # masks. Both are deterministic for a given chunk, so a replayed chunk matches the live one.
         w = cfg.sliding_window
-        torch_attn = None if self._c_attention else _TorchAttention(cfg, pos, s)
+        c_kernels = self._c_kernels  # attention and the gated activation in C
+        torch_attn = None if c_kernels else _TorchAttention(cfg, pos, s)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (cfg.hidden_size,), layer.attn_norm, eps)
@@ -313,9 +317,12 @@ class LlamaModel(Model):
             x = x + o
             h = F.rms_norm(x, (cfg.hidden_size,), layer.ffn_norm, eps)
             gu = layer.w13(h, small)  # [S, 2F]
-            f = cfg.intermediate_size
-            gate = F.silu(gu[:, :f]) if cfg.act == "silu" else F.gelu(gu[:, :f], approximate="tanh")
-            o = layer.w2(gate * gu[:, f:], small)
+            if c_kernels:
+                a = glu(gu, cfg.act)  # one pass: act(gate) * up
+            else:
+                f = cfg.intermediate_size
+                a = (F.silu(gu[:, :f]) if cfg.act == "silu" else F.gelu(gu[:, :f], approximate="tanh")) * gu[:, f:]
+            o = layer.w2(a, small)
             if layer.post_ffn_norm is not None:
                 o = F.rms_norm(o, (cfg.hidden_size,), layer.post_ffn_norm, eps)
             x = x + o
