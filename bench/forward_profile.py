@@ -7,8 +7,9 @@ Usage (from the repo root):
 
 The session's KV rows before POS are random (a forward's cost does not depend on their
 values). Each part is timed by wrapping the forward's own functions (weight products,
-attention, RoPE, RMSNorm; "other" is the rest: embedding, activations, residual adds, K/V
-writes), summed over the forward; the run with the best total is printed. `--cpu` times
+attention, RoPE, RMSNorm, the gated activation, in C or torch as the checkout has them;
+"other" is the rest: embedding, residual adds, K/V writes, torch activations), summed over
+the forward; the run with the best total is printed. `--cpu` times
 process CPU time instead of wall time: with `--threads 1` that is the time the forward
 keeps one core busy, which other processes on a shared machine do not inflate. Works on
 older checkouts too (parts a checkout lacks are skipped; its SDPA calls show as "sdpa").
@@ -65,7 +66,8 @@ def main() -> int:
 
     M.Linear.__call__ = timed("weight products", M.Linear.__call__)
     for attr, label in (("attend", "attention (C)"), ("_rope", "rope"), ("_ring_write", "ring write"),
-                        ("_ring_keys", "ring gather")):
+                        ("_ring_keys", "ring gather"), ("rms_norm", "rms_norm (C)"), ("qk_rope", "q/k norm+rope (C)"),
+                        ("glu", "act * up (C)")):
         if hasattr(M, attr):
             setattr(M, attr, timed(label, getattr(M, attr)))
     if hasattr(M, "_TorchAttention"):

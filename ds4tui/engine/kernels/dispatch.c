@@ -99,7 +99,19 @@ DS4K_EXPORT int ds4k_attn(const float *q, int64_t ldq, float *o, int64_t ldo, co
                        hkv, d, scale, nth);
 }
 
-/* out = act(gate) * up over the rows of a gate|up product (glu.c). */
+/* out = act(gate) * up over the rows of a gate|up product (rows.c). */
 DS4K_EXPORT int ds4k_glu(const float *gu, int64_t ld, float *out, int64_t rows, int64_t f, int gelu, int nth) {
     return ops()->glu(gu, ld, out, rows, f, gelu, nth);
+}
+
+/* RMSNorm of rows (rows.c). */
+DS4K_EXPORT int ds4k_rms_norm(const float *x, int64_t ld, const float *w, float *out, int64_t rows, int64_t n, float eps,
+                              int nth) {
+    return ops()->rms_norm(x, ld, w, out, rows, n, eps, nth);
+}
+
+/* Per-head RMSNorm (optional) and RoPE of the q/k heads of a fused product (rows.c). */
+DS4K_EXPORT int ds4k_qk_rope(const float *x, int64_t ld, const float *w, float eps, const float *cos, const float *sin,
+                             float *out, int64_t rows, int64_t heads, int64_t d, int nth) {
+    return ops()->qk_rope(x, ld, w, eps, cos, sin, out, rows, heads, d, nth);
 }

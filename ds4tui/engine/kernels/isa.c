@@ -19,10 +19,10 @@
 #include "qgemm.c"
 #include "llama_step.c"
 #include "attn.c"
-#include "glu.c"
+#include "rows.c"
 
 #ifndef DS4K_OPS_NAME
 #define DS4K_OPS_NAME ds4k_ops_scalar
 #endif
 
-const ds4k_ops DS4K_OPS_NAME = {gemv, gemm, dequant, llama_step, llama_workspace, attn, glu};
+const ds4k_ops DS4K_OPS_NAME = {gemv, gemm, dequant, llama_step, llama_workspace, attn, glu, rms_norm_rows, qk_rope};

@@ -49,7 +49,7 @@ ABI = 4  # must equal ds4k_abi() in dispatch.c
 ISAS = ("scalar", "avx2", "avx512")  # index = the C side's ISA number
 
 _DIR = Path(__file__).parent
-_ISA_SOURCES = ["isa.c", "dequant.c", "qgemv.c", "qgemm.c", "llama_step.c", "attn.c", "glu.c"]
+_ISA_SOURCES = ["isa.c", "dequant.c", "qgemv.c", "qgemm.c", "llama_step.c", "attn.c", "rows.c"]
 _HEADERS = ["ds4k.h", "simd.h"]
 _ISA_FLAGS = {
     "scalar": [],
@@ -166,6 +166,11 @@ def _load(lib_path: Path) -> ctypes.CDLL:
     lib.ds4k_attn.restype = ctypes.c_int
     lib.ds4k_glu.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int, ctypes.c_int]
     lib.ds4k_glu.restype = ctypes.c_int
+    f32 = ctypes.c_float
+    lib.ds4k_rms_norm.argtypes = [ptr, i64, ptr, ptr, i64, i64, f32, ctypes.c_int]
+    lib.ds4k_rms_norm.restype = ctypes.c_int
+    lib.ds4k_qk_rope.argtypes = [ptr, i64, ptr, f32, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
+    lib.ds4k_qk_rope.restype = ctypes.c_int
     lib.ds4k_set_spin_ns.argtypes = [ctypes.c_long]
     lib.ds4k_set_spin_ns.restype = None
     return lib

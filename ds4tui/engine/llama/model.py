@@ -21,7 +21,7 @@ from ds4tui.engine.errors import WeightsError
 from ds4tui.engine.kernels import attn as attn_kernel
 from ds4tui.engine.kernels import qgemv
 from ds4tui.engine.kernels.attn import attend
-from ds4tui.engine.kernels.glu import glu
+from ds4tui.engine.kernels.rows import glu, qk_rope, rms_norm
 from ds4tui.engine.kernels.llama_step import make_fast_decoder
 from ds4tui.engine.kernels.qgemm import make_blocks
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
@@ -264,23 +264,34 @@ class LlamaModel(Model):
         x = F.embedding(torch.tensor(tokens, dtype=torch.long), self.embed)  # [S, H]
         if cfg.embed_scale != 1.0:
             x = x * torch.tensor(cfg.embed_scale, dtype=torch.float32)
-        ropes = {False: (self.cos[pos:end].unsqueeze(1), self.sin[pos:end].unsqueeze(1)),  # [S, 1, D/2]
-                 True: (self.local_cos[pos:end].unsqueeze(1), self.local_sin[pos:end].unsqueeze(1))}
+        ropes = {False: (self.cos[pos:end], self.sin[pos:end]),  # [S, D/2]
+                 True: (self.local_cos[pos:end], self.local_sin[pos:end])}
         # Attention in C (kernels/attn.c) reads the K/V rows in place, f16 or f32, with the causal
         # and window masks computed on the fly; without the C library, torch's SDPA over additive
         # masks. Both are deterministic for a given chunk, so a replayed chunk matches the live one.
+        # The per-row steps (RMSNorm, q/k RoPE, the gated activation) run in C alongside
+        # (kernels/rows.c: one pass each instead of several torch ops).
         w = cfg.sliding_window
-        c_kernels = self._c_kernels  # attention and the gated activation in C
+        c_kernels = self._c_kernels
         torch_attn = None if c_kernels else _TorchAttention(cfg, pos, s)
+        if c_kernels:
+            def norm(t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+                return rms_norm(t, weight, eps)
+        else:
+            def norm(t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+                return F.rms_norm(t, (cfg.hidden_size,), weight, eps)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            h = F.rms_norm(x, (cfg.hidden_size,), layer.attn_norm, eps)
+            h = norm(x, layer.attn_norm)
             qkv = layer.wqkv(h, small)  # [S, (Hq + 2 Hkv) D]
-            qk = qkv[:, :nqk].view(s, hq + hkv, d)
-            if layer.qk_norm is not None:
-                qk = F.rms_norm(qk, (d,), None, eps) * layer.qk_norm
             cos, sin = ropes[layer.sliding]
-            qk = _rope(qk, cos, sin)  # [S, Hq + Hkv, D]
+            if c_kernels:
+                qk = qk_rope(qkv, hq + hkv, d, cos, sin, layer.qk_norm, eps)  # [S, Hq + Hkv, D]
+            else:
+                qk = qkv[:, :nqk].view(s, hq + hkv, d)
+                if layer.qk_norm is not None:
+                    qk = F.rms_norm(qk, (d,), None, eps) * layer.qk_norm
+                qk = _rope(qk, cos.unsqueeze(1), sin.unsqueeze(1))  # [S, Hq + Hkv, D]
             k_new = qk[:, hq:].transpose(0, 1)  # [Hkv, S, D]
             v_new = qkv[:, nqk:].view(s, hkv, d).transpose(0, 1)
             k_all, v_all = kv[i][0], kv[i][1]  # [Hkv, rows, D] each
@@ -313,9 +324,9 @@ class LlamaModel(Model):
                 _ring_write(k_all, v_all, k_new, v_new, pos)
             o = layer.wo(o, small)
             if layer.post_attn_norm is not None:
-                o = F.rms_norm(o, (cfg.hidden_size,), layer.post_attn_norm, eps)
+                o = norm(o, layer.post_attn_norm)
             x = x + o
-            h = F.rms_norm(x, (cfg.hidden_size,), layer.ffn_norm, eps)
+            h = norm(x, layer.ffn_norm)
             gu = layer.w13(h, small)  # [S, 2F]
             if c_kernels:
                 a = glu(gu, cfg.act)  # one pass: act(gate) * up
@@ -324,7 +335,7 @@ class LlamaModel(Model):
                 a = (F.silu(gu[:, :f]) if cfg.act == "silu" else F.gelu(gu[:, :f], approximate="tanh")) * gu[:, f:]
             o = layer.w2(a, small)
             if layer.post_ffn_norm is not None:
-                o = F.rms_norm(o, (cfg.hidden_size,), layer.post_ffn_norm, eps)
+                o = norm(o, layer.post_ffn_norm)
             x = x + o
         if not want_logits:
             return None
