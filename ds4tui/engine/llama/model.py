@@ -222,7 +222,7 @@ class LlamaModel(Model):
         if n >= 2:
             tokens = list(range(n))
             with torch.inference_mode():
-                self.forward(session.kv, tokens, 0, True)  # the torch prefill path
+                self.forward(session.kv, tokens, 0, True)  # the chunk path (attention, per-row steps)
                 self.forward(session.kv, tokens[:1], n, True)  # the decode step (C when available)
         for t in session.kv:
             t.numpy().fill(0.0)  # one thread: torch's fill would split over OpenMP threads
