@@ -160,6 +160,7 @@ static void wide_chunk(const float *wt, const float *x, int64_t n, int64_t cols,
 }
 #endif
 
+#if DS4K_ISA < 2 /* the AVX-512 build multiplies its tiles with tiles_times_x16 */
 /* y[t, r0 + i] for i < nr (<= 4), every activation row t, from the tile w[4][cols]. */
 static void tile_times_x(const float *w, int64_t cols, const float *x, int64_t n, float *y,
                          int64_t ldy, int64_t r0, int nr) {
@@ -209,6 +210,8 @@ static void tile_times_x(const float *w, int64_t cols, const float *x, int64_t n
     }
 #endif
 }
+
+#endif
 
 typedef struct {
     const ds4k_mat *parts;
