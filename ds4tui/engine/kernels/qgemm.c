@@ -57,11 +57,18 @@ static inline __attribute__((always_inline)) void tile_times_x16(const float *w,
             for (int a = 0; a < na; a++) acc[i][a] = _mm512_fmadd_ps(wv, xv[a], acc[i][a]);
         }
     }
-    for (int a = 0; a < na; a++)
-        for (int i = 0; i < TILE_ROWS; i++) {
-            float v = _mm512_reduce_add_ps(acc[i][a]);
-            y[a * TILE_ROWS + i] = add ? y[a * TILE_ROWS + i] + v : v;
-        }
+    for (int a = 0; a < na; a++) {
+        /* The four rows' sums at once: pairwise adds of interleaved lanes, then the 128-bit
+         * quarters (half the shuffles of four separate reductions). */
+        const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(acc[0][a], acc[1][a]), _mm512_unpackhi_ps(acc[0][a], acc[1][a]));
+        const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(acc[2][a], acc[3][a]), _mm512_unpackhi_ps(acc[2][a], acc[3][a]));
+        const __m512 t2 = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                        _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+        const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(t2), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t2), 1)));
+        __m128 v = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        if (add) v = _mm_add_ps(_mm_loadu_ps(y + a * TILE_ROWS), v);
+        _mm_storeu_ps(y + a * TILE_ROWS, v);
+    }
 }
 
 /* Y[t][i] for t < n activation rows and the rows of `tiles` (ntile 4-row tiles of cols floats
