@@ -2,7 +2,7 @@
 
 Owns: the command line over `ds4tui.cache` (argument parsing, prefix
 resolution, table/detail/JSON output). Everything shown that came from a file
-(titles, text) goes through `format.display.safe_text`, so a file cannot drive
+(titles, names, text) goes through `format.display.safe_text`, so a file cannot drive
 the terminal; sizes read as `format.display.human_bytes`.
 JSON output is ASCII-escaped for the same reason.
 
@@ -39,7 +39,8 @@ def register(subparsers) -> None:
 
     p = verbs.add_parser("ls", parents=[common], help="one row per file (default)",
                          description="One row per .kv file: sha (* = pinned), reason, tokens, hits, size, last used, eviction score"
-                                     " (per MiB: lowest goes first), model, title, status.")
+                                     " (per MiB: lowest goes first), model, title (an untitled file: the chat it belongs to,"
+                                     " else its first message, as the cache browser names it), status.")
     p.add_argument("--json", action="store_true", help="print a JSON list (same keys as inspect --json)")
     p.add_argument("--verify", action="store_true", help="read every file whole to check its checksum")
     p.set_defaults(func=cmd_ls, verify=False)
@@ -140,9 +141,10 @@ def _when(ts: int | None) -> str:
 LS_TITLE_MIN, LS_TITLE_MAX = 14, 48
 
 
-def ls_lines(entries, now: float, columns: int) -> list[str]:
+def ls_lines(entries, now: float, columns: int, names: dict[str, str]) -> list[str]:
     """The `kv ls` table: fixed columns first, then the title (as wide as the terminal allows)
-    and the status. A `*` after the SHA marks a pinned file; exact times are in `kv inspect`.
+    and the status. `names`: path -> the file's name (`chat.file_names`, the cache browser's
+    rule: an untitled checkpoint is named after its chat or first message), terminal-safe. A `*` after the SHA marks a pinned file; exact times are in `kv inspect`.
     The model column appears only when the files come from more than one model (the footer
     names the one model otherwise)."""
     models = {e.model for e in entries}
@@ -162,7 +164,7 @@ def ls_lines(entries, now: float, columns: int) -> list[str]:
         out.append(row((e.sha or "?")[:10] + ("*" if e.pinned else ""), h.reason if h else "?",
                        h.tokens if h else 0, h.hits if h else 0, human_bytes(e.file_bytes),
                        relative_time(h.last_used if h else None, now, never="-"), score_text(e.score.score) if e.score else "-",
-                       e.model, safe_text(e.title) or "-", _status(e)))
+                       e.model, names.get(e.path) or "-", _status(e)))
     return out
 
 
@@ -210,7 +212,10 @@ def cmd_ls(args) -> int:
         missing = "" if store.dir.exists() else " (no such directory yet: the chat creates it)"
         print(f"no .kv files in {store.dir}{missing}")
         return 0
-    for line in ls_lines(entries, time.time(), shutil.get_terminal_size().columns):
+    from ds4tui.chat.file_names import name_entries
+
+    names = {path: name.text for path, name in name_entries(entries).items()}
+    for line in ls_lines(entries, time.time(), shutil.get_terminal_size().columns, names):
         print(line)
     total = sum(e.file_bytes for e in entries)
     models = sorted({e.model for e in entries})

@@ -67,7 +67,7 @@ from ds4tui.screens.cache_browser_live import LiveListing
 from ds4tui.screens.cache_browser_open import FileOpening
 from ds4tui.screens.widgets.budget_gauge import NARROW_BELOW, BudgetGauge
 from ds4tui.screens.widgets.cache_map import CacheMap
-from ds4tui.screens.widgets.file_names import FileName
+from ds4tui.chat.file_names import FileName
 from ds4tui.screens.widgets.kv_detail import KvDetail
 from ds4tui.screens.widgets.kv_format import DEFAULT_DISK_MB_S, DEFAULT_PREFILL_TOK_S, safe_cell
 from ds4tui.screens.widgets.kv_table import KvTable

@@ -11,7 +11,7 @@ Leaves the drawing to `widgets.kv_detail.KvDetail`.
 from __future__ import annotations
 
 from ds4tui.cache.entry import KvEntry
-from ds4tui.screens.widgets.file_names import FileName, name_of
+from ds4tui.chat.file_names import FileName, name_of
 from ds4tui.screens.widgets.kv_detail import KvDetail, KvDetailInfo
 from ds4tui.screens.widgets.kv_format import ResumeCost
 from ds4tui.screens.widgets.kv_table import KvTable
@@ -33,7 +33,7 @@ class FileDetail:
 
     def name_of(self, e: KvEntry) -> FileName:
         """What the table calls `e` (file_names.py)."""
-        return self._names.get(e.path) or name_of(e, self._scan, None)
+        return self._names.get(e.path) or name_of(e, self._scan.chats if self._scan is not None else None, None)
 
     def _resume_block(self, e: KvEntry) -> str | None:
         """Why `e` cannot be resumed with this model (shown, and the text opened read-only), or None."""

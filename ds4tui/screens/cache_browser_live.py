@@ -21,7 +21,7 @@ from ds4tui.cache.entry import KvEntry
 from ds4tui.cache.watch import CacheChanges, CacheWatcher
 from ds4tui.screens.widgets.budget_gauge import BudgetGauge
 from ds4tui.screens.widgets.cache_map import CacheMap, by_kind
-from ds4tui.screens.widgets.file_names import FileName, name_files
+from ds4tui.chat.file_names import FileName, name_files
 from ds4tui.screens.widgets.kv_table import KvTable
 
 

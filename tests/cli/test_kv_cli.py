@@ -210,3 +210,29 @@ def test_ls_fits_a_100_column_terminal_and_widens_the_title(kvdir, capsys, monke
 def test_ls_scores_read_without_exponents(kvdir, capsys):
     out = run(capsys, "kv", "ls")[1]
     assert "e-0" not in out and "e+0" not in out
+
+
+def test_ls_names_untitled_checkpoints_as_the_cache_browser_does(tmp_path, capsys, monkeypatch):
+    """No "-" titles: a checkpoint of a titled chat reads "↳ <its title>", a lone one its first
+    user message, a system-prompt checkpoint "system: …" (the browser's rule, chat/file_names.py)."""
+    from ds4tui.cache import KvStore
+    from ds4tui.chat.file_names import name_entries
+    from tests.ui import kv_fixtures as fx
+
+    d = tmp_path / "kv"
+    system = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    fx.titled_session(d, title="Trip to Lisbon")
+    fx.cold_checkpoint(d, system + "<|im_start|>user\nPlan three days in Lisbon. \x1b[31mred?\x1b[0m<|im_end|>\n")
+    fx.cold_checkpoint(d, system + "<|im_start|>user\nWhat is a\nmonad?<|im_end|>\n<|im_start|>assistant\nA mon")
+    fx.cold_checkpoint(d, "<|im_start|>system\nBe brief.<|im_end|>\n")
+    monkeypatch.setenv("DS4TUI_CACHE_DIR", str(d))
+    monkeypatch.setenv("COLUMNS", "160")
+    code, out, err = run(capsys, "kv", "ls")
+    assert code == 0 and err == ""
+    rows = out.splitlines()[1:-1]
+    title_at = out.splitlines()[0].index("TITLE")
+    shown = sorted(row[title_at:].rsplit(" ", 1)[0].strip() for row in rows)
+    assert shown == sorted(["Trip to Lisbon", "↳ Trip to Lisbon", "What is a monad?",
+                            "system: Be brief."])
+    browser = sorted(n.text for n in name_entries(KvStore(d).entries()).values())
+    assert shown == browser

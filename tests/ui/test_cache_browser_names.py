@@ -102,7 +102,7 @@ async def test_delete_names_the_chat(tmp_path):
 def test_a_file_that_is_not_kvc_still_has_a_name(tmp_path):
     """300 random bytes under a cache-file name: the row said nothing at all in the title column."""
     from ds4tui.cache.entry import inspect_file
-    from ds4tui.screens.widgets.file_names import name_of
+    from ds4tui.chat.file_names import name_of
 
     path = tmp_path / ("b" * 40 + ".kv")
     path.write_bytes(bytes(range(256)) + bytes(44))

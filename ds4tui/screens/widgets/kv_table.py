@@ -21,7 +21,7 @@ from textual.widgets import DataTable
 
 from ds4tui.cache.entry import KvEntry
 from ds4tui.format.display import human_bytes, relative_time, score_text
-from ds4tui.screens.widgets.file_names import BELONGS, FileName, name_of
+from ds4tui.chat.file_names import BELONGS, FileName, name_of
 from ds4tui.screens.widgets.kv_format import safe_cell
 from ds4tui.screens.widgets.title_fit import fitted_title
 

@@ -1,18 +1,21 @@
-"""What the cache browser calls each file: a title for every row, untitled checkpoints included.
+"""What a file is called: a title for every row, untitled checkpoints included.
 
+One rule for the cache browser's table and `ds4tui kv ls`'s TITLE column.
 Owns the naming rule (docs/cache-browser.md, "Names"): a titled session is its
 title; an untitled checkpoint is named after the chat it belongs to (`↳ title`,
 from `cache.scan.chat_of`), else as the shared start of several chats, else by
 its first user message (the template parsed back), else its first line. Pure
-functions, no Textual; the scan worker calls `name_files` off the UI thread.
+functions, no Textual; the browser's scan worker calls `name_files` off the UI thread,
+`kv ls` calls `name_entries`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from ds4tui.cache.entry import KvEntry
-from ds4tui.cache.scan import BrowserScan, TextIndex
+from ds4tui.cache.scan import BrowserScan, ChatOf, TextIndex, chat_of
 from ds4tui.engine.text.transcripts import parse_transcript
 from ds4tui.format.display import one_line
 
@@ -27,10 +30,12 @@ class FileName:
     chat_title: str | None = None
 
 
-def name_of(e: KvEntry, scan: BrowserScan | None, text: str | None) -> FileName:
+def name_of(e: KvEntry, chats: Mapping[str, ChatOf] | None, text: str | None) -> FileName:
+    """`chats`: untitled file path -> the chat it belongs to (`cache.scan.chat_of`);
+    `text`: the file's text (else its preview is parsed)."""
     if e.title is not None:
         return FileName(one_line(e.title), "title")
-    chat = scan.chats.get(e.path) if scan is not None else None
+    chat = chats.get(e.path) if chats is not None else None
     if chat is not None and chat.sha is not None:
         return FileName(BELONGS + one_line(chat.title), "chat", chat.sha, chat.title)
     body = text if text is not None else e.text_preview
@@ -51,4 +56,13 @@ def name_of(e: KvEntry, scan: BrowserScan | None, text: str | None) -> FileName:
 
 def name_files(scan: BrowserScan, texts: TextIndex) -> dict[str, FileName]:
     """path -> its name, for every file of `scan`."""
-    return {e.path: name_of(e, scan, texts.text(e.path)) for e in scan.entries}
+    return {e.path: name_of(e, scan.chats, texts.text(e.path)) for e in scan.entries}
+
+
+def name_entries(entries: list[KvEntry]) -> dict[str, FileName]:
+    """path -> its name, for entries read without a browser scan (each file's text is read once)."""
+    texts = TextIndex()
+    for e in entries:
+        texts.refresh(e)
+    chats = chat_of(entries, texts)
+    return {e.path: name_of(e, chats, texts.text(e.path)) for e in entries}
