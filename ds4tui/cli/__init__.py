@@ -28,7 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat_cli.add_chat_arguments(parser)
     parser.set_defaults(func=chat_cli.run_chat)
-    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    # Two forms, as two usage lines: argparse's one line reads as if a COMMAND were required,
+    # yet a bare `ds4tui` (flags only) starts the chat.
+    chat_usage = parser.format_usage().removeprefix("usage: ").rstrip("\n")
+    parser.usage = f"{chat_usage}\n       %(prog)s COMMAND ..."
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", prog=parser.prog)
     for name in GROUPS:
         importlib.import_module(f"ds4tui.cli.{name}").register(sub)
     return parser

@@ -87,3 +87,25 @@ def test_a_verbs_bad_flag_prints_that_verbs_usage(capsys):
     err = capsys.readouterr().err
     assert exc.value.code == 2
     assert err.startswith("usage: ds4tui kv ls") and "unrecognized arguments: --bogus" in err
+
+
+def test_usage_shows_the_chat_needs_no_command(capsys):
+    """`ds4tui` alone starts the chat: the usage gives that form (flags only) its own line,
+    before the `COMMAND ...` one, and a bad top-level flag still prints it with status 2."""
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    usage = capsys.readouterr().out.split("\n\n")[0].splitlines()
+    assert usage[0].startswith("usage: ds4tui [-h] [--model MODEL]") and "COMMAND" not in " ".join(usage[:-1])
+    assert usage[-1].split() == ["ds4tui", "COMMAND", "..."]
+    with pytest.raises(SystemExit) as exc:
+        main(["--bogus"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.startswith("usage: ds4tui [-h]") and "ds4tui COMMAND ..." in err
+    assert err.rstrip().endswith("ds4tui: error: unrecognized arguments: --bogus")
+    with pytest.raises(SystemExit):
+        main(["kv", "--help"])  # a subcommand's usage names it after the program, not after the usage
+    assert capsys.readouterr().out.startswith("usage: ds4tui kv [-h] VERB ...")
