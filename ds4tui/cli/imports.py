@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from ds4tui.cli.errors import CliError
+from ds4tui.cli.errors import CliError, os_reason
+from ds4tui.format.display import safe_text
 
 
 def register(subparsers) -> None:
@@ -27,11 +28,16 @@ def cmd_import(args: argparse.Namespace) -> int:
     from ds4tui.chat.transcript import load_json_file
     from ds4tui.cli.chat import run_chat
 
+    shown = safe_text(args.file)
     try:
         messages, title, created_at = load_json_file(args.file)
-    except (OSError, ValueError) as exc:
-        raise CliError(f"cannot import {args.file}: {exc}") from None
+    except OSError as exc:
+        raise CliError(f"cannot read {shown}: {os_reason(exc)}") from None
+    except UnicodeDecodeError:
+        raise CliError(f"cannot import {shown}: not UTF-8 text") from None
+    except ValueError as exc:
+        raise CliError(f"cannot import {shown}: {exc}") from None
     if not messages:
-        raise CliError(f"cannot import {args.file}: it holds no messages")
+        raise CliError(f"cannot import {shown}: it holds no messages")
     args.imported = {"messages": messages, "title": title, "created_at": created_at}
     return run_chat(args)

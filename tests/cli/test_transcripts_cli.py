@@ -95,6 +95,19 @@ def test_import_checks_the_file(tmp_path, capsys):
         {"role": "user", "content": "hi"}]
 
 
+@pytest.mark.parametrize("name, reason", [
+    ("missing.json", "cannot read {}: no such file"),
+    ("", "cannot read {}: is a directory"),
+    ("latin1.json", "cannot import {}: not UTF-8 text"),
+])
+def test_import_of_an_unreadable_file_is_one_plain_line(tmp_path, capsys, name, reason):
+    """No "[Errno 2] No such file or directory: '...'": the reason in words, the path once."""
+    (tmp_path / "latin1.json").write_bytes(b'[{"role": "user", "content": "caf\xe9"}]')
+    path = tmp_path / name if name else tmp_path
+    assert main(["import", str(path)]) == 1
+    assert capsys.readouterr().err == "ds4tui: " + reason.format(path) + "\n"
+
+
 def test_dsv4_transcripts_parse_without_the_model():
     from ds4tui.engine.text.dsv4_chat import Dsv4ChatTemplate
 
