@@ -32,12 +32,12 @@ class FileActions:
         if e is None:
             return
         if e.header is None:
-            self.notify("cannot pin: the header does not decode", severity="error", markup=False)
+            self.notify("Cannot pin: the header does not decode", severity="error", markup=False)
             return
         pin = not e.pinned
         label = self.name_of(e).text[:48] or e.sha[:12]
         self._io(lambda: self.store.set_pinned(e.sha, pin), f"{'Pinned' if pin else 'Unpinned'} {label}",
-                 f"could not {'pin' if pin else 'unpin'} {label}", select=e.sha)
+                 f"Could not {'pin' if pin else 'unpin'} {label}", select=e.sha)
 
     def action_delete(self) -> None:
         e = self.selected
@@ -76,14 +76,14 @@ class FileActions:
 
     def _delete(self, e: KvEntry) -> None:
         label = self.name_of(e).text[:48] or e.sha[:12]
-        self._io(lambda: self.store.delete(e.sha), f"Deleted {label}", f"{label} was already gone")
+        self._io(lambda: self.store.delete(e.sha), f"Deleted {label}", f"Already gone: {label}")
 
     def action_rename(self) -> None:
         e = self.selected
         if e is None:
             return
         if e.header is None or not e.header.titled or e.title is None:
-            self.notify("only titled sessions have a name to change", severity="warning", markup=False)
+            self.notify("Only titled sessions have a name to change", severity="warning", markup=False)
             return
 
         def done(title: str | None) -> None:
@@ -99,7 +99,7 @@ class FileActions:
         try:
             new_sha = self.store.rename_title(e.sha, title)
         except (OSError, ValueError) as exc:
-            self.app.call_from_thread(self.notify, f"rename failed: {exc}", severity="error", markup=False)
+            self.app.call_from_thread(self.notify, f"Rename failed: {exc}", severity="error", markup=False)
             return
         self._select_next = new_sha
         self.app.call_from_thread(self.notify, f"Renamed to “{one_line(title, 60)}”", markup=False)

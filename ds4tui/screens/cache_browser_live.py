@@ -36,7 +36,7 @@ class LiveListing:
             self.store.dir.mkdir(parents=True, exist_ok=True)
             self._watcher = CacheWatcher(self.store.dir, self._from_watcher).start()
         except OSError as exc:
-            self.notify(f"not watching {self.store.dir}: {exc}", severity="warning", markup=False)
+            self.notify(f"Not watching {self.store.dir}: {exc}", severity="warning", markup=False)
 
     def _stop_watching(self) -> None:
         if self._watcher is not None:
@@ -52,7 +52,7 @@ class LiveListing:
         if changes.directory_gone:
             # The old watch died with the directory (someone cleared the disposable
             # cache); watch a fresh one so later saves still show up.
-            self.notify(f"{self.store.dir} was removed; watching a new empty one", severity="warning", markup=False)
+            self.notify(f"The directory {self.store.dir} was removed; watching a new empty one", severity="warning", markup=False)
             self._stop_watching()
             self._start_watching()
         self.rescan()

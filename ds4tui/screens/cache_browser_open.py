@@ -46,7 +46,7 @@ class FileOpening:
         if block is None:
             self.post_message(self.ResumeRequested(e.path, e.sha, e.title))
             return
-        self.notify(block, title="Cannot resume here", severity="warning", markup=False)
+        self.notify(block[:1].upper() + block[1:], title="Cannot resume here", severity="warning", markup=False)
         self._load_transcript(e, f"cannot resume: {block}")
 
     def action_view_text(self) -> None:
@@ -59,6 +59,6 @@ class FileOpening:
         try:
             text = cache_scan.read_transcript(e, TRANSCRIPT_CAP)
         except (OSError, ValueError) as exc:
-            self.app.call_from_thread(self.notify, f"no text to show: {exc}", severity="error", markup=False)
+            self.app.call_from_thread(self.notify, f"No text to show: {exc}", severity="error", markup=False)
             return
         self.post_message(self._Transcript(self.name_of(e).text, text, note))

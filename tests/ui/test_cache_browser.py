@@ -253,3 +253,25 @@ def test_browse_command_refuses_a_missing_directory(tmp_path, capsys):
 
     assert main(["browse", "--dir", str(tmp_path / "nope")]) == 1
     assert "nope is not a directory" in capsys.readouterr().err
+
+
+async def test_toasts_are_sentence_case_like_the_chats(tmp_path):
+    """The browser's toasts start with a capital, as the chat's do: a refused rename, a file
+    that cannot be resumed (its lower-case status, capitalised in the toast), a pin."""
+    shas = fx.fixture_dir(tmp_path)
+    app = BrowserHost(tmp_path, model=TEST_MODEL, watch=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await _started(pilot, 4)
+        await select(pilot, shas["cold"])
+        await pilot.press("t")
+        await select(pilot, shas["ds4"])
+        await pilot.press("enter")
+        await until(pilot, lambda: len(app._notifications) == 2, "two toasts")
+        await pilot.press("escape")  # the transcript the refused resume opened
+        await select(pilot, shas["cold"])
+        await pilot.press("p")
+        await until(pilot, lambda: len(app._notifications) == 3, "three toasts")
+        notes = [n.message for n in app._notifications]
+        assert notes[0] == "Only titled sessions have a name to change"
+        assert notes[1].startswith("Not loadable here: payload ABI 2")
+        assert notes[2].startswith("Pinned ")
