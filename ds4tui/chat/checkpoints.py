@@ -57,6 +57,7 @@ class SavedSession:
     last_used: int
     tokens: int
     file_bytes: int
+    ctx_size: int = 0  # the context it was written with (0: not known, a remote transcript)
     # Why it cannot be resumed (corrupt, written by another config, ...); None when it can.
     problem: str | None = None
     other_model: bool = False  # the problem is only that another model of the family wrote it
@@ -207,7 +208,7 @@ class Checkpoints:
             raise LookupError(f"{sha[:12]}: {e.error or 'not a cache file'}")
         h = e.header
         return SavedSession(sha=sha, path=e.path, title=e.title if h.titled else None, created_at=h.created_at,
-                            last_used=h.last_used, tokens=h.tokens, file_bytes=e.file_bytes)
+                            last_used=h.last_used, tokens=h.tokens, file_bytes=e.file_bytes, ctx_size=h.ctx_size)
 
     def titled_sessions(self, *, with_problems: bool = False) -> list[SavedSession]:
         """Titled sessions written by this model (same fingerprint), newest first.
@@ -241,7 +242,7 @@ class Checkpoints:
             title = e.title if e.title is not None else f"(unreadable title) {e.sha[:12]}"
             out.append(SavedSession(sha=e.sha, path=e.path, title=title, created_at=h.created_at,
                                     last_used=h.last_used, tokens=h.tokens, file_bytes=e.file_bytes,
-                                    problem=problem, other_model=other))
+                                    ctx_size=h.ctx_size, problem=problem, other_model=other))
         out.sort(key=lambda s: (s.last_used, s.created_at), reverse=True)
         return out
 

@@ -54,6 +54,10 @@ class Conversation:
     # Regenerated replies: message index -> every version of that reply; the message shows one.
     alternatives: dict[int, list[str]] = field(default_factory=dict)
     forked_from: tuple[str, int] | None = None  # (parent's title, messages kept) of a fork
+    # How the last reply of a resumed chat ended, as far as its file tells: "context-full" when
+    # its tokens filled the context it was written with; None otherwise (a stop by the user or
+    # by max_tokens is not stored, and a reply that ended on its own reads the same).
+    resumed_stop: str | None = None
     # What a chat template's date (strftime_now) says for this chat: fixed when the chat starts
     # (a fork keeps its parent's, a resumed chat the one its text holds), so every turn renders
     # the same header, its cached text stays a prefix of the next prompt, and a chat resumed

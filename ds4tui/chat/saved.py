@@ -118,6 +118,9 @@ class SavedSessions:
             # the next prompt then starts with the stored text, whatever day it is resumed.
             conv.template_now = self.model.chat.written_on(transcript) or datetime.fromtimestamp(saved.created_at)
             conv.session_text = text
+            if saved.ctx_size and saved.tokens >= saved.ctx_size and conv.messages \
+                    and conv.messages[-1].get("role") == "assistant":
+                conv.resumed_stop = "context-full"  # the reply ran into the context's end
             conv.saved_sha = saved.sha if saved.titled else None
             conv.saved_upto = len(session.tokens) if saved.titled else 0
             conv.stored_upto = len(session.tokens)

@@ -306,6 +306,7 @@ class TurnPipeline:
             on_event(TokenText(tail))
         conv.session_text = bytes(text)
         conv.messages.append({"role": "assistant", "content": stream.text})
+        conv.resumed_stop = None  # the resumed chat's last reply is no longer its last
         decode_s = time.perf_counter() - started
         done = Done(
             tokens=generated,

@@ -133,8 +133,16 @@ def stats_line(done: ev.Done) -> str:
               f"first token {fmt.ms(done.ttft_ms)}"]
     if done.regenerated:
         parts.append("regenerated" + ("" if done.forward_before_first_token else " from kept logits"))
-    if done.stop == "context-full":
-        parts.append("■ context full")
-    elif done.stop not in ("eos", "stop-string"):
-        parts.append(f"stopped: {done.stop}")
+    stopped = stop_note(done.stop)
+    if stopped:
+        parts.append(stopped)
     return " · ".join(parts)
+
+
+def stop_note(stop: str) -> str | None:
+    """How a reply that did not end on its own is marked under it (live, or resumed); None when it did."""
+    if stop == "context-full":
+        return "■ context full"
+    if stop in ("eos", "stop-string"):
+        return None
+    return f"stopped: {stop}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ds4tui.chat import events as ev
 from ds4tui.screens.chat_moves import version_note
-from ds4tui.screens.chat_notices import stats_line
+from ds4tui.screens.chat_notices import stats_line, stop_note
 from ds4tui.screens.widgets import fmt
 from ds4tui.screens.widgets.title_fit import short_title
 from ds4tui.screens.widgets.chat_pane import ChatPane
@@ -152,7 +152,9 @@ class ChatTurns:
         already_open = pane is not None
         if pane is None:
             pane = await self._add_pane(conv.key)
-            pane.log.show_messages(conv.visible_messages())
+            # A reply cut off before the app quit is marked as the live chat marked it.
+            pane.log.show_messages(conv.visible_messages(),
+                                   stop_note(conv.resumed_stop) or "" if conv.resumed_stop else "")
         if "" in self._cache_lines:  # the resume's disk hit, reported before the chat existed
             self._cache_lines[conv.key] = self._cache_lines.pop("")
         self._switch(conv.key)

@@ -385,3 +385,22 @@ async def test_the_palette_shows_the_model_info_line(tiny_llama):
         line = tiny_llama.describe()
         assert line.startswith("llama, ") and "layers" in line and "chat:" in line
         assert any(n.message == line for n in app._notifications)
+
+
+async def test_a_resumed_reply_cut_off_by_the_context_is_marked(tiny_llama):
+    """A reply that ran into the end of the context is marked "■ context full" when the chat is
+    resumed (the file's tokens fill the context it was written with), even with a larger
+    context now. A stop by max_tokens (or the user) is not stored: that reply is not marked."""
+    writer = make_controller(tiny_llama, ctx=64, max_tokens=500)
+    full = writer.new_conversation()
+    assert writer.send(full.key, "Hi " * 5, lambda e: None).stop == "context-full"
+    writer = make_controller(tiny_llama, max_tokens=8)
+    capped = writer.new_conversation()
+    assert writer.send(capped.key, "Hello", lambda e: None).stop == "max-tokens"
+    for conv, shown in ((full, "■ context full"), (capped, "")):
+        app = ChatHost(tiny_llama, resume=conv.saved_sha[:12])
+        async with app.run_test(size=SIZE) as pilot:
+            assert (await app.wait_for(ChatScreen.Resumed)).error is None
+            await pilot.pause()
+            stats = _pane(app).query_one(AssistantMessage).query_one(".stats")
+            assert str(stats.render()) == shown and stats.has_class("-empty") == (not shown)

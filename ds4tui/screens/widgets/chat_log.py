@@ -119,14 +119,15 @@ class AssistantMessage(SelectableMessage, Vertical):
     }
     """
 
-    def __init__(self, text: str = "") -> None:
+    def __init__(self, text: str = "", stats: str = "") -> None:
         super().__init__()
         self._initial = text
+        self._initial_stats = stats
         self.text = text
 
     def compose(self) -> ComposeResult:
         yield ReplyMarkdown(safe_lines(self._initial))
-        yield Static("", classes="stats -empty")
+        yield Static(Text(self._initial_stats), classes="stats" if self._initial_stats else "stats -empty")
 
     def append(self, text: str) -> None:
         """Add streamed text (whole characters, as the controller sends them)."""
@@ -205,8 +206,8 @@ class ChatLog(VerticalScroll):
         self.mount(message)
         return message
 
-    def add_assistant(self, text: str = "") -> AssistantMessage:
-        message = AssistantMessage(text)
+    def add_assistant(self, text: str = "", stats: str = "") -> AssistantMessage:
+        message = AssistantMessage(text, stats)
         self.mount(message)
         return message
 
@@ -215,13 +216,14 @@ class ChatLog(VerticalScroll):
         self.mount(notice)
         return notice
 
-    def show_messages(self, messages: list[dict]) -> None:
-        """Fill the log from a transcript (a resumed session): user and assistant turns only."""
-        for message in messages:
+    def show_messages(self, messages: list[dict], last_stats: str = "") -> None:
+        """Fill the log from a transcript (a resumed session): user and assistant turns only;
+        `last_stats` goes under the last message when it is a reply (how that reply ended)."""
+        for i, message in enumerate(messages):
             if message.get("role") == "user":
                 self.add_user(str(message.get("content", "")))
             elif message.get("role") == "assistant":
-                self.add_assistant(str(message.get("content", "")))
+                self.add_assistant(str(message.get("content", "")), last_stats if i == len(messages) - 1 else "")
 
     def messages(self) -> list[Widget]:
         """The user and assistant message widgets, in order (conv.visible_messages() order)."""
