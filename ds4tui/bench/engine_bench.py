@@ -235,10 +235,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _kernels(model, variant: str) -> str:
-    """The C kernel variant and what runs on it: the fused decode step (a plain llama), or the
-    block products of the torch forward (the other architectures); "torch" when neither."""
+    """The C kernel variant and what runs on it: the fused decode step, or only the block
+    products of the torch forward (shapes the step does not take); "torch" when neither."""
     if getattr(model, "fast", None) is not None:
-        return variant
+        return f"{variant}, fused C decode step"
     if getattr(model, "use_blocks", False):
-        return f"{variant} block products (no fused decode step for this architecture)"
+        return f"{variant} block products (no fused decode step for these shapes)"
     return "torch"

@@ -85,9 +85,11 @@ DS4K_EXPORT int ds4k_dequant(int type, const void *w, float *out, int64_t rows, 
 
 DS4K_EXPORT int64_t ds4k_llama_workspace(const ds4k_llama *m, int64_t ctx) { return ops()->llama_workspace(m, ctx); }
 
-DS4K_EXPORT int ds4k_llama_step(const ds4k_llama *m, void *kv, int kv_f16, int64_t ctx, int64_t pos, int32_t token,
-                                float *logits, float *ws, int nth) {
-    return ops()->llama_step(m, kv, kv_f16, ctx, pos, token, logits, ws, nth);
+/* kv[i], rows[i]: layer i's K/V buffer [2, Hkv, rows[i], D] (a sliding layer's ring: row of
+ * position p at p % rows[i]). flags: DS4K_STEP_*. */
+DS4K_EXPORT int ds4k_llama_step(const ds4k_llama *m, void *const *kv, const int64_t *rows, int kv_f16, int64_t pos,
+                                int32_t token, int flags, float *logits, float *ws, int nth) {
+    return ops()->llama_step(m, kv, rows, kv_f16, pos, token, flags, logits, ws, nth);
 }
 
 /* Causal grouped attention of S query positions over KV rows in place (attn.c). */

@@ -112,32 +112,51 @@ static inline float ds4k_h2f(const uint8_t *p) { return ds4k_f16_to_f32(ds4k_rd1
 typedef void (*ds4k_chunk_fn)(void *ctx, int64_t chunk);
 DS4K_HIDDEN void ds4k_run_chunks(ds4k_chunk_fn fn, void *ctx, int64_t nchunks, int nth);
 
-/* The llama model table llama_step.c reads (mirrored by llama_step.py's ctypes classes). */
+/* The llama-family model table llama_step.c reads (mirrored by llama_step.py's ctypes classes).
+ * Optional parts are NULL when the architecture has none (a plain llama: all of them). */
 typedef struct {
     const float *attn_norm, *ffn_norm; /* [H] */
     ds4k_mat qkv[DS4K_MAX_PARTS];      /* [(Hq + 2 Hkv) D, H] in row parts: q rows, k rows, v rows */
     ds4k_mat o;                        /* [H, Hq D] */
     ds4k_mat w13[DS4K_MAX_PARTS];      /* [2 F, H] in row parts: gate rows, up rows */
     ds4k_mat w2;                       /* [H, F] */
+    const float *bqkv;                 /* [(Hq + 2 Hkv) D] q/k/v biases (Qwen 2) */
+    const float *q_norm, *k_norm;      /* [D] per-head RMSNorm weights of q and k (Qwen 3, Gemma 3) */
+    const float *post_attn_norm;       /* [H] norm of the attention output (Gemma 3) */
+    const float *post_ffn_norm;        /* [H] norm of the FFN output (Gemma 3) */
+    int32_t sliding;                   /* 1: local RoPE tables, K/V rows as a ring */
+    int32_t reserved;
 } ds4k_layer;
+
+#define DS4K_ACT_SILU 0      /* SwiGLU */
+#define DS4K_ACT_GELU_TANH 1 /* GeGLU with the tanh GELU */
 
 typedef struct {
     int32_t n_layers, hidden, inter, n_heads, n_kv_heads, head_dim, vocab, rope_rows;
     float eps;
-    const float *embed;               /* fp32 [vocab, H] */
-    const float *norm;                /* [H] */
-    ds4k_mat head;                    /* [vocab, H] */
-    const float *rope_cos, *rope_sin; /* [rope_rows, D/2] */
+    float embed_scale;                  /* embedding rows times this (1: none) */
+    float attn_scale;                   /* q times this before q.k; 0: 1/sqrt(D) */
+    float softcap;                      /* logits -> softcap * tanh(logits / softcap); 0: none */
+    int32_t act;                        /* DS4K_ACT_* */
+    int32_t reserved;
+    const float *embed;                 /* fp32 [vocab, H] */
+    const float *norm;                  /* [H] */
+    ds4k_mat head;                      /* [vocab, H] */
+    const float *rope_cos, *rope_sin;   /* [rope_rows, D/2]: global layers */
+    const float *local_cos, *local_sin; /* [rope_rows, D/2]: sliding layers */
     const ds4k_layer *layers;
 } ds4k_llama;
+
+/* ds4k_llama_step flags. */
+#define DS4K_STEP_FROZEN_GLOBAL 1 /* global layers read their rows and write none (a replay) */
 
 /* One instruction set's entry points (isa.c fills one per build; dispatch.c picks one). */
 typedef struct {
     int (*gemv)(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int nth);
     int (*gemm)(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int64_t n, int nth);
     int (*dequant)(int type, const void *w, float *out, int64_t rows, int64_t cols);
-    int (*llama_step)(const ds4k_llama *m, void *kv, int kv_f16, int64_t ctx, int64_t pos, int32_t token,
-                      float *logits, float *ws, int nth);
+    int (*llama_step)(const ds4k_llama *m, void *const *kv, const int64_t *rows, int kv_f16, int64_t pos,
+                      int32_t token, int flags, float *logits, float *ws, int nth);
     int64_t (*llama_workspace)(const ds4k_llama *m, int64_t ctx);
     int (*attn)(const float *q, int64_t ldq, float *o, int64_t ldo, const void *k, const void *v, int64_t hs,
                 int64_t cap, const void *kn, int64_t hsn, int64_t rsn, const void *vn, int64_t hsv, int64_t rsv,

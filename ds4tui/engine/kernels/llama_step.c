@@ -1,23 +1,31 @@
-/* llama_step.c: one llama decode step (batch 1) in a single call: embedding row to logits.
+/* llama_step.c: one llama-family decode step (batch 1) in a single call: embedding row to logits.
  *
- * Owns: the math of llama.py's forward for one token at position pos, against the same
- * weights (raw GGUF blocks or fp32, through gemv in qgemv.c), the same RoPE tables (half-split
- * rotation, rows already un-permuted by the loader) and the session's own KV buffer
- * [layers, 2 (K, V), Hkv, ctx, D], f32 or f16 (the new K/V rows are written in place, rounded
- * to nearest-even f16 in an f16 buffer; attention converts each row as it reads it, with F16C
- * in the vector builds, so the cache is never converted as a whole). Leaves to
- * callers (llama_step.py): building the model table (ds4k.h), checks, serializing calls.
- * Compiled once per ISA by isa.c; the vector paths below are AVX2 in both vector builds.
+ * Owns: the math of llama/model.py's forward for one token at position pos, for every
+ * architecture that forward serves (llama, qwen2, qwen3, gemma3), against the same weights
+ * (raw GGUF blocks or fp32, through gemv in qgemv.c), the same RoPE tables (half-split
+ * rotation, rows already un-permuted by the loader; sliding layers have their own) and the
+ * session's own K/V buffers, one [2 (K, V), Hkv, rows, D] per layer, f32 or f16 (the new K/V
+ * rows are written in place, rounded to nearest-even f16 in an f16 buffer; attention converts
+ * each row as it reads it, with F16C in the vector builds, so the cache is never converted as
+ * a whole). What differs between architectures is a field of the table (ds4k.h), as in the
+ * torch forward: an embedding scale, q/k/v biases, per-head q/k RMSNorm, norms after
+ * attention and after the FFN, SwiGLU or GeGLU, the query scale, final logit soft-capping,
+ * and sliding-window layers, whose K/V is a ring of the last `rows` positions (position p at
+ * slot p % rows). Leaves to callers (llama_step.py): building the model table, the per-layer
+ * K/V pointers, checks, serializing calls. Compiled once per ISA by isa.c; the vector paths
+ * below are AVX2 in both vector builds, except attention's AVX-512 ones.
  *
- * Why one call: the math per token is ~135M multiply-adds, ~4 ms; the same step as ~600
- * torch ops costs ~3 ms of dispatch on top. One C call also releases the GIL for the
- * whole token, so the UI thread keeps running.
+ * Why one call: the math per token is ~135M multiply-adds on SmolLM2, ~4 ms; the same step
+ * as ~600 torch ops costs ~3 ms of dispatch on top (Gemma 3 270M: docs/perf.md). One C call
+ * also releases the GIL for the whole token, so the UI thread keeps running.
  *
  * Attention splits each KV head's positions into fixed blocks of ATT_BLOCK (one pool
  * chunk each), then merges the blocks' (max, sum, output) with the usual log-sum-exp
  * rescaling. Inside a block, K and V are read in tiles of ATT_TILE rows, converted to f32
  * once for all G query heads of the group (AVX-512 FMAs in the AVX-512 build, AVX2 in the
- * other). Block bounds depend only on pos, so results do not depend on the thread count.
+ * other). Block bounds depend only on pos (and a ring's size), so results do not depend on
+ * the thread count. A ring's rows are read in slot order, not position order; softmax is
+ * order-free, so only the rounding of the sums differs from the torch forward's.
  */
 
 #define ATT_BLOCK 256
@@ -135,6 +143,39 @@ static void swiglu(float *a, const float *g, const float *u, int n) {
     }
 #endif
     for (; i < n; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* a[i] = gelu_tanh(g[i]) * u[i], through 0.5 (1 + tanh(z)) = 1 / (1 + exp(-2z)):
+ * gelu_tanh(g) = g / (1 + exp(-2 sqrt(2/pi) (g + 0.044715 g^3))). */
+static void geglu(float *a, const float *g, const float *u, int n) {
+    const float c = -2.0f * 0.7978845608028654f, c3 = 0.044715f;
+    int i = 0;
+#if DS4K_AVX2
+    const __m256 cv = _mm256_set1_ps(c), c3v = _mm256_set1_ps(c3), one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 z = _mm256_mul_ps(cv, _mm256_fmadd_ps(_mm256_mul_ps(c3v, gv), _mm256_mul_ps(gv, gv), gv));
+        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(z)));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < n; i++) a[i] = g[i] / (1.0f + expf(c * (g[i] + c3 * g[i] * g[i] * g[i]))) * u[i];
+}
+
+/* x[i] = cap * tanh(x[i] / cap), tanh(y) = 1 - 2 / (1 + exp(2y)) (exp8 clamps: +-1 at the ends). */
+static void softcap(float *x, int64_t n, float cap) {
+    const float inv = 1.0f / cap;
+    int64_t i = 0;
+#if DS4K_AVX2
+    const __m256 two_inv = _mm256_set1_ps(2.0f * inv), one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f);
+    const __m256 capv = _mm256_set1_ps(cap);
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_mul_ps(_mm256_loadu_ps(x + i), two_inv));
+        __m256 t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(one, e)));
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(capv, t));
+    }
+#endif
+    for (; i < n; i++) x[i] = cap * tanhf(x[i] * inv);
 }
 
 /* ---------------------------------------------------------------- f16 K/V rows */
@@ -418,7 +459,7 @@ static void attention(const ds4k_llama *m, float *att, const float *q, const voi
 
 /* ---------------------------------------------------------------- the step */
 
-/* Floats of workspace ds4k_llama_step needs for a session of `ctx` positions. */
+/* Floats of workspace ds4k_llama_step needs when a layer holds at most `ctx` K/V rows. */
 static int64_t llama_workspace(const ds4k_llama *m, int64_t ctx) {
     const int64_t h = m->hidden, d = m->head_dim, hq = m->n_heads, hkv = m->n_kv_heads;
     const int64_t nblk = (ctx + ATT_BLOCK - 1) / ATT_BLOCK;
@@ -427,53 +468,80 @@ static int64_t llama_workspace(const ds4k_llama *m, int64_t ctx) {
     return 3 * h + wide + hq * d + m->inter + hkv * nblk * (hq / hkv) * (d + 2);
 }
 
-/* Run `token` at position pos: writes its K/V rows into kv (float, or f16 when kv_f16; valid
- * for positions < pos on entry), and logits [vocab] unless logits is NULL (then the last layer
- * stops after its K/V, as llama.py does). Returns 0, or -1 for bad arguments or shapes. */
-static int llama_step(const ds4k_llama *m, void *kv, int kv_f16, int64_t ctx, int64_t pos, int32_t token,
-                      float *logits, float *ws, int nth) {
+/* Run `token` at position pos. kv[i] is layer i's K/V buffer [2 (K, V), Hkv, rows[i], D],
+ * float or f16 when kv_f16: a global layer's rows are positions (valid below pos on entry),
+ * a sliding layer's a ring holding position p at slot p % rows[i] (the caller makes rows[i]
+ * min(window, context), so the live rows are exactly the window). Writes the token's K/V
+ * rows (global layers' not with DS4K_STEP_FROZEN_GLOBAL), and logits [vocab] unless logits
+ * is NULL (then the last layer stops after its K/V, as llama.py does). Returns 0, or -1 for
+ * bad arguments or shapes. */
+static int llama_step(const ds4k_llama *m, void *const *kv, const int64_t *rows, int kv_f16, int64_t pos,
+                      int32_t token, int flags, float *logits, float *ws, int nth) {
     const int hdim = m->hidden, d = m->head_dim, hq = m->n_heads, hkv = m->n_kv_heads, f = m->inter;
-    if (pos < 0 || pos >= ctx || pos >= m->rope_rows || token < 0 || token >= m->vocab) return -1;
+    if (pos < 0 || pos >= m->rope_rows || token < 0 || token >= m->vocab) return -1;
     if (hkv <= 0 || hq % hkv || hq / hkv > MAX_GROUP || d > MAX_HEAD_DIM || d % 2) return -1;
+    if (m->act != DS4K_ACT_SILU && m->act != DS4K_ACT_GELU_TANH) return -1;
+    for (int i = 0; i < m->n_layers; i++)
+        if (kv[i] == NULL || rows[i] <= 0 || (!m->layers[i].sliding && pos >= rows[i])) return -1;
     float *x = ws, *hb = x + hdim, *tmp = hb + hdim;
     float *wide = tmp + hdim;                    /* qkv [(Hq + 2 Hkv) D] or gate|up [2F] */
-    int64_t wide_n = (int64_t)(hq + 2 * hkv) * d > 2 * (int64_t)f ? (int64_t)(hq + 2 * hkv) * d : 2 * (int64_t)f;
+    const int64_t nqkv = (int64_t)(hq + 2 * hkv) * d;
+    int64_t wide_n = nqkv > 2 * (int64_t)f ? nqkv : 2 * (int64_t)f;
     float *att = wide + wide_n, *act = att + hq * d, *part = act + f;
-    const float *cos_row = m->rope_cos + pos * (d / 2), *sin_row = m->rope_sin + pos * (d / 2);
-    const float scale = 1.0f / sqrtf((float)d);
-    const int64_t plane = (int64_t)hkv * ctx * d; /* one of K or V of one layer */
+    const int64_t rope_off = pos * (d / 2);
+    const float scale = m->attn_scale > 0.0f ? m->attn_scale : 1.0f / sqrtf((float)d);
 
     memcpy(x, m->embed + (int64_t)token * hdim, sizeof(float) * (size_t)hdim);
+    if (m->embed_scale != 1.0f)
+        for (int e = 0; e < hdim; e++) x[e] *= m->embed_scale;
     for (int i = 0; i < m->n_layers; i++) {
         const ds4k_layer *L = &m->layers[i];
-        const int64_t k0 = (int64_t)i * 2 * plane, v0 = k0 + plane; /* element offsets */
-        float *kc = (float *)kv + k0, *vc = (float *)kv + v0;
-        uint16_t *kch = (uint16_t *)kv + k0, *vch = (uint16_t *)kv + v0;
+        const int64_t cap = rows[i];
+        const int64_t slot = L->sliding ? pos % cap : pos;
+        const int64_t live = L->sliding && pos + 1 > cap ? cap : pos + 1;
+        const int64_t plane = (int64_t)hkv * cap * d; /* one of K or V of this layer */
+        float *kc = (float *)kv[i], *vc = kc + plane;
+        uint16_t *kch = (uint16_t *)kv[i], *vch = kch + plane;
+        const float *cos_row = (L->sliding ? m->local_cos : m->rope_cos) + rope_off;
+        const float *sin_row = (L->sliding ? m->local_sin : m->rope_sin) + rope_off;
         rms_norm(hb, x, L->attn_norm, hdim, m->eps);
         if (gemv(L->qkv, nparts_of(L->qkv), hb, wide, hdim, nth)) return -1;
+        if (L->bqkv)
+            for (int64_t e = 0; e < nqkv; e++) wide[e] += L->bqkv[e];
+        if (L->q_norm) /* per head, before RoPE; in place (rms_norm reads all of x first) */
+            for (int h = 0; h < hq + hkv; h++)
+                rms_norm(wide + h * d, wide + h * d, h < hq ? L->q_norm : L->k_norm, d, m->eps);
         for (int h = 0; h < hq + hkv; h++) rope(wide + h * d, cos_row, sin_row, d);
-        for (int h = 0; h < hkv; h++) {
-            const int64_t row = ((int64_t)h * ctx + pos) * d;
-            if (kv_f16) {
-                store_f16(kch + row, wide + (hq + h) * d, d);
-                store_f16(vch + row, wide + (hq + hkv + h) * d, d);
-            } else {
-                memcpy(kc + row, wide + (hq + h) * d, sizeof(float) * (size_t)d);
-                memcpy(vc + row, wide + (hq + hkv + h) * d, sizeof(float) * (size_t)d);
+        if (L->sliding || !(flags & DS4K_STEP_FROZEN_GLOBAL)) {
+            for (int h = 0; h < hkv; h++) {
+                const int64_t row = ((int64_t)h * cap + slot) * d;
+                if (kv_f16) {
+                    store_f16(kch + row, wide + (hq + h) * d, d);
+                    store_f16(vch + row, wide + (hq + hkv + h) * d, d);
+                } else {
+                    memcpy(kc + row, wide + (hq + h) * d, sizeof(float) * (size_t)d);
+                    memcpy(vc + row, wide + (hq + hkv + h) * d, sizeof(float) * (size_t)d);
+                }
             }
         }
         if (i == m->n_layers - 1 && logits == NULL) return 0;
         for (int e = 0; e < hq * d; e++) wide[e] *= scale; /* llama.py scales q, not scores */
+        /* A ring's live rows are in slot order, not position order: softmax does not mind. */
         attention(m, att, wide, kv_f16 ? (const void *)kch : (const void *)kc,
-                  kv_f16 ? (const void *)vch : (const void *)vc, kv_f16, ctx, pos + 1, part, nth);
+                  kv_f16 ? (const void *)vch : (const void *)vc, kv_f16, cap, live, part, nth);
         if (gemv(&L->o, 1, att, tmp, (int64_t)hq * d, nth)) return -1;
+        if (L->post_attn_norm) rms_norm(tmp, tmp, L->post_attn_norm, hdim, m->eps);
         for (int e = 0; e < hdim; e++) x[e] += tmp[e];
         rms_norm(hb, x, L->ffn_norm, hdim, m->eps);
         if (gemv(L->w13, nparts_of(L->w13), hb, wide, hdim, nth)) return -1;
-        swiglu(act, wide, wide + f, f);
+        if (m->act == DS4K_ACT_GELU_TANH) geglu(act, wide, wide + f, f);
+        else swiglu(act, wide, wide + f, f);
         if (gemv(&L->w2, 1, act, tmp, f, nth)) return -1;
+        if (L->post_ffn_norm) rms_norm(tmp, tmp, L->post_ffn_norm, hdim, m->eps);
         for (int e = 0; e < hdim; e++) x[e] += tmp[e];
     }
     rms_norm(hb, x, m->norm, hdim, m->eps);
-    return gemv(&m->head, 1, hb, logits, hdim, nth);
+    if (gemv(&m->head, 1, hb, logits, hdim, nth)) return -1;
+    if (m->softcap > 0.0f) softcap(logits, m->vocab, m->softcap);
+    return 0;
 }

@@ -1,16 +1,17 @@
-"""FastDecoder: llama decode (one token at a time) through the fused C step in llama_step.c.
+"""FastDecoder: llama-family decode (one token at a time) through the fused C step in llama_step.c.
 
 Owns: the ctypes mirror of ds4k.h's model table, choosing per matrix between the GGUF's raw
 blocks (any type of quants.BLOCK_TYPES, possibly in row parts of different types) and the
-model's fp32 weight, the step's workspace, and `step()`, which matches the llama forward
-for one token up to float rounding order. Leaves to the model: when to use it (batch-1
-forwards; prefill is torch, with qgemm.py products for short chunks) and the fallback:
-without the compiled library `make_fast_decoder` returns None and the torch forward runs.
+model's fp32 weight, the per-layer K/V pointers of a call, the step's workspace, and
+`step()`, which matches the llama-family forward (llama, qwen2, qwen3, gemma3) for one token
+up to float rounding order. Leaves to the model: when to use it (batch-1 forwards; prefill
+is torch, with qgemm.py products for short chunks) and the fallback: without the compiled
+library `make_fast_decoder` returns None and the torch forward runs.
 
 Input is a config and tensors, never a model object: `make_fast_decoder(cfg, tensors, rope,
-raw)` with the weights by their internal names (see `FastDecoder.__init__`). Every pointer the C
-table holds belongs to a tensor this object keeps a reference to, so the table stays valid
-for the decoder's lifetime; the tensors are never written.
+raw, local_rope)` with the weights by their internal names (see `FastDecoder.__init__`). Every
+pointer the C table holds belongs to a tensor this object keeps a reference to, so the table
+stays valid for the decoder's lifetime; the tensors are never written.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class _Layer(ctypes.Structure):
     _fields_ = [
         ("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p),
         ("qkv", _Parts), ("o", Mat), ("w13", _Parts), ("w2", Mat),
+        ("bqkv", ctypes.c_void_p), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+        ("post_attn_norm", ctypes.c_void_p), ("post_ffn_norm", ctypes.c_void_p),
+        ("sliding", ctypes.c_int32), ("reserved", ctypes.c_int32),
     ]
 
 
@@ -41,11 +45,17 @@ class _Llama(ctypes.Structure):
         ("n_layers", ctypes.c_int32), ("hidden", ctypes.c_int32), ("inter", ctypes.c_int32),
         ("n_heads", ctypes.c_int32), ("n_kv_heads", ctypes.c_int32), ("head_dim", ctypes.c_int32),
         ("vocab", ctypes.c_int32), ("rope_rows", ctypes.c_int32),
-        ("eps", ctypes.c_float),
+        ("eps", ctypes.c_float), ("embed_scale", ctypes.c_float), ("attn_scale", ctypes.c_float),
+        ("softcap", ctypes.c_float), ("act", ctypes.c_int32), ("reserved", ctypes.c_int32),
         ("embed", ctypes.c_void_p), ("norm", ctypes.c_void_p), ("head", Mat),
         ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p),
+        ("local_cos", ctypes.c_void_p), ("local_sin", ctypes.c_void_p),
         ("layers", ctypes.POINTER(_Layer)),
     ]
+
+
+ACTS = {"silu": 0, "gelu_tanh": 1}  # ds4k.h's DS4K_ACT_*
+FROZEN_GLOBAL = 1  # ds4k.h's DS4K_STEP_FROZEN_GLOBAL
 
 
 def _bind(lib: ctypes.CDLL) -> None:
@@ -54,25 +64,28 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ds4k_llama_workspace.argtypes = [ctypes.POINTER(_Llama), ctypes.c_int64]
     lib.ds4k_llama_workspace.restype = ctypes.c_int64
     lib.ds4k_llama_step.argtypes = [
-        ctypes.POINTER(_Llama), ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+        ctypes.POINTER(_Llama), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int32,
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
     ]
     lib.ds4k_llama_step.restype = ctypes.c_int
     lib._ds4k_step_bound = True
 
 
 class FastDecoder:
-    """Batch-1 decode for one llama-layout model; shared by its sessions (calls are serialized)."""
+    """Batch-1 decode for one llama-family model; shared by its sessions (calls are serialized)."""
 
     def __init__(self, cfg, tensors: Mapping[str, torch.Tensor], rope: tuple[torch.Tensor, torch.Tensor],
-                 raw: Mapping[str, Part | Sequence[Part]], lib: ctypes.CDLL) -> None:
-        """cfg: a LlamaConfig (num_layers, hidden_size, intermediate_size, num_heads,
-        num_kv_heads, head_dim, vocab_size, rms_norm_eps, tie_word_embeddings).
-        tensors: fp32 CPU tensors by internal name (engine/llama/config.py): "embed" [V, H],
-        "norm" [H], "lm_head" [V, H] unless tied, and per layer i
-        "layers.{i}.attn_norm"/"ffn_norm" [H], "wqkv" [(Hq + 2 Hkv) D, H] (q rows, k rows
-        un-permuted to HF's half-split order, v rows), "wo" [H, Hq D], "w13" [2F, H] (gate
-        rows, up rows), "w2" [H, F]. rope: the (cos, sin) tables [positions, D/2].
+                 raw: Mapping[str, Part | Sequence[Part]], lib: ctypes.CDLL,
+                 local_rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """cfg: a LlamaConfig (engine/llama/config.py: its shapes and architecture fields).
+        tensors: fp32 CPU tensors by internal name (config.py): "embed" [V, H], "norm" [H],
+        "lm_head" [V, H] unless tied, and per layer i "layers.{i}.attn_norm"/"ffn_norm" [H],
+        "wqkv" [(Hq + 2 Hkv) D, H] (q rows, k rows un-permuted to HF's half-split order, v
+        rows), "wo" [H, Hq D], "w13" [2F, H] (gate rows, up rows), "w2" [H, F], and those the
+        config asks for: "bqkv" (attn_bias), "q_norm"/"k_norm" [D] (qk_norm),
+        "post_attn_norm"/"post_ffn_norm" [H] (post_norms). Norm weights are final (Gemma's
+        1 + w already folded in by the loader). rope: the (cos, sin) tables [positions, D/2] of
+        global layers; local_rope: those of sliding layers (default: rope).
         raw: matrix name ("layers.{i}.wqkv", ..., "lm_head", or "embed" for a tied head) ->
         the file's blocks, (type, uint8 [rows, row_bytes]) or a list of row parts."""
         _bind(lib)
@@ -82,7 +95,9 @@ class FastDecoder:
         self._weights: list[torch.Tensor] = []  # the matrices among them
         self.types: dict[str, str] = {}  # weight name -> type the step reads (for reports)
 
-        def ptr(t: torch.Tensor) -> int:
+        def ptr(t: torch.Tensor | None) -> int | None:
+            if t is None:
+                return None
             if t.device.type != "cpu" or not t.is_contiguous() or t.dtype != torch.float32:
                 raise ValueError("FastDecoder needs contiguous CPU float32 tensors")
             self._keep.append(t)
@@ -117,61 +132,112 @@ class FastDecoder:
                 if len(m.parts) != 1:
                     raise ValueError(f"{p}{name}: one part expected, got {len(m.parts)}")
                 setattr(L, field, m._mats[0])
+            if cfg.attn_bias:
+                L.bqkv = ptr(tensors[p + "bqkv"])
+            if cfg.qk_norm:
+                L.q_norm, L.k_norm = ptr(tensors[p + "q_norm"]), ptr(tensors[p + "k_norm"])
+            if cfg.post_norms:
+                L.post_attn_norm, L.post_ffn_norm = ptr(tensors[p + "post_attn_norm"]), ptr(tensors[p + "post_ffn_norm"])
+            L.sliding = int(cfg.is_sliding(i))
         head_name = "embed" if cfg.tie_word_embeddings else "lm_head"
         head = matrix(head_name, tensors[head_name])
         if len(head.parts) != 1:
             raise ValueError(f"{head_name}: one part expected, got {len(head.parts)}")
         cos, sin = rope
+        local_cos, local_sin = local_rope if local_rope is not None else rope
+        if local_cos.shape != cos.shape or local_sin.shape != sin.shape:
+            raise ValueError("local RoPE tables must have the global tables' shape")
         self._layers = layers
         self._table = _Llama(
             cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
-            cfg.head_dim, cfg.vocab_size, cos.shape[0], cfg.rms_norm_eps,
+            cfg.head_dim, cfg.vocab_size, cos.shape[0], cfg.rms_norm_eps, cfg.embed_scale,
+            # 0: the step's own 1/sqrtf(D), which a plain llama has always used
+            cfg.attn_scale if cfg.query_pre_attn_scalar else 0.0,
+            cfg.final_logit_softcapping, ACTS[cfg.act], 0,
             ptr(tensors["embed"]), ptr(tensors["norm"]), head._mats[0], ptr(cos), ptr(sin),
-            ctypes.cast(layers, ctypes.POINTER(_Layer)),
+            ptr(local_cos), ptr(local_sin), ctypes.cast(layers, ctypes.POINTER(_Layer)),
         )
         self._ws = torch.empty(0)
-        self._ws_ctx = 0
+        self._ws_rows = 0
 
     @property
     def weight_bytes(self) -> int:
         """Bytes of weights one step streams (raw blocks or fp32), norms and tables aside."""
         return sum(t.numel() * t.element_size() for t in self._weights)
 
-    def step(self, kv: torch.Tensor, token: int, pos: int, want_logits: bool) -> torch.Tensor | None:
-        """`LlamaModel.forward(kv, [token], pos, want_logits)` for one token. kv: float32 or
-        float16 (the new rows are rounded to f16 as they are written; attention converts the
-        rows it reads, never the whole buffer)."""
+    def _kv_table(self, kv) -> tuple[ctypes.Array, ctypes.Array, torch.dtype, int]:
+        """(per-layer pointers, per-layer row counts, dtype, rows of a global layer or 0) of a
+        session's K/V: one [layers, 2, Hkv, ctx, D] tensor (no sliding layers) or one
+        [2, Hkv, rows, D] per layer (a sliding layer's ring: min(window, ctx) rows)."""
         cfg = self.cfg
-        shape = (cfg.num_layers, 2, cfg.num_kv_heads, kv.shape[3] if kv.dim() == 5 else -1, cfg.head_dim)
-        if kv.dtype not in (torch.float32, torch.float16) or tuple(kv.shape) != shape or not kv.is_contiguous():
-            raise ValueError(f"kv must be a contiguous float32 or float16 {shape} buffer, got {kv.dtype} {tuple(kv.shape)}")
-        ctx = kv.shape[3]
-        if not 0 <= pos < min(ctx, self._table.rope_rows):
-            raise ValueError(f"position {pos} outside the session's {ctx} rows")
+        n, hkv, d = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+        if isinstance(kv, torch.Tensor):
+            shape = (n, 2, hkv, kv.shape[3] if kv.dim() == 5 else -1, d)
+            if (cfg.sliding_layers or kv.dtype not in (torch.float32, torch.float16) or tuple(kv.shape) != shape
+                    or not kv.is_contiguous()):
+                raise ValueError(f"kv must be a contiguous float32 or float16 {shape} buffer, "
+                                 f"got {kv.dtype} {tuple(kv.shape)}")
+            ctx = kv.shape[3]
+            layer_bytes = 2 * hkv * ctx * d * kv.element_size()
+            base = kv.data_ptr()
+            return ((ctypes.c_void_p * n)(*[base + i * layer_bytes for i in range(n)]),
+                    (ctypes.c_int64 * n)(*[ctx] * n), kv.dtype, ctx)
+        if len(kv) != n:
+            raise ValueError(f"kv must hold one buffer per layer ({n}), got {len(kv)}")
+        dtype, ctx, rows = kv[0].dtype, 0, []
+        for i, t in enumerate(kv):
+            r = t.shape[2] if t.dim() == 4 else -1
+            if (t.dtype != dtype or dtype not in (torch.float32, torch.float16) or tuple(t.shape) != (2, hkv, r, d)
+                    or not t.is_contiguous() or r <= 0):
+                raise ValueError(f"kv layer {i} must be a contiguous float32 or float16 (2, {hkv}, rows, {d}) "
+                                 f"buffer like layer 0, got {t.dtype} {tuple(t.shape)}")
+            if not cfg.is_sliding(i):
+                if ctx and r != ctx:
+                    raise ValueError(f"kv layer {i} holds {r} rows, the other global layers {ctx}")
+                ctx = r
+            rows.append(r)
+        for i in cfg.sliding_layers:  # a ring of another size would put positions in other slots
+            want = min(cfg.sliding_window, ctx) if ctx else rows[i]
+            if rows[i] != want or rows[i] > cfg.sliding_window:
+                raise ValueError(f"kv layer {i} (sliding) holds {rows[i]} rows, expected {want}")
+        return ((ctypes.c_void_p * n)(*[t.data_ptr() for t in kv]), (ctypes.c_int64 * n)(*rows), dtype, ctx)
+
+    def step(self, kv, token: int, pos: int, want_logits: bool, frozen_global: bool = False) -> torch.Tensor | None:
+        """`LlamaModel.forward(kv, [token], pos, want_logits, frozen_global)` for one token.
+        kv: a session's buffers (see _kv_table), float32 or float16 (the new rows are rounded to
+        f16 as they are written; attention converts the rows it reads, never the whole buffer).
+        frozen_global: global layers read their rows and write none (a restore's replay)."""
+        cfg = self.cfg
+        ptrs, rows, dtype, ctx = self._kv_table(kv)
+        if not 0 <= pos < self._table.rope_rows or (ctx and pos >= ctx):
+            raise ValueError(f"position {pos} outside the session's {ctx or self._table.rope_rows} rows")
         if not 0 <= token < cfg.vocab_size:
             raise ValueError(f"token id {token} outside vocab of {cfg.vocab_size}")
         logits = torch.empty(cfg.vocab_size, dtype=torch.float32) if want_logits else None
+        most = max(rows)
         with qgemv.kernel_lock:
-            if ctx > self._ws_ctx:  # grows to the largest session seen, then stays
-                n = self._lib.ds4k_llama_workspace(ctypes.byref(self._table), ctx)
-                self._ws, self._ws_ctx = torch.empty(n, dtype=torch.float32), ctx
+            if most > self._ws_rows:  # grows to the largest session seen, then stays
+                n = self._lib.ds4k_llama_workspace(ctypes.byref(self._table), most)
+                self._ws, self._ws_rows = torch.empty(n, dtype=torch.float32), most
             rc = self._lib.ds4k_llama_step(
-                ctypes.byref(self._table), kv.data_ptr(), int(kv.dtype == torch.float16), ctx, pos, token,
+                ctypes.byref(self._table), ptrs, rows, int(dtype == torch.float16), pos, token,
+                FROZEN_GLOBAL if frozen_global else 0,
                 None if logits is None else logits.data_ptr(), self._ws.data_ptr(), qgemv.num_threads(),
             )
         if rc != 0:
-            raise RuntimeError(f"ds4k_llama_step rejected token {token} at position {pos} (ctx {ctx})")
+            raise RuntimeError(f"ds4k_llama_step rejected token {token} at position {pos} (rows {list(rows)})")
         return logits
 
 
 def make_fast_decoder(cfg, tensors: Mapping[str, torch.Tensor], rope: tuple[torch.Tensor, torch.Tensor],
-                      raw: Mapping[str, Part | Sequence[Part]] | None) -> FastDecoder | None:
+                      raw: Mapping[str, Part | Sequence[Part]] | None,
+                      local_rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> FastDecoder | None:
     """A FastDecoder (arguments as for FastDecoder), or None when the kernels run on the
     torch backend or the shapes are outside what llama_step.c handles."""
     lib = qgemv.library()
     if lib is None or not supported(cfg):
         return None
-    return FastDecoder(cfg, tensors, rope, raw or {}, lib)
+    return FastDecoder(cfg, tensors, rope, raw or {}, lib, local_rope)
 
 
 def supported(cfg) -> bool:

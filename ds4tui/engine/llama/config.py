@@ -111,13 +111,6 @@ class LlamaConfig:
     def sliding_layers(self) -> list[int]:
         return [i for i in range(self.num_layers) if self.is_sliding(i)]
 
-    @property
-    def plain(self) -> bool:
-        """A plain llama (SmolLM2's shape): what the fused C decode step computes."""
-        return (not self.attn_bias and not self.qk_norm and not self.post_norms and self.act == "silu"
-                and self.embed_scale == 1.0 and not self.query_pre_attn_scalar and not self.sliding_layers
-                and not self.final_logit_softcapping)
-
     def swa_layout(self) -> str:
         """The attention layout in words, for the model info line."""
         n = len(self.sliding_layers)

@@ -23,6 +23,7 @@ from ds4tui.engine.kernels import qgemv
 from ds4tui.engine.kernels.attn import attend
 from ds4tui.engine.kernels.rows import glu, qk_rope, rms_norm
 from ds4tui.engine.kernels.llama_step import make_fast_decoder
+from ds4tui.engine.kernels.llama_step import supported as fast_supported
 from ds4tui.engine.kernels.qgemm import make_blocks
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
 from ds4tui.engine.llama.session import DEFAULT_KV_DTYPE, KV_DTYPES, KvBuffers, LlamaSession, kv_shapes
@@ -147,14 +148,14 @@ class LlamaModel(Model):
         self.local_cos, self.local_sin = self.cos, self.sin
         if cfg.sliding_layers and cfg.rope_local_theta and cfg.rope_local_theta != cfg.rope_theta:
             self.local_cos, self.local_sin = rope_tables(cfg, cfg.rope_local_theta, None)
-        # Batch-1 forwards (decode) of a plain llama run as one C call over the raw blocks
-        # (kernels/); None on the torch kernel backend or for other architectures, and tests
-        # may set it to None to force the torch path.
-        self.fast = make_fast_decoder(cfg, tensors, (self.cos, self.sin), raw) if cfg.plain else None
-        # Block products: a plain llama only where the C step runs too; the others whenever
-        # the kernels read a matrix's type (the rest multiply by the fp32 copy).
+        # Batch-1 forwards (decode) run as one C call over the raw blocks (kernels/); None on
+        # the torch kernel backend or for shapes the step does not take, and tests may set it
+        # to None to force the torch path.
+        self.fast = make_fast_decoder(cfg, tensors, (self.cos, self.sin), raw, (self.local_cos, self.local_sin))
+        # Block products (short forwards) wherever the kernels read a matrix's type (the rest
+        # multiply by the fp32 copy); see _block_products for when they are used.
         self.use_blocks = False
-        if raw and (self.fast is not None or not cfg.plain):
+        if raw:
             for i, layer in enumerate(self.layers):
                 for name in ("wqkv", "wo", "w13", "w2"):
                     lin = getattr(layer, name)
@@ -173,7 +174,8 @@ class LlamaModel(Model):
         self._spare_lock = threading.Lock()
 
     def describe(self) -> str:
-        """One line for the model info: architecture, weight types, attention layout, chat format."""
+        """One line for the model info: architecture, weight types, attention layout, what
+        decodes (the fused C step or the torch forward), chat format."""
         cfg = self.cfg
         parts = [f"{cfg.arch}, {cfg.num_layers} layers, hidden {cfg.hidden_size}"
                  + (", scaled RoPE" if cfg.rope_freq_factors else "")]
@@ -182,6 +184,7 @@ class LlamaModel(Model):
         elif self.details.get("weights"):
             parts.append(f"weights {self.details['weights']}")
         parts.append(cfg.swa_layout())
+        parts.append("decode: fused C step" if self.fast is not None else "decode: torch")
         if self.details.get("chat"):
             parts.append(f"chat: {self.details['chat']}")
         return "; ".join(parts)
@@ -232,14 +235,15 @@ class LlamaModel(Model):
     @property
     def _c_kernels(self) -> bool:
         """Whether a forward's attention and gated activation run in C (kernels/attn.c,
-        glu.c); tied to the block products, so `model.fast = None` keeps a plain llama's
+        glu.c); tied to the C step like the block products, so `model.fast = None` keeps the
         whole forward in torch."""
-        return self.use_c_kernels and (self.fast is not None or not self.cfg.plain)
+        return self.use_c_kernels and (self.fast is not None or not fast_supported(self.cfg))
 
     def _block_products(self) -> bool:
-        """Whether short products go through the file's blocks. A plain llama ties this to its
-        C step, so `model.fast = None` keeps the whole forward in torch fp32."""
-        return self.use_blocks and (self.fast is not None or not self.cfg.plain)
+        """Whether short products go through the file's blocks: where the C step runs too (or
+        cannot run: shapes outside llama_step.c's), so `model.fast = None` keeps the whole
+        forward in torch fp32, the reference the step is tested against."""
+        return self.use_blocks and (self.fast is not None or not fast_supported(self.cfg))
 
     def forward(self, kv: KvBuffers, tokens: list[int], pos: int, want_logits: bool,
                 frozen_global: bool = False) -> torch.Tensor | None:
@@ -252,7 +256,7 @@ class LlamaModel(Model):
         Returns float32 logits [V] of the last position, or None. Call under torch.inference_mode().
         """
         if len(tokens) == 1 and self.fast is not None:
-            return self.fast.step(kv, tokens[0], pos, want_logits)
+            return self.fast.step(kv, tokens[0], pos, want_logits, frozen_global)
         cfg = self.cfg
         s, end = len(tokens), pos + len(tokens)
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim

@@ -42,6 +42,7 @@ def test_it_is_the_gemma3_file(gemma):
     line = gemma.describe()
     assert "gemma3" in line and "Q4_K" in line and "15 sliding (window 512) + 3 global" in line
     assert "built in" in line  # a base model: no template in the file, the Gemma turn format stands in
+    assert "decode: fused C step" in line and gemma.fast is not None
 
 
 @pytest.mark.parametrize("text", list(REFERENCE["tokenize"]))
