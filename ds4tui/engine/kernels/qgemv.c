@@ -22,7 +22,7 @@
  */
 
 #ifndef PF_DIST
-#define PF_DIST 1024 /* bytes ahead of each row stream */
+#define PF_DIST 8192 /* bytes ahead of each row stream */
 #endif
 #define GEMV_MAX_COLS 65536 /* x block sums live on the stack: 2048 per-32 sums max */
 
