@@ -259,8 +259,12 @@ def set_spin_us(us: int) -> None:
         _lib.ds4k_set_spin_ns(int(us) * 1000)
 
 
+# os.cpu_count() reads /sys on every call (~60 us, 2% of a SmolLM2 token); the CPUs do not change.
+_CPUS = os.cpu_count() or 1
+
+
 def num_threads() -> int:
-    return max(1, min(torch.get_num_threads(), os.cpu_count() or 1))
+    return max(1, min(torch.get_num_threads(), _CPUS))
 
 
 def dequantize_c(blocks: torch.Tensor, qtype: str, cols: int) -> torch.Tensor:
