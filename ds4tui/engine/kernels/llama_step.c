@@ -42,33 +42,6 @@ static int nparts_of(const ds4k_mat *parts) {
 
 /* ---------------------------------------------------------------- vector math */
 
-#if DS4K_AVX2
-/* exp for x <= 88 (Cephes expf polynomial, ~1 ulp): softmax and SiLU call it ~10^6 times
- * per token at 4K context, where libm's scalar expf would cost several ms. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-#endif
 
 static float dot(const float *a, const float *b, int n) {
     int i = 0;
@@ -80,7 +53,7 @@ static float dot(const float *a, const float *b, int n) {
         acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
     }
     for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    s = hsum(_mm256_add_ps(acc0, acc1));
+    s = hsum8(_mm256_add_ps(acc0, acc1));
 #endif
     for (; i < n; i++) s += a[i] * b[i];
     return s;
@@ -97,7 +70,7 @@ static float exp_shift_sum(float *p, int n, float m) {
         _mm256_storeu_ps(p + i, e);
         acc = _mm256_add_ps(acc, e);
     }
-    s = hsum(acc);
+    s = hsum8(acc);
 #endif
     for (; i < n; i++) s += (p[i] = expf(p[i] - m));
     return s;
