@@ -30,7 +30,7 @@ from ds4tui.chat.events import ChatError, ChatEvent, ContextWontFit, Done, FitCh
 from ds4tui.chat.moves import Moves
 from ds4tui.chat.search import SearchHit
 from ds4tui.chat.pool import SessionPool
-from ds4tui.chat.registry import Conversations
+from ds4tui.chat.registry import Conversations, OpenChats
 from ds4tui.chat.saved import SavedSessions
 from ds4tui.chat.settings import CHAT_KEYS, Settings
 from ds4tui.chat.turn import TurnPipeline
@@ -46,7 +46,7 @@ def _ignore(_: ChatEvent) -> None:
     pass
 
 
-class ChatController:
+class ChatController(OpenChats):
     """Every open conversation of one model, and the disk cache they share."""
 
     def __init__(self, model: Model, config: Config | None = None, *, policy: CachePolicy | None = None) -> None:
@@ -99,20 +99,7 @@ class ChatController:
 
     # -- conversations ------------------------------------------------------------------------
 
-    def new_conversation(self, system_prompt: str | None = None) -> Conversation:
-        """An empty chat; the system prompt (argument, else config) is fixed for its lifetime."""
-        prompt = system_prompt if system_prompt is not None else self.config.system_prompt
-        return self.conversations.open_new(prompt)
-
-    def get(self, key: str) -> Conversation:
-        return self.conversations.get(key)
-
-    def find(self, key: str) -> Conversation | None:
-        """The open conversation with this key, or None (it was closed meanwhile)."""
-        return self.conversations.find(key)
-
-    def list(self) -> list[Conversation]:
-        return self.conversations.all()
+    # new_conversation, get, find, list: OpenChats (registry.py)
 
     def ctx_size(self) -> int:
         """Context size of this controller's sessions (the engine's default unless config.ctx is set)."""

@@ -61,3 +61,26 @@ class Conversations:
             if conv.saved_sha and (conv.saved_sha.startswith(query.lower()) or conv.title == query):
                 return conv
         return None
+
+
+class OpenChats:
+    """The conversation methods both chat controllers offer the screens, over their
+    `conversations` registry and `config` (whose system prompt a new chat starts with)."""
+
+    conversations: Conversations
+    conversation_kind: type[Conversation] = Conversation
+
+    def new_conversation(self, system_prompt: str | None = None) -> Conversation:
+        """An empty chat; the system prompt (argument, else config) is fixed for its lifetime."""
+        prompt = system_prompt if system_prompt is not None else self.config.system_prompt
+        return self.conversations.open_new(prompt, self.conversation_kind)
+
+    def get(self, key: str) -> Conversation:
+        return self.conversations.get(key)
+
+    def find(self, key: str) -> Conversation | None:
+        """The open conversation with this key, or None (it was closed meanwhile)."""
+        return self.conversations.find(key)
+
+    def list(self) -> list[Conversation]:
+        return self.conversations.all()

@@ -29,7 +29,7 @@ from ds4tui import paths
 from ds4tui.chat.checkpoints import SavedSession
 from ds4tui.chat.conversation import MAX_TITLE_CHARS, Conversation, default_title
 from ds4tui.chat.events import Cancelled, ChatError, ChatEvent, Done, Waiting
-from ds4tui.chat.registry import Conversations
+from ds4tui.chat.registry import Conversations, OpenChats
 from ds4tui.chat.remote_stream import ReplyReader, RemoteError, sse_data
 from ds4tui.chat.settings import Settings
 from ds4tui.chat.transcripts import Transcript, Transcripts
@@ -56,7 +56,9 @@ class RemoteConversation(Conversation):
         return self.remote_tokens
 
 
-class RemoteChatController:
+class RemoteChatController(OpenChats):
+    conversation_kind = RemoteConversation
+
     def __init__(self, endpoint: str, config: Config | None = None, *, api_key: str | None = None,
                  model: str | None = None, transcripts_dir: str | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
@@ -106,18 +108,7 @@ class RemoteChatController:
 
     # -- conversations ------------------------------------------------------------------------
 
-    def new_conversation(self, system_prompt: str | None = None) -> Conversation:
-        prompt = system_prompt if system_prompt is not None else self.config.system_prompt
-        return self.conversations.open_new(prompt, RemoteConversation)
-
-    def get(self, key: str) -> Conversation:
-        return self.conversations.get(key)
-
-    def find(self, key: str) -> Conversation | None:
-        return self.conversations.find(key)
-
-    def list(self) -> list[Conversation]:
-        return self.conversations.all()
+    # new_conversation, get, find, list: OpenChats (registry.py), opening RemoteConversations
 
     def saved_sessions(self, with_problems: bool = False) -> list[SavedSession]:
         """Remote chats kept here as transcripts (a transcript has no state that can break)."""
