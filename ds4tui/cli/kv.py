@@ -449,8 +449,11 @@ def cmd_export(args) -> int:
     else:
         out = transcript.to_markdown(messages, title, h.created_at, h.last_used)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as fp:
-            fp.write(out)
+        try:
+            with open(args.output, "w", encoding="utf-8") as fp:
+                fp.write(out)
+        except OSError as exc:  # a missing folder, no permission, a full disk: one line, not a traceback
+            raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     elif args.format == "json":
         print(out, end="")  # json.dumps escapes every non-ASCII and control character
     else:

@@ -77,6 +77,15 @@ def test_export_markdown_is_terminal_safe(saved, capsys):
     assert "\x1b" not in out
 
 
+def test_export_to_an_unwritable_path_says_why_in_one_line(saved, tmp_path, capsys):
+    d, a, _ = saved
+    out = tmp_path / "no such folder" / "chat.md"
+    assert main(["kv", "export", a.saved_sha, "--dir", str(d), "-o", str(out)]) != 0
+    err = capsys.readouterr().err
+    assert f"cannot write {out}: No such file or directory" in err and "Traceback" not in err
+    assert not out.exists()
+
+
 def test_export_needs_no_torch_for_chatml(saved):
     d, a, _ = saved
     code = ("import sys; from ds4tui.cli import main; "
