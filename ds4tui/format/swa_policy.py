@@ -19,11 +19,14 @@ In every policy the file also holds everything else for the whole prefix:
 tokens, compressed and indexer rows, compressor frontiers at T.
 
 The tag: DSV4 header field 1 (`payload_version`, u32) is
-    bits 0..6   layout code: 1 full, 2 periodic, 3 zero
+    bits 0..5   layout code: 1 full, 2 periodic, 3 zero
+    bit  6      KV_HEAD_MAJOR: the K/V rows of each layer are head-major (llama family only:
+                for K then V, for each KV head, that head's rows in token order), the order of
+                the session's buffers; without it they are token-major (ds4's raw-row order)
     bit  7      KV_F16: the K/V rows are f16 (llama-family sessions with kv_dtype f16)
     bits 8..31  the period K of a periodic file (tokens), else 0
-so a full f32 payload keeps ds4's version 1 (today's bytes, unchanged) and a reader
-that only knows version 1 rejects the others (an f16 file among them). Periodic and zero payloads also
+so ds4's version 1 is a full, token-major f32 payload, and a reader that only knows
+version 1 rejects the others (every llama file ds4tui writes now among them). Periodic and zero payloads also
 carry a 16-byte marker block between the per-layer counts and the layer
 sections: b"SWAP", u32 code, u32 K, u32 the position of the stored window.
 """
@@ -39,6 +42,8 @@ FULL, PERIODIC, ZERO = "full", "periodic", "zero"
 CODES = {FULL: 1, PERIODIC: 2, ZERO: 3}
 KINDS = {code: kind for kind, code in CODES.items()}
 KV_F16 = 0x80  # payload_version bit: K/V rows stored as f16 (llama family only)
+KV_HEAD_MAJOR = 0x40  # payload_version bit: K/V rows head-major, as the session's buffers (llama only)
+HEAD_MAJOR, TOKEN_MAJOR = "head-major", "token-major"
 MAX_PERIOD = (1 << 24) - 1  # K lives in the 24 upper bits of payload_version
 MARKER_MAGIC = b"SWAP"
 MARKER_BYTES = 16
@@ -103,8 +108,8 @@ def payload_version(policy: SwaPolicy) -> int:
 
 
 def policy_of_version(version: int) -> SwaPolicy:
-    """The policy a payload_version stands for; ValueError for anything else (the KV_F16 bit
-    included: a caller that reads f16 rows strips it first, see kv_dtype_of_version)."""
+    """The policy a payload_version stands for; ValueError for anything else (the KV_F16 and
+    KV_HEAD_MAJOR bits included: a llama-family caller strips them first, see kv_dtype_of_version)."""
     kind = KINDS.get(version & 0xFF)
     if kind is None or (kind != PERIODIC and version >> 8):
         raise ValueError(f"payload_version {version:#x} is no known DSV4 payload layout")
@@ -112,8 +117,13 @@ def policy_of_version(version: int) -> SwaPolicy:
 
 
 def kv_dtype_of_version(version: int) -> tuple[str, int]:
-    """("f16" or "f32", the version without the KV_F16 bit)."""
-    return ("f16" if version & KV_F16 else "f32"), version & ~KV_F16
+    """("f16" or "f32", the layout version: without the KV_F16 and KV_HEAD_MAJOR bits)."""
+    return ("f16" if version & KV_F16 else "f32"), version & ~(KV_F16 | KV_HEAD_MAJOR)
+
+
+def row_order_of_version(version: int) -> str:
+    """HEAD_MAJOR or TOKEN_MAJOR: the order of a llama-family payload's K/V rows."""
+    return HEAD_MAJOR if version & KV_HEAD_MAJOR else TOKEN_MAJOR
 
 
 def zero_replay_start(tokens: int, layers: int, window: int, chunk: int, block: int = QUERY_BLOCK) -> int:
@@ -147,6 +157,14 @@ def payload_kv_dtype(header: Mapping[str, int], model_id: int | None = None) -> 
     if model_id != MODEL_ID_LLAMA:
         return "f32"
     return kv_dtype_of_version(int(header.get("payload_version", 1)))[0]
+
+
+def payload_row_order(header: Mapping[str, int], model_id: int | None = None) -> str:
+    """The order of a payload's K/V rows: "head-major" or "token-major" (DSV4 files: always
+    token-major, ds4's raw rows)."""
+    if model_id != MODEL_ID_LLAMA:
+        return TOKEN_MAJOR
+    return row_order_of_version(int(header.get("payload_version", 1)))
 
 
 def describe_payload(header: Mapping[str, int], model_id: int | None = None) -> str:

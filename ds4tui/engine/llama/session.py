@@ -34,14 +34,25 @@ import numpy as np
 import torch
 
 from ds4tui.format.payload import DSV4_MAGIC, FINGERPRINT_BYTES, Dsv4Header, framing_bytes
-from ds4tui.format.swa_policy import FULL_POLICY, KV_F16, PERIODIC, SwaPolicy, kv_dtype_of_version, parse_policy
+from ds4tui.format.swa_policy import (
+    FULL_POLICY,
+    HEAD_MAJOR,
+    KV_F16,
+    KV_HEAD_MAJOR,
+    PERIODIC,
+    SwaPolicy,
+    kv_dtype_of_version,
+    parse_policy,
+    row_order_of_version,
+)
 from ds4tui.engine.payload import (
     PayloadReader,
     check_field,
     check_finite,
+    check_finite_array,
     check_fingerprint,
+    write_array,
     write_framing,
-    write_tensor,
 )
 from ds4tui.engine.errors import PayloadError
 from ds4tui.engine.llama.config import LlamaConfig
@@ -167,12 +178,12 @@ class LlamaSession(Session):
             self.swa.snapshot_at = end
 
     def _window_rows(self, layer: int, at: int) -> torch.Tensor:
-        """A copy of a sliding layer's live ring as [min(at, W), 2, Hkv, D], oldest first;
-        `at` is the number of tokens the ring has seen."""
+        """A copy of a sliding layer's live ring as [2, Hkv, min(at, W), D], oldest first (the
+        payload's head-major order); `at` is the number of tokens the ring has seen."""
         ring = self.kv[layer]
         m = min(at, self.model.cfg.sliding_window, ring.shape[2])
         slots = torch.arange(at - m, at) % ring.shape[2]
-        return ring.index_select(2, slots).permute(2, 0, 1, 3).contiguous()
+        return ring.index_select(2, slots)
 
     # -- rewind and fork ----------------------------------------------------------------------
     # Global layers keep full KV: the rows of a prefix never change. A sliding layer's ring
@@ -276,7 +287,7 @@ class LlamaSession(Session):
         sliding = bool(cfg.sliding_layers)
         return Dsv4Header(
             magic=DSV4_MAGIC,
-            payload_version=layout.version | (KV_F16 if self.kv_dtype == "f16" else 0),
+            payload_version=layout.version | KV_HEAD_MAJOR | (KV_F16 if self.kv_dtype == "f16" else 0),
             saved_ctx=self.ctx_size,
             prefill_chunk=self.chunk_size,
             raw_capacity=self.ctx_size,
@@ -308,27 +319,50 @@ class LlamaSession(Session):
         zeros = [0] * cfg.num_layers
         write_framing(fp, self._header(layout), self.model.info.fingerprint, self.tokens, logits, zeros, zeros)
         write_marker(fp, layout)
-        stage = None
+        # Head-major rows, written from the buffers as they lie: per (K or V, head) one
+        # contiguous run of rows, or two for a ring that has wrapped.
         for layer in range(cfg.num_layers):
-            if cfg.is_sliding(layer):
-                write_tensor(fp, self._sliding_rows_for_save(layout, layer), f"layer {layer} window rows")
-                continue
-            stage = stage if stage is not None else self._stage(t)
-            np.copyto(stage.numpy(), self.kv[layer][:, :, :t].numpy().transpose(2, 0, 1, 3))  # [2, Hkv, T, D] -> [T, 2, Hkv, D]
-            write_tensor(fp, stage, f"layer {layer} KV rows")
+            for part, rows in self._row_runs(layer, layout):
+                write_array(fp, rows, part)
 
-    def _sliding_rows_for_save(self, layout: SwaLayout, layer: int) -> torch.Tensor:
-        if layout.raw_at == layout.tokens:
-            return self._window_rows(layer, layout.raw_at)
-        if layout.raw_at == 0:
-            return torch.empty(0)
-        assert self.swa.snapshot is not None and self.swa.snapshot_at == layout.raw_at
-        return self.swa.snapshot[self.model.cfg.sliding_layers.index(layer)]
-
-    def _stage(self, t: int) -> torch.Tensor:
-        """A [T, 2, Hkv, D] buffer for one layer's payload rows."""
+    def _row_runs(self, layer: int, layout: SwaLayout):
+        """(what, array) of one layer's payload rows in head-major file order: views of the KV
+        buffer (a periodic save of a sliding layer: of the snapshot)."""
         cfg = self.model.cfg
-        return torch.empty((t, 2, cfg.num_kv_heads, cfg.head_dim), dtype=KV_DTYPES[self.kv_dtype])
+        if not cfg.is_sliding(layer):
+            buf = self._kv_array(layer)
+            for kv in range(2):
+                for head in range(cfg.num_kv_heads):
+                    yield f"layer {layer} {'KV'[kv]} rows of head {head}", buf[kv, head, :layout.tokens]
+            return
+        at = layout.raw_at
+        if at == 0:
+            return
+        if at != layout.tokens:  # periodic: the window as of raw_at, kept as [2, Hkv, m, D]
+            assert self.swa.snapshot is not None and self.swa.snapshot_at == at
+            yield f"layer {layer} window rows", self.swa.snapshot[cfg.sliding_layers.index(layer)].numpy()
+            return
+        for kv, head, rows in self._ring_runs(layer, at):
+            yield f"layer {layer} {'KV'[kv]} window rows of head {head}", rows
+
+    def _kv_array(self, layer: int) -> np.ndarray:
+        """Layer `layer`'s buffer [2, Hkv, rows, D] as a numpy view (its slices are what the
+        payload reads into and writes from)."""
+        return self.kv[layer].numpy()
+
+    def _ring_runs(self, layer: int, at: int):
+        """(kv, head, view) of a sliding layer's live window after `at` tokens, oldest first:
+        per head the ring's slots (at - m) % R .. R-1, then 0 .. (wrapped)."""
+        ring = self._kv_array(layer)
+        r = ring.shape[2]
+        m = min(at, self.model.cfg.sliding_window, r)
+        start = (at - m) % r
+        first = min(m, r - start)
+        for kv in range(2):
+            for head in range(self.model.cfg.num_kv_heads):
+                yield kv, head, ring[kv, head, start:start + first]
+                if m > first:
+                    yield kv, head, ring[kv, head, :m - first]
 
     def load_payload(self, fp: BinaryIO, nbytes: int) -> None:
         try:
@@ -343,7 +377,8 @@ class LlamaSession(Session):
         r = PayloadReader(fp, nbytes)
         h = r.read_header()
         check_fingerprint(r.read_bytes(FINGERPRINT_BYTES, "the fingerprint"), self.model.info.fingerprint, self.model.info.name)
-        file_dtype, version = kv_dtype_of_version(h.payload_version)
+        payload_version = h.payload_version
+        file_dtype, version = kv_dtype_of_version(payload_version)
         if file_dtype != self.kv_dtype:
             raise PayloadError(f"payload holds {file_dtype} K/V rows, this session's kv_dtype is {self.kv_dtype}")
         h = dataclasses.replace(h, payload_version=version)
@@ -374,15 +409,15 @@ class LlamaSession(Session):
             if any(counts):
                 raise PayloadError(f"payload has nonzero {what}: a llama model has none")
         read_marker(r, layout)
-        stage = None
-        for layer in range(cfg.num_layers):
-            if cfg.is_sliding(layer):
-                self._read_ring(r, layer, layout.raw_at)
-                continue
-            stage = stage if stage is not None else self._stage(t)  # size bounded by ctx_size, checked above
-            r.read_into(stage, f"layer {layer} KV rows")
-            check_finite(stage, f"layer {layer} KV rows")  # while the layer is still in cache
-            np.copyto(self.kv[layer][:, :, :t].numpy(), stage.numpy().transpose(1, 2, 0, 3))  # [T, 2, Hkv, D] -> [2, Hkv, T, D]
+        if row_order_of_version(payload_version) == HEAD_MAJOR:
+            # Straight into the buffers: each run's bytes are read (and hashed, by a verifying
+            # stream) into the slice where attention reads them, then checked while in cache.
+            for layer in range(cfg.num_layers):
+                for part, rows in self._row_runs_for_load(layer, layout):
+                    r.read_into_array(rows, part)
+                    check_finite_array(rows, part)
+        else:
+            self._read_token_major(r, layout)
         r.finish()
         self.tokens = tokens
         self.logits = None if not bool(logits.any()) else logits
@@ -391,7 +426,33 @@ class LlamaSession(Session):
         self._ends = [t] if t else []
         self.keep_mark()
 
-    def _read_ring(self, r: PayloadReader, layer: int, at: int) -> None:
+    def _row_runs_for_load(self, layer: int, layout: SwaLayout):
+        """Where a head-major payload's rows of one layer go: the buffer's slices, a sliding
+        layer's into the ring slots of the window as of raw_at (never a snapshot)."""
+        if self.model.cfg.is_sliding(layer):
+            for kv, head, rows in self._ring_runs(layer, layout.raw_at):
+                yield f"layer {layer} {'KV'[kv]} window rows of head {head}", rows
+            return
+        yield from self._row_runs(layer, layout)
+
+    # Files written before the head-major order (no KV_HEAD_MAJOR bit): the rows are token-major,
+    # [T, 2, Hkv, D] per layer, so they go through a staging buffer and a reordering copy.
+
+    def _read_token_major(self, r: PayloadReader, layout: SwaLayout) -> None:
+        cfg, t = self.model.cfg, layout.tokens
+        stage = None
+        for layer in range(cfg.num_layers):
+            if cfg.is_sliding(layer):
+                self._read_ring_token_major(r, layer, layout.raw_at)
+                continue
+            if stage is None:  # size bounded by ctx_size, checked by the caller
+                stage = torch.empty((t, 2, cfg.num_kv_heads, cfg.head_dim), dtype=KV_DTYPES[self.kv_dtype])
+            r.read_into(stage, f"layer {layer} KV rows")
+            check_finite(stage, f"layer {layer} KV rows")  # while the layer is still in cache
+            # [T, 2, Hkv, D] -> [2, Hkv, T, D] in numpy, on this thread (see the module docstring)
+            np.copyto(self.kv[layer][:, :, :t].numpy(), stage.numpy().transpose(1, 2, 0, 3))
+
+    def _read_ring_token_major(self, r: PayloadReader, layer: int, at: int) -> None:
         """Rows of the window live after `at` tokens, oldest first, into their ring slots."""
         ring = self.kv[layer]
         m = min(at, self.model.cfg.sliding_window)

@@ -14,6 +14,7 @@ from ds4tui.engine.llama.weights import hf_to_internal, make_info
 from ds4tui.engine.loader import load_model
 from ds4tui.engine.errors import PayloadError
 from ds4tui.engine.llama.tiny import CHAT_TEMPLATE, CONFIG, random_llama_weights
+from tests.engine.llama.payload_orders import as_token_major
 
 CHUNK = 16  # small chunks so a 50-token prompt crosses several aligned boundaries
 
@@ -112,15 +113,60 @@ def test_payload_round_trip_is_byte_identical(model, prompt, kv_dtype):
     assert (h.token_count, h.live_raw_rows, h.layer_count) == (len(prompt), len(prompt), cfg.num_layers)
     assert (h.raw_capacity, h.raw_window, h.compressed_capacity, h.indexer_head_dim) == (256, 256, 0, 0)
     assert h.head_dim == 2 * cfg.num_kv_heads * cfg.head_dim and h.vocab_size == cfg.vocab_size
-    assert h.payload_version == (0x81 if kv_dtype == "f16" else 1)  # KV_F16 bit | the full layout
+    # KV_F16 bit (f16 sessions) | KV_HEAD_MAJOR bit | the full layout
+    assert h.payload_version == (0xC1 if kv_dtype == "f16" else 0x41)
     rows = len(prompt) * cfg.num_layers * h.head_dim * (2 if kv_dtype == "f16" else 4)
-    assert len(data) - rows == 52 + 32 + 4 * len(prompt) + 4 * cfg.vocab_size + 8 * cfg.num_layers
+    framing = 52 + 32 + 4 * len(prompt) + 4 * cfg.vocab_size + 8 * cfg.num_layers
+    assert len(data) - rows == framing
+    # Head-major: per layer, K then V, per KV head that head's rows in token order, exactly
+    # the buffer's [2, Hkv, :T, D] (so a load reads each run straight into its slice).
+    assert data[framing:] == a.kv[:, :, :, :len(prompt)].contiguous().numpy().tobytes()
     b = _session(model, ctx=512, kv_dtype=kv_dtype)  # a bigger context can take it
     b.load_payload(io.BytesIO(data), len(data))
     assert _payload(b)[52 + 32 :] == data[52 + 32 :]  # only saved_ctx etc. in the header differ
     c = _session(model, kv_dtype=kv_dtype)
     c.load_payload(io.BytesIO(data), len(data))
     assert _payload(c) == data
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
+def test_a_token_major_payload_still_loads_exactly(model, prompt, kv_dtype):
+    """Files written before the head-major order hold token-major rows (no KV_HEAD_MAJOR bit):
+    they load into the same buffers, continue bit-exact, and save again as head-major."""
+    a = _session(model, kv_dtype=kv_dtype)
+    a.prefill(prompt)
+    data = _payload(a)
+    old = as_token_major(data, model.cfg)
+    assert old != data and len(old) == len(data)
+    b = _session(model, kv_dtype=kv_dtype)
+    b.load_payload(io.BytesIO(old), len(old))
+    n = len(prompt)
+    assert b.tokens == prompt and torch.equal(b.logits, a.logits)
+    assert torch.equal(b.kv[:, :, :, :n], a.kv[:, :, :, :n])
+    assert _payload(b) == data
+    expected, got = _greedy(a, 4), _greedy(b, 4)
+    assert all(ta == tb and torch.equal(la, lb) for (ta, la), (tb, lb) in zip(expected, got))
+
+
+def test_a_truncated_or_non_finite_head_major_payload_is_rejected(model, prompt):
+    """The reason names the run of rows where the file went wrong; the session is left empty."""
+    a = _session(model)
+    a.prefill(prompt)
+    data = _payload(a)
+    cfg, n = model.cfg, len(prompt)
+    run = n * cfg.head_dim * 2  # one head's K (or V) rows of one layer, f16
+    rows_at = len(data) - cfg.num_layers * 2 * cfg.num_kv_heads * run
+    # The second layer's V rows of its last head start here.
+    last_v = rows_at + (2 * cfg.num_kv_heads + 2 * cfg.num_kv_heads - 1) * run
+    cut = data[:last_v + run // 2]
+    _assert_rejected_and_usable(model, prompt, cut, f"truncated: layer 1 V rows of head {cfg.num_kv_heads - 1} needs")
+    s = _session(model)
+    with pytest.raises(PayloadError, match=f"file ended inside layer 1 V rows of head {cfg.num_kv_heads - 1}"):
+        s.load_payload(io.BytesIO(cut), len(data))  # the size promised more than the file holds
+    assert s.tokens == [] and s.logits is None
+    bad = bytearray(data)
+    bad[rows_at + run + 6:rows_at + run + 8] = b"\x00\xfc"  # f16 -inf in layer 0's K rows of head 1
+    _assert_rejected_and_usable(model, prompt, bytes(bad), "layer 0 K rows of head 1: NaN or infinite")
 
 
 def test_interrupted_prefill_saves_without_logits(model, prompt):

@@ -13,6 +13,7 @@ from ds4tui.engine.errors import PayloadError
 from ds4tui.engine.llama.session import LlamaSession
 from ds4tui.engine.llama.weights import load_llama_hf
 from tests.engine.llama.arch_models import VOCAB, WINDOW, hf_model, save_hf_dir
+from tests.engine.llama.payload_orders import as_token_major
 
 pytest.importorskip("transformers")
 
@@ -83,6 +84,48 @@ def test_save_load_continue_is_bit_exact(gemma, policy, t, kv_dtype):
         assert torch.equal(a.decode(tok), b.decode(tok))
 
 
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("t", [WINDOW - 1, 2 * PERIOD + 5])
+def test_a_token_major_payload_still_loads_exactly(gemma, policy, t, kv_dtype):
+    """A file in the row order written before the head-major one (no KV_HEAD_MAJOR bit) restores
+    the same rings and global rows, wrapped rings included (t past the window), and saves again
+    as the head-major file."""
+    a = _session(gemma, policy, kv_dtype)
+    a.prefill(TOKENS[:t])
+    data = _saved(a)
+    old = as_token_major(data, gemma.cfg)
+    b = _load(gemma, old, policy, kv_dtype)
+    c = _load(gemma, data, policy, kv_dtype)
+    assert b.tokens == c.tokens == a.tokens and torch.equal(b.logits, a.logits) and torch.equal(c.logits, a.logits)
+    assert all(torch.equal(x, y) for x, y in zip(b.kv, c.kv))
+    assert _saved(b) == _saved(c)
+    more = TOKENS[t : t + 5]
+    a.prefill(more)
+    b.prefill(more)
+    assert torch.equal(a.logits, b.logits)
+
+
+def test_head_major_rows_of_a_wrapped_ring(gemma):
+    """A sliding layer's rows in the file are, per K/V and head, the window oldest first: the
+    ring's slots from (T - W) % W to its end, then from its start."""
+    a = _session(gemma, None)
+    t = 2 * WINDOW + 5
+    a.prefill(TOKENS[:t])
+    data = _saved(a)
+    cfg = gemma.cfg
+    layer = cfg.sliding_layers[0]
+    itemsize = 2
+    run = WINDOW * cfg.head_dim * itemsize
+    at = 52 + 32 + 4 * t + 4 * cfg.vocab_size + 8 * cfg.num_layers
+    for i in range(layer):
+        rows = WINDOW if cfg.is_sliding(i) else t
+        at += rows * 2 * cfg.num_kv_heads * cfg.head_dim * itemsize
+    ring = a.kv[layer]
+    oldest_first = torch.cat([ring[:, :, t % WINDOW:], ring[:, :, :t % WINDOW]], dim=2)
+    assert data[at:at + 2 * cfg.num_kv_heads * run] == oldest_first.contiguous().numpy().tobytes()
+
+
 def test_replayed_tokens_and_payload_sizes(gemma):
     a = _session(gemma, None)
     a.prefill(TOKENS[:130])
@@ -133,13 +176,13 @@ def test_a_file_is_never_read_under_another_policy(gemma):
     a = _session(gemma, "zero")
     a.prefill(TOKENS[:40])
     data = bytearray(_saved(a))
-    data[4:8] = (0x80 | 1).to_bytes(4, "little")  # claim full (f16 rows): the header's row count then disagrees
+    data[4:8] = (0xC0 | 1).to_bytes(4, "little")  # claim full (f16 head-major rows): the row count then disagrees
     with pytest.raises(PayloadError):
         _load(gemma, bytes(data))
     full = _session(gemma, None)
     full.prefill(TOKENS[:40])
     data = bytearray(_saved(full))
-    data[4:8] = (0x80 | 3).to_bytes(4, "little")  # claim zero
+    data[4:8] = (0xC0 | 3).to_bytes(4, "little")  # claim zero
     with pytest.raises(PayloadError):
         _load(gemma, bytes(data))
 
