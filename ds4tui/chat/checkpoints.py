@@ -14,7 +14,7 @@ the controller: when to save and what the text is.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -101,6 +101,34 @@ class Checkpoints:
             session.reset()  # a rejected payload may have left it empty; make sure of it
             return 0
         return hit.text_bytes
+
+    def first_prefix(self, prompt: str, saved_sha: str | None, ctx_size: int) -> tuple[int, str] | None:
+        """(tokens, the prompt's text after them) of the file a turn would restore for `prompt`
+        into an empty session of `ctx_size`: the chat's own titled file when it starts the
+        prompt (restore_titled), else the longest cached prefix (restore_longest). From the
+        headers and the stored text alone, no payload read; None when no file applies. (A file
+        whose payload then fails to load makes the turn try the next one, or start cold.)"""
+        acceptor = replace(self.acceptor(), ctx_size=ctx_size)
+        if saved_sha:
+            path = self.store.path_for(saved_sha)
+            e = inspect_file(path, acceptor=acceptor, deep=False, preview_bytes=0)
+            if e.valid and e.header is not None:
+                text = read_text(path, e.header.text_bytes)
+                have = text.decode("utf-8", errors="replace") if text is not None else None
+                if have is not None and prompt.startswith(have):
+                    return e.header.tokens, prompt[len(have):]
+        prompt_bytes = prompt.encode("utf-8")
+        try:
+            candidates = self.store.lookup(prompt_bytes, acceptor)
+        except CacheDirError:
+            return None
+        if not candidates or candidates[0].header is None:
+            return None
+        try:
+            rest = prompt_bytes[candidates[0].header.text_bytes:].decode("utf-8")
+        except UnicodeDecodeError:
+            return None  # the prefix ends inside a character: the turn starts cold
+        return candidates[0].header.tokens, rest
 
     def restore_titled(self, sha: str, prompt: str, session: Session, on_event: Callable) -> bytes | None:
         """Load one titled file whose transcript starts `prompt` (a parked chat's own file;

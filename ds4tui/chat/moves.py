@@ -147,17 +147,32 @@ class Moves:
     # -- the context ---------------------------------------------------------------------------------
 
     def _count(self, messages: list[dict], generation: bool = True, conv: Conversation | None = None) -> int:
-        """Tokens of the rendered messages. With `conv`: when its live session's text starts the
-        prompt, its tokens plus the rest's (what the turn will hold), so a message into a long
-        chat encodes only the new text, not the whole transcript again."""
+        """Tokens of the rendered messages. With `conv`: the tokens the turn will hold (_held),
+        so a message into a long chat encodes only the new text, not the whole transcript again."""
         prompt = self.model.chat.render(messages, add_generation_prompt=generation,
                                         now=conv.template_now if conv is not None else None)
-        session = conv.session if conv is not None else None
+        held = self._held(conv, prompt) if conv is not None else None
+        return held if held is not None else len(self.model.tokenizer.encode(prompt))
+
+    def _held(self, conv: Conversation, prompt: str) -> int | None:
+        """What the turn will hold for `prompt` when it starts from state it has (turn.py,
+        _prepare): the live session's tokens when its text starts the prompt, or, with no live
+        session, those of the cached file it restores first; plus the rest, encoded. None: the
+        turn prefills the whole prompt (or rewinds the live session), so count all of it."""
+        session = conv.session
         if session is not None and session.tokens:
             have = conv.session_text.decode("utf-8", errors="replace")
-            if prompt.startswith(have):
-                return len(session.tokens) + len(self.model.tokenizer.encode(prompt[len(have):]))
-        return len(self.model.tokenizer.encode(prompt))
+            if not prompt.startswith(have):
+                return None
+            base, rest = len(session.tokens), prompt[len(have):]
+        else:
+            found = None
+            if self.checkpoints is not None:
+                found = self.checkpoints.first_prefix(prompt, conv.saved_sha, self.pool.ctx_size())
+            if found is None:
+                return None
+            base, rest = found
+        return base + len(self.model.tokenizer.encode(rest))
 
     def check_fit(self, conv: Conversation, text: str, upto: int | None = None) -> FitCheck:
         msgs = list(conv.messages[:upto] if upto is not None else conv.messages)

@@ -9,7 +9,8 @@ import os
 import pytest
 
 from ds4tui.chat import events as ev
-from tests.chat.conftest import Recorder, make_controller
+from ds4tui.cache.policy import CachePolicy
+from tests.chat.conftest import LONG_PROMPT, Recorder, make_controller
 
 
 def chat(ctl, *texts):
@@ -233,3 +234,71 @@ def test_fit_check_of_a_live_chat_counts_what_the_turn_holds(tiny_llama, tmp_pat
     ctl.send(conv.key, text, events)
     started = events.of(ev.PrefillStarted)[0]
     assert started.source == "live" and check.prompt_tokens == started.cached + started.total
+
+
+class _Encodes(list):
+    """The texts a tokenizer is asked to encode while this is open."""
+
+    def __init__(self, tokenizer) -> None:
+        super().__init__()
+        self._tokenizer = tokenizer
+
+    def __enter__(self):
+        encode = self._tokenizer.encode
+        self._tokenizer.encode = lambda s: self.append(s) or encode(s)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self._tokenizer.encode
+
+
+def test_fit_check_after_a_restart_counts_what_the_disk_hit_holds(tiny_llama, tmp_path):
+    """A chat whose state is only on disk (a new process, the transcript sent again): the check
+    counts the tokens of the cached file the turn restores plus the new text's, encoding only
+    the new text; the turn then holds exactly that many. (Empty replies: their text must be a
+    byte prefix of the next prompt, which a random model's bytes need not be.)"""
+    first = make_controller(tiny_llama, tmp_path, max_tokens=0)
+    conv = chat(first, LONG_PROMPT, "What is a river?")
+    first.shutdown()  # the shutdown checkpoint holds the whole transcript
+    second = make_controller(tiny_llama, tmp_path, max_tokens=0)
+    again = second.import_messages(conv.messages)
+    text = "Which is older?"
+    with _Encodes(tiny_llama.tokenizer) as calls:
+        check = second.check_fit(again.key, text)
+    assert check.fits and len(calls) == 1 and "river" not in calls[0] and text in calls[0]
+    events = Recorder()
+    second.send(again.key, text, events)
+    started = events.of(ev.PrefillStarted)[0]
+    assert started.source == "disk" and started.cached > 0
+    assert check.prompt_tokens == started.cached + started.total
+
+
+def test_fit_check_of_a_parked_chat_counts_its_titled_file(tiny_llama, tmp_path):
+    """A chat freed from memory (the live-session cap) continues from its titled file: the check
+    counts that file's tokens plus the new text's."""
+    ctl = make_controller(tiny_llama, tmp_path, policy=CachePolicy(min_tokens=10**6), live_sessions=1, max_tokens=0)
+    parked = chat(ctl, "Chat A: tell me about the river.")
+    chat(ctl, "Chat B: hello.")
+    assert not parked.live and parked.saved_sha
+    text = "Back to chat A."
+    with _Encodes(tiny_llama.tokenizer) as calls:
+        check = ctl.check_fit(parked.key, text)
+    assert check.fits and len(calls) == 1 and "river" not in calls[0] and text in calls[0]
+    events = Recorder()
+    ctl.send(parked.key, text, events)
+    assert events.of(ev.Hit)[0].sha == parked.saved_sha
+    started = events.of(ev.PrefillStarted)[0]
+    assert started.source == "disk" and check.prompt_tokens == started.cached + started.total
+
+
+def test_fit_check_without_a_cached_prefix_counts_the_whole_prompt(tiny_llama, tmp_path):
+    ctl = make_controller(tiny_llama, tmp_path, max_tokens=0)
+    msgs = [{"role": "user", "content": "Old question."}, {"role": "assistant", "content": "Old answer."}]
+    conv = ctl.import_messages(msgs)
+    check = ctl.check_fit(conv.key, "New question.")
+    prompt = tiny_llama.chat.render(msgs + [{"role": "user", "content": "New question."}])
+    assert check.prompt_tokens == len(tiny_llama.tokenizer.encode(prompt))
+    events = Recorder()
+    ctl.send(conv.key, "New question.", events)
+    started = events.of(ev.PrefillStarted)[0]
+    assert started.source == "cold" and started.total == check.prompt_tokens
