@@ -321,10 +321,11 @@ def _print_detail(e) -> None:
         for k, v in e.payload.items():
             shown = f"0x{v:08x}" if k == "magic" else str(v)
             print(f"  {k:<20} {shown}")
-        from ds4tui.format.swa_policy import describe_payload, payload_kv_dtype
+        from ds4tui.format.swa_policy import describe_payload, payload_kv_dtype, payload_row_order
 
         print(f"  {'swa_policy':<20} {describe_payload(e.payload, h.model_id)}")
         print(f"  {'kv_dtype':<20} {payload_kv_dtype(e.payload, h.model_id)}")
+        print(f"  {'kv_rows':<20} {payload_row_order(e.payload, h.model_id)}")
     elif e.deep and h.payload_bytes:
         print("payload: opaque (does not start with DSV4)")
     if e.text_preview:
@@ -339,10 +340,10 @@ def _checksum_words(e) -> str:
 
 def _json_of(entry) -> dict:
     """entry.to_json(), the payload object extended by `swa_policy`: the SWA storage policy
-    its DSV4 header announces ("full", "periodic:K", "zero" or "unknown"), and `kv_dtype`
-    ("f16" or "f32", the K/V row type)."""
+    its DSV4 header announces ("full", "periodic:K", "zero" or "unknown"), `kv_dtype`
+    ("f16" or "f32", the K/V row type) and `kv_rows` ("head-major" or "token-major", their order)."""
     from ds4tui.format.payload import MODEL_ID_LLAMA
-    from ds4tui.format.swa_policy import kv_dtype_of_version, payload_kv_dtype, policy_of_version
+    from ds4tui.format.swa_policy import kv_dtype_of_version, payload_kv_dtype, payload_row_order, policy_of_version
 
     obj = entry.to_json()
     payload = obj["payload"]
@@ -355,7 +356,8 @@ def _json_of(entry) -> dict:
             policy = str(policy_of_version(version))
         except (KeyError, ValueError):
             policy = "unknown"
-        obj["payload"] = dict(payload, swa_policy=policy, kv_dtype=payload_kv_dtype(payload, model_id))  # a copy: the entry keeps the 13 fields
+        obj["payload"] = dict(payload, swa_policy=policy, kv_dtype=payload_kv_dtype(payload, model_id),
+                              kv_rows=payload_row_order(payload, model_id))  # a copy: the entry keeps the 13 fields
     return obj
 
 

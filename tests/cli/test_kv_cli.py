@@ -92,9 +92,10 @@ def test_inspect_json_keys_exactly_and_payload_fields(kvdir, capsys):
     obj = json.loads(out)
     assert code == 0 and list(obj) == EXPECTED_KEYS
     assert obj["sha"] == titled and obj["reason"] == "agent-session" and obj["reason_code"] == 6
-    assert list(obj["payload"]) == list(DSV4_FIELDS) + ["swa_policy", "kv_dtype"] and obj["payload"]["token_count"] == 7
+    assert list(obj["payload"]) == list(DSV4_FIELDS) + ["swa_policy", "kv_dtype", "kv_rows"] and obj["payload"]["token_count"] == 7
     assert obj["payload"]["swa_policy"] == "full"  # payload_version 1 (docs/swa_policies.md)
     assert obj["payload"]["kv_dtype"] == "f32"  # no KV_F16 bit
+    assert obj["payload"]["kv_rows"] == "token-major"  # a DSV4 file: ds4's raw rows
     assert obj["trailers"]["tool_map"] == {"count": 1, "ids": ["call_1"], "dsml_bytes": 7}
     assert obj["text_preview"] == "titled text"
 

@@ -57,3 +57,27 @@ def test_a_llama_file_written_before_the_move_restores_exactly(tmp_path):
 
 def test_the_dsv4_fingerprint_does_not_depend_on_module_paths():
     assert load_model("tiny-dsv4").info.fingerprint.hex() == OLD_DSV4_FINGERPRINT
+
+
+def test_kv_inspect_names_the_row_order_of_old_and_new_files(tmp_path, capsys, monkeypatch):
+    """The old file's rows are token-major; a file written now is head-major (docs/payload.md)."""
+    import json
+
+    from ds4tui.cli import main
+
+    model = load_model("tiny-llama")
+    shutil.copy(OLD_LLAMA_FILE, tmp_path / OLD_LLAMA_FILE.name)
+    session = model.new_session(256)
+    session.prefill(model.tokenizer.encode("A new file."))
+    checkpoints = Checkpoints(model, tmp_path, CachePolicy(), ctx_size=256)
+    new_sha = checkpoints.save(session, b"A new file.", "cold", lambda e: None)
+    monkeypatch.setenv("DS4TUI_CACHE_DIR", str(tmp_path))
+    rows = {}
+    for sha in (OLD_LLAMA_FILE.stem, new_sha):
+        capsys.readouterr()
+        assert main(["kv", "inspect", sha, "--json"]) == 0
+        payload = json.loads(capsys.readouterr().out)["payload"]
+        rows[sha] = (payload["kv_rows"], payload["kv_dtype"])
+        assert main(["kv", "inspect", sha]) == 0
+        assert f"kv_rows              {payload['kv_rows']}" in capsys.readouterr().out
+    assert rows == {OLD_LLAMA_FILE.stem: ("token-major", "f32"), new_sha: ("head-major", "f16")}

@@ -21,7 +21,7 @@ from textual.widgets import Static
 from ds4tui.cache.entry import KvEntry
 from ds4tui.format.kvc import HEADER_FIELDS, PREFIX_BYTES, payload_abi_name
 from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI
-from ds4tui.format.swa_policy import describe_payload, payload_kv_dtype
+from ds4tui.format.swa_policy import describe_payload, payload_kv_dtype, payload_row_order
 from ds4tui.format.display import human_bytes, relative_time, score_text
 from ds4tui.screens.widgets.kv_format import ResumeCost, duration, file_text, local_time, safe_cell
 
@@ -214,6 +214,7 @@ def payload_section(info: KvDetailInfo) -> Text:
         # Only ds4tui's payloads tag payload_version with the SWA storage policy.
         rows.append(("swa_policy", describe_payload(p, header.model_id)))
         rows.append(("kv_dtype", payload_kv_dtype(p, header.model_id)))
+        rows.append(("kv_rows", payload_row_order(p, header.model_id)))
     return _kv(rows)
 
 
