@@ -2,8 +2,8 @@
 
 Owns the session state (tokens, next-token logits, the KV buffers) and its
 payload in the DSV4 framing of ds4tui/format/payload.py. Full attention is the degenerate
-DSV4 case: one raw window covering the whole context, a raw row per token
-holding K then V of every KV head, no compressed or indexer rows. A model with
+DSV4 case: one raw window covering the whole context (the K and V of every KV
+head for each token), no compressed or indexer rows. A model with
 sliding-window layers (Gemma 3) keeps, per sliding layer, a ring of its last W
 rows only (the row of position p at slot p % W), and stores them under the
 session's SWA policy (swa.py); global layers are stored whole.
@@ -11,13 +11,21 @@ session's SWA policy (swa.py); global layers are stored whole.
 The KV buffers are laid out [2 (K, V), Hkv, rows, D] per layer (a model without
 sliding layers has them as one [layers, 2, Hkv, ctx, D] tensor, which the fused C
 decode step reads): each head's keys are contiguous rows, which attention reads
-without a copy (a token-major layout, [ctx, 2, Hkv, D], matched the payload but
-made long-context decode slower: strided K/V). The payload is token-major, so save
-and load move one layer at a time through a staging buffer [T, 2, Hkv, D] (6.4 MB
-at 4K tokens: it stays in L3 between the read and the copy). The reordering copy
-runs in numpy, on the calling thread: torch's copy_ of this size is split over its
-OpenMP threads, and on a busy 2-core machine one preempted thread stalls the whole
-copy. Measurements: docs/perf.md, "KV buffer layout and the reorder copy".
+without a copy (a token-major layout, [ctx, 2, Hkv, D], made long-context decode
+slower: strided K/V). The payload stores the rows in the same head-major order
+(the KV_HEAD_MAJOR bit of payload_version): per layer, for K then V, for each KV
+head, that head's rows in token order. So save writes each such run from the buffer
+as it lies, and load reads each run straight into the buffer slice where attention
+will read it (one readinto per run, 180 of 512 KiB for 4K tokens of SmolLM2 in f16,
+hashed by a verifying stream as it arrives), then checks it for NaN/infinity while
+it is still in the core's cache: no staging buffer, no reordering copy. A sliding
+layer's run is its window oldest first: the ring's slots from the oldest row to the
+end, then from the start. Files written before the head-major order hold
+token-major rows ([T, 2, Hkv, D] per layer, ds4's raw-row order); they still load,
+through a staging buffer per layer and a numpy reordering copy on the calling
+thread (torch's copy_ of this size is split over its OpenMP threads, and on a busy
+2-core machine one preempted thread stalls the whole copy; docs/perf.md, "KV buffer
+layout and the reorder copy").
 
 The buffers hold f16 (the default, as llama.cpp's cache) or f32, the session's
 `kv_dtype`; the payload stores the rows in that type and says so (the KV_F16 bit of
@@ -28,7 +36,7 @@ its own type: an f16 file into an f32 session, or the reverse, is rejected.
 from __future__ import annotations
 
 import dataclasses
-from typing import BinaryIO, Protocol, Union
+from typing import BinaryIO, Iterator, Protocol, Union
 
 import numpy as np
 import torch
@@ -325,7 +333,7 @@ class LlamaSession(Session):
             for part, rows in self._row_runs(layer, layout):
                 write_array(fp, rows, part)
 
-    def _row_runs(self, layer: int, layout: SwaLayout):
+    def _row_runs(self, layer: int, layout: SwaLayout) -> Iterator[tuple[str, np.ndarray]]:
         """(what, array) of one layer's payload rows in head-major file order: views of the KV
         buffer (a periodic save of a sliding layer: of the snapshot)."""
         cfg = self.model.cfg
@@ -350,7 +358,7 @@ class LlamaSession(Session):
         payload reads into and writes from)."""
         return self.kv[layer].numpy()
 
-    def _ring_runs(self, layer: int, at: int):
+    def _ring_runs(self, layer: int, at: int) -> Iterator[tuple[int, int, np.ndarray]]:
         """(kv, head, view) of a sliding layer's live window after `at` tokens, oldest first:
         per head the ring's slots (at - m) % R .. R-1, then 0 .. (wrapped)."""
         ring = self._kv_array(layer)
@@ -426,7 +434,7 @@ class LlamaSession(Session):
         self._ends = [t] if t else []
         self.keep_mark()
 
-    def _row_runs_for_load(self, layer: int, layout: SwaLayout):
+    def _row_runs_for_load(self, layer: int, layout: SwaLayout) -> Iterator[tuple[str, np.ndarray]]:
         """Where a head-major payload's rows of one layer go: the buffer's slices, a sliding
         layer's into the ring slots of the window as of raw_at (never a snapshot)."""
         if self.model.cfg.is_sliding(layer):
