@@ -428,7 +428,9 @@ class LlamaSession(Session):
             self._read_token_major(r, layout)
         r.finish()
         self.tokens = tokens
-        self.logits = None if not bool(logits.any()) else logits
+        # numpy on this thread: torch's any() wakes its OpenMP threads, which on a busy
+        # 2-core host stalled a restore for milliseconds
+        self.logits = None if not logits.numpy().any() else logits
         if cfg.sliding_layers:
             self._finish_load(layout)  # the rings first: a mark copies them
         self._ends = [t] if t else []
