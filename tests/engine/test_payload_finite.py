@@ -34,3 +34,12 @@ def test_f32_and_f64_specials(dtype, bits):
         row[500] = v
         assert all_finite(row) == bool(np.isfinite(row).all()), v
     assert all_finite(np.empty(0, dtype))
+
+
+def test_strided_views_are_checked_in_place():
+    a = np.zeros((8, 6), np.float16)
+    view = a[:, ::2]
+    assert all_finite(view)
+    a[3, 2] = -np.inf  # inside the view
+    a[4, 1] = np.nan  # outside it
+    assert not all_finite(view) and all_finite(a[:, 1::2][:4])
