@@ -11,12 +11,16 @@
  * Compiled once per ISA by isa.c.
  *
  * Layout: the G query heads sharing a KV head become G*S rows m = s*G + g of that head, so
- * each K/V row is read once per block of up to ATTN_QB rows. Inside a block everything is
- * transposed, queries along the vector lanes: scores St[key][m] = sum_d K[key][d] Qt[d][m]
- * (a K element broadcast against a vector of queries), the online softmax's running max
- * and sum are vectors over m (no horizontal reductions), and Ot[d][m] += V[key][d]
- * St[key][m]. Keys go in blocks of ATTN_NK (flash attention's rescaling between blocks);
- * key blocks past a block's last query are skipped, and partly visible ones masked.
+ * each K/V row is read (and converted) once per block of up to ATTN_QB rows. Keys go in
+ * blocks of ATTN_NK, converted once for the whole block of rows: K transposed (Kt[d][key],
+ * keys along the vector lanes), V as rows (dims along the lanes). Rows go in register tiles
+ * of AR rows, any count, so no lane is spent on padding rows (a short chunk's 69 rows per
+ * head are 11 tiles of 6 and one of 3): scores S[r][key] = sum_d Q[r][d] Kt[d][key] (a Q
+ * element broadcast against a vector of keys), the online softmax per row (one horizontal
+ * max per row and key block; flash attention's rescaling between blocks), then
+ * O[r][d] = alpha[r] O[r][d] + sum_key P[r][key] V[key][d] (a P element broadcast against a
+ * vector of dims). A tile reads only the keys its rows see: blocks none of them sees are
+ * skipped, and key vectors past its last row's position are not computed.
  *
  * Work is split into pool chunks of (KV head, query block, key span); when there are few
  * query blocks (a short chunk after a restore: 69 rows per head over 4K keys), each block's
@@ -26,19 +30,30 @@
  */
 
 #define ATTN_QB 96         /* query rows per block (G*S rows of a short chunk fit one) */
-#define ATTN_NK 64         /* keys per block: K and V tiles stay in L1 at D = 64 */
+#define ATTN_NK 64         /* keys per block: Kt and V stay in L1 at D = 64 */
 #define ATTN_SPAN_MIN 256  /* a key span is never split below this */
 #define ATTN_MIN_CHUNKS 12 /* split keys until there are this many chunks (or spans run out): even for 2, 3, 4 threads */
 #define ATTN_MAX_D 256
 
-_Static_assert(ATTN_NK % 8 == 0, "key blocks must be whole micro-tiles (AJR divides 8)");
+/* 2^f on [-0.5, 0.5]: 1 + f (C1 + f (C2 + ...)), a least-squares fit at Chebyshev nodes,
+ * within 1.7 ulp in float (Horner rounding included). Scores are kept in base 2 (q is
+ * scaled by log2 e), so the softmax's exponential is a round, a subtraction, this
+ * polynomial and a scale by 2^n. */
+#define ATTN_C1 6.93147182e-01f
+#define ATTN_C2 2.40226477e-01f
+#define ATTN_C3 5.55032901e-02f
+#define ATTN_C4 9.61837359e-03f
+#define ATTN_C5 1.33998482e-03f
+#define ATTN_C6 1.53707049e-04f
+#define ATTN_LOG2E 1.44269504088896341
 
 /* ---------------------------------------------------------------- native vectors (av) */
 #if DS4K_ISA >= 2
 typedef __m512 av;
 #define AW 16  /* lanes */
-#define AMV 3  /* query vectors per micro-tile */
-#define AJR 8  /* keys (QK) or head dims (PV) per micro-tile: AMV x AJR accumulators */
+#define AR 6   /* rows per tile: AR x AKV (or ADV) accumulators of 32 registers */
+#define AKV 4  /* key vectors per score tile */
+#define ADV 4  /* dim vectors per output tile */
 static inline av av_load(const float *p) { return _mm512_loadu_ps(p); }
 static inline void av_store(float *p, av v) { _mm512_storeu_ps(p, v); }
 static inline av av_set1(float a) { return _mm512_set1_ps(a); }
@@ -48,10 +63,12 @@ static inline av av_add(av a, av b) { return _mm512_add_ps(a, b); }
 static inline av av_sub(av a, av b) { return _mm512_sub_ps(a, b); }
 static inline av av_max(av a, av b) { return _mm512_max_ps(a, b); }
 static inline av av_div(av a, av b) { return _mm512_div_ps(a, b); }
-/* a where lo <= q < hi, else -inf */
-static inline av av_keep(av a, av q, float lo, float hi) {
-    __mmask16 k = _mm512_cmp_ps_mask(q, _mm512_set1_ps(lo), _CMP_GE_OQ) &
-                  _mm512_cmp_ps_mask(q, _mm512_set1_ps(hi), _CMP_LT_OQ);
+static inline float av_hmax(av a) { return _mm512_reduce_max_ps(a); }
+static inline float av_hsum(av a) { return _mm512_reduce_add_ps(a); }
+/* a where lane t0 + l lies in [lo, hi), else -inf */
+static inline av av_keep(av a, int t0, int lo, int hi) {
+    const int a0 = lo - t0 > 0 ? lo - t0 : 0, a1 = hi - t0 < AW ? hi - t0 : AW;
+    const __mmask16 k = a1 > a0 ? (__mmask16)(((1u << a1) - 1) & ~((1u << a0) - 1)) : 0;
     return _mm512_mask_blend_ps(k, _mm512_set1_ps(-INFINITY), a);
 }
 /* e^x, ~1 ulp (Cephes polynomial); exactly 0 below -87.3, so -inf gives 0. */
@@ -71,11 +88,24 @@ static inline av av_exp(av x) {
     p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_maskz_scalef_ps((__mmask16)~tiny, p, n);
 }
+/* 2^x for x <= 0; -inf (a masked key) gives exactly 0 (2^-200 underflows). */
+static inline av av_exp2(av x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
+    const av n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(x, n);
+    av p = _mm512_fmadd_ps(_mm512_set1_ps(ATTN_C6), f, _mm512_set1_ps(ATTN_C5));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ATTN_C4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ATTN_C3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ATTN_C2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ATTN_C1));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
 #elif DS4K_ISA == 1
 typedef __m256 av;
 #define AW 8
-#define AMV 3
-#define AJR 4
+#define AR 3   /* 16 registers: 12 accumulators, the rest loads and a broadcast */
+#define AKV 4
+#define ADV 4
 static inline av av_load(const float *p) { return _mm256_loadu_ps(p); }
 static inline void av_store(float *p, av v) { _mm256_storeu_ps(p, v); }
 static inline av av_set1(float a) { return _mm256_set1_ps(a); }
@@ -85,20 +115,43 @@ static inline av av_add(av a, av b) { return _mm256_add_ps(a, b); }
 static inline av av_sub(av a, av b) { return _mm256_sub_ps(a, b); }
 static inline av av_max(av a, av b) { return _mm256_max_ps(a, b); }
 static inline av av_div(av a, av b) { return _mm256_div_ps(a, b); }
-static inline av av_keep(av a, av q, float lo, float hi) {
-    __m256 k = _mm256_and_ps(_mm256_cmp_ps(q, _mm256_set1_ps(lo), _CMP_GE_OQ),
-                             _mm256_cmp_ps(q, _mm256_set1_ps(hi), _CMP_LT_OQ));
+static inline float av_hmax(av a) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+static inline float av_hsum(av a) { return hsum8(a); }
+static inline av av_keep(av a, int t0, int lo, int hi) {
+    const __m256 t = _mm256_add_ps(_mm256_set1_ps((float)t0), _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 k = _mm256_and_ps(_mm256_cmp_ps(t, _mm256_set1_ps((float)lo), _CMP_GE_OQ),
+                                   _mm256_cmp_ps(t, _mm256_set1_ps((float)hi), _CMP_LT_OQ));
     return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), a, k);
 }
 /* exp8 (simd.h), but exactly 0 below -87.3, so -inf gives 0 */
 static inline av av_exp(av x) {
     return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ), exp8(x));
 }
+/* 2^x for x <= 0; exactly 0 below -126 (so -inf, a masked key, gives 0). */
+static inline av av_exp2(av x) {
+    const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-126.0f));
+    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(ATTN_C6), f, _mm256_set1_ps(ATTN_C5));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ATTN_C4));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ATTN_C3));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ATTN_C2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ATTN_C1));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
 #else
 typedef float av;
 #define AW 1
-#define AMV 8
-#define AJR 4
+#define AR 4
+#define AKV 4
+#define ADV 4
 static inline av av_load(const float *p) { return *p; }
 static inline void av_store(float *p, av v) { *p = v; }
 static inline av av_set1(float a) { return a; }
@@ -108,9 +161,16 @@ static inline av av_add(av a, av b) { return a + b; }
 static inline av av_sub(av a, av b) { return a - b; }
 static inline av av_max(av a, av b) { return a > b ? a : b; }
 static inline av av_div(av a, av b) { return a / b; }
-static inline av av_keep(av a, av q, float lo, float hi) { return q >= lo && q < hi ? a : -INFINITY; }
+static inline float av_hmax(av a) { return a; }
+static inline float av_hsum(av a) { return a; }
+static inline av av_keep(av a, int t0, int lo, int hi) { return t0 >= lo && t0 < hi ? a : -INFINITY; }
 static inline av av_exp(av x) { return expf(x); }
+static inline av av_exp2(av x) { return exp2f(x); }
 #endif
+
+#define ATTN_KC (AKV * AW) /* keys per score tile */
+#define ATTN_DC (ADV * AW) /* dims per output tile */
+_Static_assert(ATTN_NK % ATTN_KC == 0 && ATTN_NK % 8 == 0, "key blocks must be whole score tiles");
 
 /* ---------------------------------------------------------------- the job */
 
@@ -120,9 +180,9 @@ typedef struct {
     const void *k, *v;        /* the buffer: head h, slot r at (h * hs + r * d) elements */
     const void *kn, *vn;      /* new rows: head h, row i at (h * hsn + i * rsn) elements (vn: hsv, rsv) */
     int64_t ldq, ldo, hs, cap, hsn, rsn, hsv, rsv, s, qpos0, kbase, window;
-    int g, d, f16, nqb, qb, nsplit;
+    int g, d, dp, f16, nqb, qb, nsplit;
     float scale;
-    float *part;              /* nsplit > 1: per chunk, max[mp], sum[mp], Ot[d][mp] */
+    float *part;              /* nsplit > 1: per chunk, max[qb], sum[qb], O[qb][dp] */
     int64_t part_stride;
 } attn_job;
 
@@ -133,198 +193,266 @@ static void attn_keys(const attn_job *j, int64_t r0, int64_t r1, int64_t *first,
     *end = qhi + 1;
 }
 
-/* Key (or value) p of head h as a float row; hn, rn: the strides of nbuf. */
-static inline void attn_row(const attn_job *j, const void *buf, const void *nbuf, int64_t hn, int64_t rn, int64_t h,
-                            int64_t p, float *dst) {
-    int64_t off = p < j->kbase ? h * j->hs + (p % j->cap) * j->d : h * hn + (p - j->kbase) * rn;
+/* Where key (or value) p of head h lives; hn, rn: the strides of nbuf. */
+static inline const void *attn_src(const attn_job *j, const void *buf, const void *nbuf, int64_t hn, int64_t rn,
+                                   int64_t h, int64_t p) {
+    if (p < j->kbase) {
+        const int64_t off = h * j->hs + (p % j->cap) * j->d;
+        return j->f16 ? (const void *)((const uint16_t *)buf + off) : (const void *)((const float *)buf + off);
+    }
+    const int64_t off = h * hn + (p - j->kbase) * rn;
+    return j->f16 ? (const void *)((const uint16_t *)nbuf + off) : (const void *)((const float *)nbuf + off);
+}
+
+/* One value row as floats. */
+static inline void attn_vrow(const attn_job *j, const void *src, float *dst) {
     const int d = j->d;
     if (!j->f16) {
-        memcpy(dst, (const float *)(p < j->kbase ? buf : nbuf) + off, sizeof(float) * (size_t)d);
+        memcpy(dst, src, sizeof(float) * (size_t)d);
         return;
     }
-    const uint16_t *src = (const uint16_t *)(p < j->kbase ? buf : nbuf) + off;
+    const uint16_t *h = (const uint16_t *)src;
     int i = 0;
 #if DS4K_ISA >= 1
-    for (; i + 8 <= d; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i + 8 <= d; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
 #endif
-    for (; i < d; i++) dst[i] = ds4k_f16_to_f32(src[i]);
+    for (; i < d; i++) dst[i] = ds4k_f16_to_f32(h[i]);
 }
 
-/* St[key][m] = sum_i K[key][i] Qt[i][m] for AJR keys and nv query vectors. */
-static inline __attribute__((always_inline)) void attn_qk_tile(const float *kf, const float *qt, float *st, int d,
-                                                              int mp, const int nv) {
-    av acc[AJR][AMV];
-    for (int r = 0; r < AJR; r++)
-        for (int v = 0; v < nv; v++) acc[r][v] = av_set1(0.0f);
+#if DS4K_ISA >= 1
+static inline __m256 attn_ld8(const void *src, int f16, int i) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)src + i)))
+               : _mm256_loadu_ps((const float *)src + i);
+}
+
+/* r[0..7] (8 rows of 8) := their transpose */
+static inline void attn_tr8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+#endif
+
+/* Keys p0..p0+nk-1 of head h as Kt[i][t] (row stride ATTN_NK); columns nk up to the next
+ * score tile are zeros (computed, then masked). */
+static void attn_load_kt(const attn_job *j, int64_t h, int64_t p0, int nk, float *kt) {
+    const int d = j->d, nkp = (nk + ATTN_KC - 1) / ATTN_KC * ATTN_KC;
+#if DS4K_ISA >= 1
+    for (int t0 = 0; t0 < nkp; t0 += 8) {
+        const void *src[8];
+        for (int t = 0; t < 8; t++)
+            src[t] = t0 + t < nk ? attn_src(j, j->k, j->kn, j->hsn, j->rsn, h, p0 + t0 + t) : NULL;
+        for (int i = 0; i < d; i += 8) {
+            __m256 r[8];
+            for (int t = 0; t < 8; t++) r[t] = src[t] ? attn_ld8(src[t], j->f16, i) : _mm256_setzero_ps();
+            attn_tr8(r);
+            for (int l = 0; l < 8; l++) _mm256_storeu_ps(kt + (int64_t)(i + l) * ATTN_NK + t0, r[l]);
+        }
+    }
+#else
+    for (int t = 0; t < nkp; t++) {
+        if (t >= nk) {
+            for (int i = 0; i < d; i++) kt[(int64_t)i * ATTN_NK + t] = 0.0f;
+            continue;
+        }
+        const void *src = attn_src(j, j->k, j->kn, j->hsn, j->rsn, h, p0 + t);
+        for (int i = 0; i < d; i++)
+            kt[(int64_t)i * ATTN_NK + t] = j->f16 ? ds4k_f16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
+    }
+#endif
+}
+
+/* S[r][c..c+ATTN_KC) = sum_i Q[r][i] Kt[i][c..] for nr rows (Q rows d apart). */
+static inline __attribute__((always_inline)) void attn_qk_tile(const float *qs, const float *kt, float *st, int d,
+                                                              const int nr) {
+    av acc[AR][AKV];
+    for (int r = 0; r < nr; r++)
+        for (int v = 0; v < AKV; v++) acc[r][v] = av_set1(0.0f);
     for (int i = 0; i < d; i++) {
-        av qv[AMV];
-        for (int v = 0; v < nv; v++) qv[v] = av_load(qt + (int64_t)i * mp + v * AW);
-        for (int r = 0; r < AJR; r++) {
-            av kb = av_set1(kf[r * d + i]);
-            for (int v = 0; v < nv; v++) acc[r][v] = av_fma(kb, qv[v], acc[r][v]);
+        av kv[AKV];
+        for (int v = 0; v < AKV; v++) kv[v] = av_load(kt + (int64_t)i * ATTN_NK + v * AW);
+        for (int r = 0; r < nr; r++) {
+            const av qb = av_set1(qs[r * d + i]);
+            for (int v = 0; v < AKV; v++) acc[r][v] = av_fma(qb, kv[v], acc[r][v]);
         }
     }
-    for (int r = 0; r < AJR; r++)
-        for (int v = 0; v < nv; v++) av_store(st + (int64_t)r * mp + v * AW, acc[r][v]);
+    for (int r = 0; r < nr; r++)
+        for (int v = 0; v < AKV; v++) av_store(st + r * ATTN_NK + v * AW, acc[r][v]);
 }
 
-/* Ot[i][m] = alpha[m] Ot[i][m] + sum_key V[key][i] St[key][m] for AJR dims and nv query vectors. */
-static inline __attribute__((always_inline)) void attn_pv_tile(const float *vf, const float *st, float *ot,
-                                                              const float *alpha, int nk, int d, int mp,
-                                                              const int nv) {
-    av acc[AJR][AMV];
-    for (int v = 0; v < nv; v++) {
-        av a = av_load(alpha + v * AW);
-        for (int r = 0; r < AJR; r++) acc[r][v] = av_mul(a, av_load(ot + (int64_t)r * mp + v * AW));
+/* O[r][c..c+ATTN_DC) = alpha[r] O[r][c..] + sum_{t in [t0, t1)} P[r][t] V[t][c..] for nr rows
+ * (O and V rows dp apart, P rows ATTN_NK apart). */
+static inline __attribute__((always_inline)) void attn_pv_tile(const float *p, const float *vf, float *o,
+                                                              const float *alpha, int t0, int t1, int dp,
+                                                              const int nr) {
+    av acc[AR][ADV];
+    for (int r = 0; r < nr; r++) {
+        const av a = av_set1(alpha[r]);
+        for (int v = 0; v < ADV; v++) acc[r][v] = av_mul(a, av_load(o + (int64_t)r * dp + v * AW));
     }
-    for (int t = 0; t < nk; t++) {
-        av pv[AMV];
-        for (int v = 0; v < nv; v++) pv[v] = av_load(st + (int64_t)t * mp + v * AW);
-        for (int r = 0; r < AJR; r++) {
-            av vb = av_set1(vf[t * d + r]);
-            for (int v = 0; v < nv; v++) acc[r][v] = av_fma(vb, pv[v], acc[r][v]);
+    for (int t = t0; t < t1; t++) {
+        av vv[ADV];
+        for (int v = 0; v < ADV; v++) vv[v] = av_load(vf + (int64_t)t * dp + v * AW);
+        for (int r = 0; r < nr; r++) {
+            const av pb = av_set1(p[r * ATTN_NK + t]);
+            for (int v = 0; v < ADV; v++) acc[r][v] = av_fma(pb, vv[v], acc[r][v]);
         }
     }
-    for (int r = 0; r < AJR; r++)
-        for (int v = 0; v < nv; v++) av_store(ot + (int64_t)r * mp + v * AW, acc[r][v]);
+    for (int r = 0; r < nr; r++)
+        for (int v = 0; v < ADV; v++) av_store(o + (int64_t)r * dp + v * AW, acc[r][v]);
 }
 
-static void attn_qk(const float *kf, const float *qt, float *st, int nk, int d, int mp) {
-    for (int t = 0; t < nk; t += AJR)
-        for (int m = 0; m < mp; m += AMV * AW) {
-            const int nv = (mp - m) / AW < AMV ? (mp - m) / AW : AMV;
-            switch (nv) {
-#if AMV >= 8
-            case 8: attn_qk_tile(kf + t * d, qt + m, st + (int64_t)t * mp + m, d, mp, 8); break;
-            case 7: attn_qk_tile(kf + t * d, qt + m, st + (int64_t)t * mp + m, d, mp, 7); break;
-            case 6: attn_qk_tile(kf + t * d, qt + m, st + (int64_t)t * mp + m, d, mp, 6); break;
-            case 5: attn_qk_tile(kf + t * d, qt + m, st + (int64_t)t * mp + m, d, mp, 5); break;
-            case 4: attn_qk_tile(kf + t * d, qt + m, st + (int64_t)t * mp + m, d, mp, 4); break;
-#endif
-#if AMV >= 3
-            case 3: attn_qk_tile(kf + t * d, qt + m, st + (int64_t)t * mp + m, d, mp, 3); break;
-#endif
-            case 2: attn_qk_tile(kf + t * d, qt + m, st + (int64_t)t * mp + m, d, mp, 2); break;
-            default: attn_qk_tile(kf + t * d, qt + m, st + (int64_t)t * mp + m, d, mp, 1); break;
+/* Visible keys [lo, hi) of a query at position q within the block p0..p0+nk-1, relative to p0. */
+static inline void attn_span(const attn_job *j, int64_t q, int64_t p0, int nk, int *lo, int *hi) {
+    const int64_t a = j->window > 0 ? q - j->window + 1 - p0 : 0, b = q - p0 + 1;
+    *lo = a > 0 ? (int)a : 0;
+    *hi = b < nk ? (b > 0 ? (int)b : 0) : nk;
+}
+
+/* One tile of nr rows (positions qp; Q, O rows at qs, os) against the key block at p0: scores,
+ * the online softmax (mx and a vector of partial sums per row, in base 2), the output update. */
+static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, const int64_t *qp, int64_t p0, int nk,
+                                                           const float *kt, const float *vf, const float *qs,
+                                                           float *os, float *mx, float *sum, float *st,
+                                                           const int nr) {
+    const int d = j->d, dp = j->dp;
+    int lo[AR], hi[AR];
+    for (int r = 0; r < nr; r++) attn_span(j, qp[r], p0, nk, &lo[r], &hi[r]);
+    /* Rows are in position order, so the tile's keys are [lo of its first, hi of its last). */
+    const int t0 = lo[0], t1 = hi[nr - 1];
+    const int c0 = t0 / ATTN_KC * ATTN_KC, c1 = (t1 + ATTN_KC - 1) / ATTN_KC * ATTN_KC;
+    for (int c = c0; c < c1; c += ATTN_KC) attn_qk_tile(qs, kt + c, st + c, d, nr);
+    float alpha[AR];
+    const int v0 = t0 / AW * AW, v1 = (t1 + AW - 1) / AW * AW;
+    for (int r = 0; r < nr; r++) {
+        float *s = st + r * ATTN_NK;
+        if (lo[r] >= hi[r]) { /* no key of this block for this row: weights 0, output kept */
+            for (int t = v0; t < v1; t += AW) av_store(s + t, av_set1(0.0f));
+            alpha[r] = 1.0f;
+            continue;
+        }
+        av bm = av_set1(-INFINITY);
+        for (int t = v0; t < v1; t += AW) {
+            av x = av_load(s + t);
+            if (t < lo[r] || t + AW > hi[r]) {
+                x = av_keep(x, t, lo[r], hi[r]);
+                av_store(s + t, x);
             }
+            bm = av_max(bm, x);
         }
-}
-
-static void attn_pv(const float *vf, const float *st, float *ot, const float *alpha, int nk, int d, int mp) {
-    for (int i = 0; i < d; i += AJR)
-        for (int m = 0; m < mp; m += AMV * AW) {
-            const int nv = (mp - m) / AW < AMV ? (mp - m) / AW : AMV;
-            float *o = ot + (int64_t)i * mp + m;
-            switch (nv) {
-#if AMV >= 8
-            case 8: attn_pv_tile(vf + i, st + m, o, alpha + m, nk, d, mp, 8); break;
-            case 7: attn_pv_tile(vf + i, st + m, o, alpha + m, nk, d, mp, 7); break;
-            case 6: attn_pv_tile(vf + i, st + m, o, alpha + m, nk, d, mp, 6); break;
-            case 5: attn_pv_tile(vf + i, st + m, o, alpha + m, nk, d, mp, 5); break;
-            case 4: attn_pv_tile(vf + i, st + m, o, alpha + m, nk, d, mp, 4); break;
-#endif
-#if AMV >= 3
-            case 3: attn_pv_tile(vf + i, st + m, o, alpha + m, nk, d, mp, 3); break;
-#endif
-            case 2: attn_pv_tile(vf + i, st + m, o, alpha + m, nk, d, mp, 2); break;
-            default: attn_pv_tile(vf + i, st + m, o, alpha + m, nk, d, mp, 1); break;
-            }
+        const float old = mx[r], top = av_hmax(bm), nm = top > old ? top : old;
+        /* The first block a row sees: old = -inf gives alpha 0 (its output and sum are 0). */
+        alpha[r] = nm == old ? 1.0f : exp2f(old - nm);
+        const av base = av_set1(nm);
+        av acc = av_set1(0.0f);
+        for (int t = v0; t < v1; t += AW) {
+            const av e = av_exp2(av_sub(av_load(s + t), base));
+            av_store(s + t, e);
+            acc = av_add(acc, e);
         }
+        mx[r] = nm;
+        /* The row's sum stays a vector (one horizontal add at the end). */
+        av_store(sum + r * AW, av_fma(av_load(sum + r * AW), av_set1(alpha[r]), acc));
+    }
+    for (int c = 0; c < dp; c += ATTN_DC) attn_pv_tile(st, vf + c, os + c, alpha, t0, t1, dp, nr);
 }
 
 static void attn_chunk(void *vctx, int64_t c) {
     const attn_job *j = (const attn_job *)vctx;
-    const int g = j->g, d = j->d;
+    const int g = j->g, d = j->d, dp = j->dp;
     const int64_t h = c / ((int64_t)j->nqb * j->nsplit), qb = c / j->nsplit % j->nqb, sp = c % j->nsplit;
     const int64_t m_all = j->s * g, r0 = qb * j->qb, r1 = r0 + j->qb < m_all ? r0 + j->qb : m_all;
-    const int m = (int)(r1 - r0), mp = (m + AW - 1) / AW * AW;
+    const int m = (int)(r1 - r0);
     int64_t first, end;
     attn_keys(j, r0, r1, &first, &end);
     /* This span's key blocks: blocks [b0, b1) of the block's range. */
     const int64_t nblk = (end - first + ATTN_NK - 1) / ATTN_NK;
     const int64_t b0 = sp * nblk / j->nsplit, b1 = (sp + 1) * nblk / j->nsplit;
 
-    /* ~350 KB at D = 256 (the stack: no allocation per chunk); ATTN_NK is a multiple of AJR. */
-    float qt[d * mp], ot[d * mp], st[ATTN_NK * mp], kf[ATTN_NK * d], vf[ATTN_NK * d];
-    float qpos[mp], mx[mp], sum[mp], alpha[mp];
-    /* Qt[i][m] = q[m][i] * scale; padding rows (to whole vectors) are zeros at the last
-     * row's position, never stored. */
-    for (int r = 0; r < mp; r++) {
-        const int64_t row = r0 + (r < m ? r : m - 1);
-        qpos[r] = (float)(j->qpos0 + row / g);
-        mx[r] = -INFINITY, sum[r] = 0.0f;
-        const float *q = r < m ? j->q + row / g * j->ldq + (h * g + row % g) * d : NULL;
-        for (int i = 0; i < d; i++) qt[i * mp + r] = q ? q[i] * j->scale : 0.0f;
+    /* ~330 KB at D = 256 (the stack: no allocation per chunk). */
+    float qs[m * d], os[m * dp], kt[d * ATTN_NK], vf[ATTN_NK * dp], st[AR * ATTN_NK];
+    float mx[m], sum[m * AW];
+    int64_t qp[m];
+    const float scale = (float)(j->scale * ATTN_LOG2E);
+    for (int r = 0; r < m; r++) {
+        const int64_t row = r0 + r;
+        const float *q = j->q + row / g * j->ldq + (h * g + row % g) * d;
+        for (int i = 0; i < d; i++) qs[r * d + i] = q[i] * scale;
+        qp[r] = j->qpos0 + row / g;
+        mx[r] = -INFINITY;
     }
-    memset(ot, 0, sizeof(float) * (size_t)(d * mp));
-    const float lo_q = (float)(j->qpos0 + r0 / g), hi_q = (float)(j->qpos0 + (r1 - 1) / g);
+    memset(sum, 0, sizeof(sum));
+    memset(os, 0, sizeof(float) * (size_t)(m * dp));
+    /* Value dims d..dp (whole output tiles) stay zero. */
+    if (dp > d)
+        for (int t = 0; t < ATTN_NK; t++) memset(vf + (int64_t)t * dp + d, 0, sizeof(float) * (size_t)(dp - d));
     for (int64_t b = b0; b < b1; b++) {
         const int64_t p0 = first + b * ATTN_NK;
-        const int nk = (int)(end - p0 < ATTN_NK ? end - p0 : ATTN_NK), nkp = (nk + AJR - 1) / AJR * AJR;
-        for (int t = 0; t < nk; t++) {
-            attn_row(j, j->k, j->kn, j->hsn, j->rsn, h, p0 + t, kf + t * d);
-            attn_row(j, j->v, j->vn, j->hsv, j->rsv, h, p0 + t, vf + t * d);
-        }
-        /* Padding keys (to a whole micro-tile) are zeros, masked out below. */
-        memset(kf + nk * d, 0, sizeof(float) * (size_t)((nkp - nk) * d));
-        memset(vf + nk * d, 0, sizeof(float) * (size_t)((nkp - nk) * d));
-        attn_qk(kf, qt, st, nkp, d, mp);
-        /* Key p is visible to a query at position q when p <= q and (window) q < p + window. */
-        const float last = (float)(p0 + nk - 1);
-        const int all_visible = nk == nkp && last <= lo_q && (j->window <= 0 || hi_q < (float)p0 + (float)j->window);
-        if (!all_visible) {
-            for (int t = 0; t < nkp; t++) {
-                const float p = (float)(p0 + t), hi = t < nk ? (j->window > 0 ? p + (float)j->window : INFINITY) : -INFINITY;
-                for (int r = 0; r < mp; r += AW)
-                    av_store(st + (int64_t)t * mp + r, av_keep(av_load(st + (int64_t)t * mp + r), av_load(qpos + r), p, hi));
+        const int nk = (int)(end - p0 < ATTN_NK ? end - p0 : ATTN_NK);
+        /* Rows that see a key of this block: from the first at position >= p0 to the last whose
+         * window still reaches p0 + nk - 1 (rows are in position order). */
+        int64_t ra = (p0 - j->qpos0) * g - r0, rb = m;
+        if (j->window > 0) rb = (p0 + nk - 1 + j->window - j->qpos0) * g - r0;
+        ra = ra > 0 ? ra : 0;
+        rb = rb < m ? rb : m;
+        if (ra >= rb) continue;
+        attn_load_kt(j, h, p0, nk, kt);
+        for (int t = 0; t < nk; t++)
+            attn_vrow(j, attn_src(j, j->v, j->vn, j->hsv, j->rsv, h, p0 + t), vf + (int64_t)t * dp);
+        for (int64_t r = ra; r < rb; r += AR) {
+            const int nr = rb - r < AR ? (int)(rb - r) : AR;
+            const float *q = qs + r * d;
+            float *o = os + r * dp;
+            switch (nr) {
+#if AR >= 6
+            case 6: attn_tile(j, qp + r, p0, nk, kt, vf, q, o, mx + r, sum + r * AW, st, 6); break;
+            case 5: attn_tile(j, qp + r, p0, nk, kt, vf, q, o, mx + r, sum + r * AW, st, 5); break;
+#endif
+#if AR >= 4
+            case 4: attn_tile(j, qp + r, p0, nk, kt, vf, q, o, mx + r, sum + r * AW, st, 4); break;
+#endif
+            case 3: attn_tile(j, qp + r, p0, nk, kt, vf, q, o, mx + r, sum + r * AW, st, 3); break;
+            case 2: attn_tile(j, qp + r, p0, nk, kt, vf, q, o, mx + r, sum + r * AW, st, 2); break;
+            default: attn_tile(j, qp + r, p0, nk, kt, vf, q, o, mx + r, sum + r * AW, st, 1); break;
             }
         }
-        /* Online softmax over this block, a vector of queries at a time. */
-        for (int r = 0; r < mp; r += AW) {
-            av bm = av_load(st + r);
-            for (int t = 1; t < nkp; t++) bm = av_max(bm, av_load(st + (int64_t)t * mp + r));
-            av old = av_load(mx + r), nm = av_max(old, bm);
-            /* A query with no visible key yet keeps max -inf; subtracting 0 then gives exp(-inf) = 0
-             * instead of exp(-inf - -inf) = nan. */
-            float tmp[AW], base[AW];
-            av_store(tmp, nm);
-            for (int l = 0; l < AW; l++) base[l] = tmp[l] == -INFINITY ? 0.0f : tmp[l];
-            av bv = av_load(base);
-            av a = av_exp(av_sub(old, bv)), s = av_set1(0.0f);
-            for (int t = 0; t < nkp; t++) {
-                av e = av_exp(av_sub(av_load(st + (int64_t)t * mp + r), bv));
-                av_store(st + (int64_t)t * mp + r, e);
-                s = av_add(s, e);
-            }
-            av_store(mx + r, nm);
-            av_store(alpha + r, a);
-            av_store(sum + r, av_fma(av_load(sum + r), a, s));
-        }
-        attn_pv(vf, st, ot, alpha, nkp, d, mp);
     }
+    for (int r = 0; r < m; r++) sum[r] = av_hsum(av_load(sum + r * AW)); /* in place: r * AW >= r */
     if (j->nsplit == 1) {
         for (int r = 0; r < m; r++) {
             const int64_t row = r0 + r;
             float *o = j->o + row / g * j->ldo + (h * g + row % g) * d;
             const float inv = 1.0f / sum[r];
-            for (int i = 0; i < d; i++) o[i] = ot[i * mp + r] * inv;
+            for (int i = 0; i < d; i++) o[i] = os[r * dp + i] * inv;
         }
         return;
     }
     float *part = j->part + c * j->part_stride;
-    memcpy(part, mx, sizeof(float) * (size_t)mp);
-    memcpy(part + mp, sum, sizeof(float) * (size_t)mp);
-    memcpy(part + 2 * mp, ot, sizeof(float) * (size_t)(d * mp));
+    memcpy(part, mx, sizeof(float) * (size_t)m);
+    memcpy(part + j->qb, sum, sizeof(float) * (size_t)m);
+    memcpy(part + 2 * j->qb, os, sizeof(float) * (size_t)(m * dp));
 }
 
 /* Merge the spans of every (head, query block), in span order. */
 static void attn_merge(const attn_job *j, int hkv) {
-    const int g = j->g, d = j->d;
+    const int g = j->g, d = j->d, dp = j->dp, mq = j->qb;
     const int64_t m_all = j->s * g;
     for (int64_t h = 0; h < hkv; h++)
         for (int64_t qb = 0; qb < j->nqb; qb++) {
             const int64_t r0 = qb * j->qb, r1 = r0 + j->qb < m_all ? r0 + j->qb : m_all;
-            const int m = (int)(r1 - r0), mp = (m + AW - 1) / AW * AW;
+            const int m = (int)(r1 - r0);
             const float *parts = j->part + (h * j->nqb + qb) * j->nsplit * j->part_stride;
             for (int r = 0; r < m; r++) {
                 const int64_t row = r0 + r;
@@ -338,9 +466,9 @@ static void attn_merge(const attn_job *j, int hkv) {
                 for (int sp = 0; sp < j->nsplit; sp++) {
                     const float *p = parts + sp * j->part_stride;
                     if (p[r] == -INFINITY) continue; /* a span with no key visible to this query */
-                    const float w = expf(p[r] - top);
-                    total += p[mp + r] * w;
-                    for (int i = 0; i < d; i++) o[i] += w * p[2 * mp + i * mp + r];
+                    const float w = exp2f(p[r] - top); /* maxima in base 2 */
+                    total += p[mq + r] * w;
+                    for (int i = 0; i < d; i++) o[i] += w * p[2 * mq + r * dp + i];
                 }
                 const float inv = 1.0f / total;
                 for (int i = 0; i < d; i++) o[i] *= inv;
@@ -364,7 +492,8 @@ static int attn(const float *q, int64_t ldq, float *o, int64_t ldo, const void *
         return -1;
     attn_job j = {.q = q, .o = o, .k = k, .v = v, .kn = kn, .vn = vn, .ldq = ldq, .ldo = ldo, .hs = hs,
                   .cap = cap, .hsn = hsn, .rsn = rsn, .hsv = hsv, .rsv = rsv, .s = s, .qpos0 = qpos0, .kbase = kbase,
-                  .window = window, .g = hq / hkv, .d = d, .f16 = kv_f16, .scale = scale};
+                  .window = window, .g = hq / hkv, .d = d, .dp = (d + ATTN_DC - 1) / ATTN_DC * ATTN_DC, .f16 = kv_f16,
+                  .scale = scale};
     const int64_t m_all = s * j.g;
     j.nqb = (int)((m_all + ATTN_QB - 1) / ATTN_QB);
     j.qb = (int)((m_all + j.nqb - 1) / j.nqb);
@@ -380,8 +509,7 @@ static int attn(const float *q, int64_t ldq, float *o, int64_t ldo, const void *
     j.nsplit = (int)(nsplit < most ? nsplit : most);
     float *part = NULL;
     if (j.nsplit > 1) {
-        const int64_t mp = ((int64_t)j.qb + AW - 1) / AW * AW;
-        j.part_stride = (2 + d) * mp;
+        j.part_stride = (2 + (int64_t)j.dp) * j.qb;
         part = (float *)malloc(sizeof(float) * (size_t)(j.part_stride * hkv * j.nqb * j.nsplit));
         if (part == NULL) return -1;
         j.part = part;
