@@ -245,12 +245,58 @@ static inline void attn_tr8(__m256 r[8]) {
 }
 #endif
 
+#if DS4K_ISA >= 2
+/* r[0..15] (16 rows of 16) := their transpose */
+static inline void attn_tr16(__m512 r[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    /* u[4G + c], 128-bit lane L: column 4L + c of rows 4G..4G+3 */
+    for (int i = 0; i < 16; i += 4) {
+        const __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+        const __m512d c = _mm512_castps_pd(t[i + 2]), e = _mm512_castps_pd(t[i + 3]);
+        u[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        u[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        u[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
+        u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+        const __m512 w0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88), w1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+        r[c] = _mm512_shuffle_f32x4(v0, w0, 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(v0, w0, 0xDD);
+        r[4 + c] = _mm512_shuffle_f32x4(v1, w1, 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(v1, w1, 0xDD);
+    }
+}
+#endif
+
 /* Keys p0..p0+nk-1 of head h as Kt[i][t] (row stride ATTN_NK); columns nk up to the next
  * score tile are zeros (computed, then masked). */
 static void attn_load_kt(const attn_job *j, int64_t h, int64_t p0, int nk, float *kt) {
     const int d = j->d, nkp = (nk + ATTN_KC - 1) / ATTN_KC * ATTN_KC;
 #if DS4K_ISA >= 1
-    for (int t0 = 0; t0 < nkp; t0 += 8) {
+    int t0 = 0;
+#if DS4K_ISA >= 2
+    if (d % 16 == 0)
+        for (; t0 + 16 <= nk; t0 += 16) { /* whole groups of 16 keys, 16 dims at a time */
+            const void *src[16];
+            for (int t = 0; t < 16; t++) src[t] = attn_src(j, j->k, j->kn, j->hsn, j->rsn, h, p0 + t0 + t);
+            for (int i = 0; i < d; i += 16) {
+                __m512 r[16];
+                if (j->f16)
+                    for (int t = 0; t < 16; t++)
+                        r[t] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)src[t] + i)));
+                else
+                    for (int t = 0; t < 16; t++) r[t] = _mm512_loadu_ps((const float *)src[t] + i);
+                attn_tr16(r);
+                for (int l = 0; l < 16; l++) _mm512_storeu_ps(kt + (int64_t)(i + l) * ATTN_NK + t0, r[l]);
+            }
+        }
+#endif
+    for (; t0 < nkp; t0 += 8) {
         const void *src[8];
         for (int t = 0; t < 8; t++)
             src[t] = t0 + t < nk ? attn_src(j, j->k, j->kn, j->hsn, j->rsn, h, p0 + t0 + t) : NULL;
