@@ -320,6 +320,21 @@ static void attn_load_kt(const attn_job *j, int64_t h, int64_t p0, int nk, float
 #endif
 }
 
+/* Ask for the K/V rows of keys [p0, p1) (clipped to end) ahead of their use: rows of a deep
+ * context come from memory. Inlined: GCC drops calls of a function that only prefetches. */
+static inline __attribute__((always_inline)) void attn_prefetch(const attn_job *j, int64_t h, int64_t p0, int64_t p1,
+                                                               int64_t end) {
+    const int bytes = j->d * (j->f16 ? 2 : 4);
+    for (int64_t p = p0; p < end && p < p1; p++) {
+        const char *k = (const char *)attn_src(j, j->k, j->kn, j->hsn, j->rsn, h, p);
+        const char *v = (const char *)attn_src(j, j->v, j->vn, j->hsv, j->rsv, h, p);
+        for (int b = 0; b < bytes; b += 64) {
+            __builtin_prefetch(k + b);
+            __builtin_prefetch(v + b);
+        }
+    }
+}
+
 /* S[r][c..c+ATTN_KC) = sum_i Q[r][i] Kt[i][c..] for nr rows (Q rows d apart). */
 static inline __attribute__((always_inline)) void attn_qk_tile(const float *qs, const float *kt, float *st, int d,
                                                               const int nr) {
@@ -457,8 +472,12 @@ static void attn_chunk(void *vctx, int64_t c) {
         attn_load_kt(j, h, p0, nk, kt);
         for (int t = 0; t < nk; t++)
             attn_vrow(j, attn_src(j, j->v, j->vn, j->hsv, j->rsv, h, p0 + t), vf + (int64_t)t * dp);
+        /* The next block's rows, a share per tile (a burst of them all would queue). */
+        const int64_t ntile = (rb - ra + AR - 1) / AR, per = (ATTN_NK + ntile - 1) / ntile;
         for (int64_t r = ra; r < rb; r += AR) {
             const int nr = rb - r < AR ? (int)(rb - r) : AR;
+            const int64_t pf = p0 + ATTN_NK + (r - ra) / AR * per;
+            attn_prefetch(j, h, pf, pf + per, end);
             const float *q = qs + r * d;
             float *o = os + r * dp;
             switch (nr) {
