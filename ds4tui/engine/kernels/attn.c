@@ -65,6 +65,7 @@ static inline av av_max(av a, av b) { return _mm512_max_ps(a, b); }
 static inline av av_div(av a, av b) { return _mm512_div_ps(a, b); }
 static inline float av_hmax(av a) { return _mm512_reduce_max_ps(a); }
 static inline float av_hsum(av a) { return _mm512_reduce_add_ps(a); }
+static inline float av_first(av a) { return _mm512_cvtss_f32(a); }
 /* a where lane t0 + l lies in [lo, hi), else -inf */
 static inline av av_keep(av a, int t0, int lo, int hi) {
     const int a0 = lo - t0 > 0 ? lo - t0 : 0, a1 = hi - t0 < AW ? hi - t0 : AW;
@@ -122,6 +123,7 @@ static inline float av_hmax(av a) {
     return _mm_cvtss_f32(m);
 }
 static inline float av_hsum(av a) { return hsum8(a); }
+static inline float av_first(av a) { return _mm256_cvtss_f32(a); }
 static inline av av_keep(av a, int t0, int lo, int hi) {
     const __m256 t = _mm256_add_ps(_mm256_set1_ps((float)t0), _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7));
     const __m256 k = _mm256_and_ps(_mm256_cmp_ps(t, _mm256_set1_ps((float)lo), _CMP_GE_OQ),
@@ -163,6 +165,7 @@ static inline av av_max(av a, av b) { return a > b ? a : b; }
 static inline av av_div(av a, av b) { return a / b; }
 static inline float av_hmax(av a) { return a; }
 static inline float av_hsum(av a) { return a; }
+static inline float av_first(av a) { return a; }
 static inline av av_keep(av a, int t0, int lo, int hi) { return t0 >= lo && t0 < hi ? a : -INFINITY; }
 static inline av av_exp(av x) { return expf(x); }
 static inline av av_exp2(av x) { return exp2f(x); }
@@ -415,7 +418,7 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, c
         }
         const float old = mx[r], top = av_hmax(bm), nm = top > old ? top : old;
         /* The first block a row sees: old = -inf gives alpha 0 (its output and sum are 0). */
-        alpha[r] = nm == old ? 1.0f : exp2f(old - nm);
+        alpha[r] = nm == old ? 1.0f : av_first(av_exp2(av_set1(old - nm))); /* no libm call amid vector code */
         const av base = av_set1(nm);
         av acc = av_set1(0.0f);
         for (int t = v0; t < v1; t += AW) {
@@ -472,11 +475,13 @@ static void attn_chunk(void *vctx, int64_t c) {
         attn_load_kt(j, h, p0, nk, kt);
         for (int t = 0; t < nk; t++)
             attn_vrow(j, attn_src(j, j->v, j->vn, j->hsv, j->rsv, h, p0 + t), vf + (int64_t)t * dp);
-        /* The next block's rows, a share per tile (a burst of them all would queue). */
+        /* Tiles of equal size (69 rows: 9 of 6 and 3 of 5, not 11 and a weak one of 3); the next
+         * block's rows prefetched, a share per tile (a burst of them all would queue). */
         const int64_t ntile = (rb - ra + AR - 1) / AR, per = (ATTN_NK + ntile - 1) / ntile;
-        for (int64_t r = ra; r < rb; r += AR) {
-            const int nr = rb - r < AR ? (int)(rb - r) : AR;
-            const int64_t pf = p0 + ATTN_NK + (r - ra) / AR * per;
+        for (int64_t k = 0; k < ntile; k++) {
+            const int64_t r = ra + k * (rb - ra) / ntile;
+            const int nr = (int)(ra + (k + 1) * (rb - ra) / ntile - r);
+            const int64_t pf = p0 + ATTN_NK + k * per;
             attn_prefetch(j, h, pf, pf + per, end);
             const float *q = qs + r * d;
             float *o = os + r * dp;
