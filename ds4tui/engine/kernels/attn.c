@@ -14,13 +14,14 @@
  * each K/V row is read (and converted) once per block of up to ATTN_QB rows. Keys go in
  * blocks of ATTN_NK, converted once for the whole block of rows: K transposed (Kt[d][key],
  * keys along the vector lanes), V as rows (dims along the lanes). Rows go in register tiles
- * of AR rows, any count, so no lane is spent on padding rows (a short chunk's 69 rows per
- * head are 11 tiles of 6 and one of 3): scores S[r][key] = sum_d Q[r][d] Kt[d][key] (a Q
- * element broadcast against a vector of keys), the online softmax per row (one horizontal
- * max per row and key block; flash attention's rescaling between blocks), then
+ * of up to AR rows, any count, so no lane is spent on padding rows (a short chunk's 69 rows
+ * per head are 9 tiles of 6 and 3 of 5): scores S[r][key] = sum_d Q[r][d] Kt[d][key] (a Q
+ * element broadcast against a vector of keys), the online softmax per row in base 2 (one
+ * horizontal max per row and key block; flash attention's rescaling between blocks), then
  * O[r][d] = alpha[r] O[r][d] + sum_key P[r][key] V[key][d] (a P element broadcast against a
  * vector of dims). A tile reads only the keys its rows see: blocks none of them sees are
- * skipped, and key vectors past its last row's position are not computed.
+ * skipped, and key vectors past its last row's position are not computed. The next key
+ * block's rows are prefetched while one is computed: at depth they come from memory.
  *
  * Work is split into pool chunks of (KV head, query block, key span); when there are few
  * query blocks (a short chunk after a restore: 69 rows per head over 4K keys), each block's
