@@ -379,6 +379,60 @@ static inline __attribute__((always_inline)) void attn_pv_tile(const float *p, c
         for (int v = 0; v < ADV; v++) av_store(o + (int64_t)r * dp + v * AW, acc[r][v]);
 }
 
+/* A row's running max after a block whose max is `top`; returns the factor that rescales
+ * what was summed before (1 when the max stays; 0 for the first block the row sees, whose
+ * earlier output and sum are 0). */
+static inline float attn_new_max(float *mx, float top) {
+    const float old = *mx;
+    if (!(top > old)) return 1.0f;
+    *mx = top;
+    return av_first(av_exp2(av_set1(old - top))); /* no libm call amid vector code */
+}
+
+/* The tile's scores when they fit one score tile (keys c..c+ATTN_KC: a whole key block on
+ * AVX-512), with the softmax of each row done in the registers that hold them: P into
+ * st[r][c..], the row's max, vector sum and rescale factor updated. */
+static inline __attribute__((always_inline)) void attn_qk_softmax_tile(const float *qs, const float *kt, float *st,
+                                                                      int d, int c, const int *lo, const int *hi,
+                                                                      float *mx, float *sum, float *alpha,
+                                                                      const int nr) {
+    av acc[AR][AKV];
+    for (int r = 0; r < nr; r++)
+        for (int v = 0; v < AKV; v++) acc[r][v] = av_set1(0.0f);
+    for (int i = 0; i < d; i++) {
+        av kv[AKV];
+        for (int v = 0; v < AKV; v++) kv[v] = av_load(kt + (int64_t)i * ATTN_NK + c + v * AW);
+        for (int r = 0; r < nr; r++) {
+            const av qb = av_set1(qs[r * d + i]);
+            for (int v = 0; v < AKV; v++) acc[r][v] = av_fma(qb, kv[v], acc[r][v]);
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        float *s = st + r * ATTN_NK + c;
+        if (lo[r] >= hi[r]) { /* no key of this block for this row: weights 0, output kept */
+            for (int v = 0; v < AKV; v++) av_store(s + v * AW, av_set1(0.0f));
+            alpha[r] = 1.0f;
+            continue;
+        }
+        av bm = av_set1(-INFINITY);
+        for (int v = 0; v < AKV; v++) {
+            const int t = c + v * AW;
+            if (t < lo[r] || t + AW > hi[r]) acc[r][v] = av_keep(acc[r][v], t, lo[r], hi[r]);
+            bm = av_max(bm, acc[r][v]);
+        }
+        alpha[r] = attn_new_max(&mx[r], av_hmax(bm));
+        const av base = av_set1(mx[r]);
+        av e[AKV];
+        for (int v = 0; v < AKV; v++) {
+            e[v] = av_exp2(av_sub(acc[r][v], base));
+            av_store(s + v * AW, e[v]);
+        }
+        av tot = e[0];
+        for (int v = 1; v < AKV; v++) tot = av_add(tot, e[v]);
+        av_store(sum + r * AW, av_fma(av_load(sum + r * AW), av_set1(alpha[r]), tot));
+    }
+}
+
 /* Visible keys [lo, hi) of a query at position q within the block p0..p0+nk-1, relative to p0. */
 static inline void attn_span(const attn_job *j, int64_t q, int64_t p0, int nk, int *lo, int *hi) {
     const int64_t a = j->window > 0 ? q - j->window + 1 - p0 : 0, b = q - p0 + 1;
@@ -398,8 +452,13 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, c
     /* Rows are in position order, so the tile's keys are [lo of its first, hi of its last). */
     const int t0 = lo[0], t1 = hi[nr - 1];
     const int c0 = t0 / ATTN_KC * ATTN_KC, c1 = (t1 + ATTN_KC - 1) / ATTN_KC * ATTN_KC;
-    for (int c = c0; c < c1; c += ATTN_KC) attn_qk_tile(qs, kt + c, st + c, d, nr);
     float alpha[AR];
+    if (c1 - c0 == ATTN_KC) {
+        attn_qk_softmax_tile(qs, kt, st, d, c0, lo, hi, mx, sum, alpha, nr);
+        for (int c = 0; c < dp; c += ATTN_DC) attn_pv_tile(st, vf + c, os + c, alpha, t0, t1, dp, nr);
+        return;
+    }
+    for (int c = c0; c < c1; c += ATTN_KC) attn_qk_tile(qs, kt + c, st + c, d, nr);
     const int v0 = t0 / AW * AW, v1 = (t1 + AW - 1) / AW * AW;
     for (int r = 0; r < nr; r++) {
         float *s = st + r * ATTN_NK;
@@ -417,17 +476,14 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, c
             }
             bm = av_max(bm, x);
         }
-        const float old = mx[r], top = av_hmax(bm), nm = top > old ? top : old;
-        /* The first block a row sees: old = -inf gives alpha 0 (its output and sum are 0). */
-        alpha[r] = nm == old ? 1.0f : av_first(av_exp2(av_set1(old - nm))); /* no libm call amid vector code */
-        const av base = av_set1(nm);
+        alpha[r] = attn_new_max(&mx[r], av_hmax(bm));
+        const av base = av_set1(mx[r]);
         av acc = av_set1(0.0f);
         for (int t = v0; t < v1; t += AW) {
             const av e = av_exp2(av_sub(av_load(s + t), base));
             av_store(s + t, e);
             acc = av_add(acc, e);
         }
-        mx[r] = nm;
         /* The row's sum stays a vector (one horizontal add at the end). */
         av_store(sum + r * AW, av_fma(av_load(sum + r * AW), av_set1(alpha[r]), acc));
     }
