@@ -12,7 +12,9 @@ pytestmark = pytest.mark.skipif(qgemv.library() is None, reason="needs the compi
 
 # (S, Hq, Hkv, D, first query position, window): a short message after 4K restored tokens
 # (several key spans merged), a 512-token chunk from 0 (causal block skipping), a single
-# query, Gemma-like heads with a window, a chunk longer than its ring, odd sizes.
+# query, Gemma-like heads with a window, a chunk longer than its ring, odd sizes, query blocks
+# (of at most 192 rows) that split a position's heads, and windowed blocks of over 64
+# positions (some rows see only one key of a key block).
 CASES = [
     (23, 9, 3, 64, 4164, 0),
     (96, 9, 3, 64, 0, 0),
@@ -21,6 +23,8 @@ CASES = [
     (130, 6, 2, 64, 1000, 64),
     (5, 8, 2, 32, 3, 0),
     (7, 2, 2, 8, 0, 3),
+    (301, 6, 2, 64, 2000, 100),
+    (250, 4, 4, 32, 2000, 100),
 ]
 
 
