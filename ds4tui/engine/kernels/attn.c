@@ -339,10 +339,9 @@ static inline __attribute__((always_inline)) void attn_prefetch(const attn_job *
     }
 }
 
-/* S[r][c..c+ATTN_KC) = sum_i Q[r][i] Kt[i][c..] for nr rows (Q rows d apart). */
-static inline __attribute__((always_inline)) void attn_qk_tile(const float *qs, const float *kt, float *st, int d,
-                                                              const int nr) {
-    av acc[AR][AKV];
+/* acc[r][v] = sum_i Q[r][i] Kt[i][v * AW..] for nr rows (Q rows d apart): one score tile. */
+static inline __attribute__((always_inline)) void attn_qk_acc(const float *qs, const float *kt, int d,
+                                                             av acc[AR][AKV], const int nr) {
     for (int r = 0; r < nr; r++)
         for (int v = 0; v < AKV; v++) acc[r][v] = av_set1(0.0f);
     for (int i = 0; i < d; i++) {
@@ -353,6 +352,13 @@ static inline __attribute__((always_inline)) void attn_qk_tile(const float *qs, 
             for (int v = 0; v < AKV; v++) acc[r][v] = av_fma(qb, kv[v], acc[r][v]);
         }
     }
+}
+
+/* S[r][c..c+ATTN_KC) = sum_i Q[r][i] Kt[i][c..] for nr rows (kt, st already at c). */
+static inline __attribute__((always_inline)) void attn_qk_tile(const float *qs, const float *kt, float *st, int d,
+                                                              const int nr) {
+    av acc[AR][AKV];
+    attn_qk_acc(qs, kt, d, acc, nr);
     for (int r = 0; r < nr; r++)
         for (int v = 0; v < AKV; v++) av_store(st + r * ATTN_NK + v * AW, acc[r][v]);
 }
@@ -397,16 +403,7 @@ static inline __attribute__((always_inline)) void attn_qk_softmax_tile(const flo
                                                                       float *mx, float *sum, float *alpha,
                                                                       const int nr) {
     av acc[AR][AKV];
-    for (int r = 0; r < nr; r++)
-        for (int v = 0; v < AKV; v++) acc[r][v] = av_set1(0.0f);
-    for (int i = 0; i < d; i++) {
-        av kv[AKV];
-        for (int v = 0; v < AKV; v++) kv[v] = av_load(kt + (int64_t)i * ATTN_NK + c + v * AW);
-        for (int r = 0; r < nr; r++) {
-            const av qb = av_set1(qs[r * d + i]);
-            for (int v = 0; v < AKV; v++) acc[r][v] = av_fma(qb, kv[v], acc[r][v]);
-        }
-    }
+    attn_qk_acc(qs, kt + c, d, acc, nr);
     for (int r = 0; r < nr; r++) {
         float *s = st + r * ATTN_NK + c;
         if (lo[r] >= hi[r]) { /* no key of this block for this row: weights 0, output kept */
