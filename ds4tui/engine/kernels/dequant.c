@@ -1,6 +1,7 @@
 /* dequant.c: GGUF blocks -> fp32, exactly the values gguf.quants.dequantize computes.
  *
- * Owns: dequant_row (one row of any ds4k type; qgemm.c dequantizes its tiles with it) and
+ * Owns: dequant_row (one row of any ds4k type; qgemm.c dequantizes its tiles with it),
+ * dequant_rows_t32 (32 rows at once, transposed: qgemm.c's long-product layout, AVX-512) and
  * dequant (whole matrices, exported for tests and fallbacks). The block types run 16 quants
  * at a time on simd.h's vectors (dequant_row_vec; the per-element loops below stay as the
  * plain statement of each format, and for F16/BF16). Every product and sum is
@@ -236,3 +237,62 @@ static int dequant(int type, const void *w, float *out, int64_t rows, int64_t co
     for (int64_t r = 0; r < rows; r++) dequant_row(type, (const uint8_t *)w + r * rb, cols, out + r * cols);
     return 0;
 }
+
+#if DS4K_ISA >= 2
+/* The 16 x 16 transpose of r[16] in registers: r[i] lane j becomes r[j] lane i. Pairs of
+ * rows interleaved, then pairs of pairs, then the 128-bit quarters (64 shuffles). */
+static inline void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    /* u[4g + e], quarter q: column 4q + e of rows 4g .. 4g + 3 */
+    __m512 u[16];
+    for (int g = 0; g < 4; g++) {
+        const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 2]);
+        const __m512d c = _mm512_castps_pd(t[4 * g + 1]), d = _mm512_castps_pd(t[4 * g + 3]);
+        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+    }
+    for (int e = 0; e < 4; e++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0x44), v1 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0xee);
+        const __m512 v2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0x44);
+        const __m512 v3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0xee);
+        r[e] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+        r[4 + e] = _mm512_shuffle_f32x4(v0, v2, 0xdd);
+        r[8 + e] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+        r[12 + e] = _mm512_shuffle_f32x4(v1, v3, 0xdd);
+    }
+}
+
+#define DQT_STEP 256 /* columns dequantized per pass: a multiple of every type's block */
+
+/* out[c][32] = the weight of row r at column c, for the nr (<= 32) rows at w (rb bytes
+ * apart) and cols columns (a multiple of 8); rows nr..31 are 0. This is qgemm.c's long-
+ * product layout. Rows are dequantized 256 columns at a time by dequant_row (so the values
+ * are its bits) into a 32 KB scratch that stays in L1, then transposed 16 x 16 in registers:
+ * a column scattered element by element into a 128-byte-strided tile cost more than the
+ * dequantization. */
+static void dequant_rows_t32(int type, const uint8_t *w, int64_t rb, int nr, int64_t cols, float *out) {
+    float tmp[32 * DQT_STEP] __attribute__((aligned(64)));
+    if (nr < 32) memset(tmp + nr * DQT_STEP, 0, sizeof(float) * (size_t)((32 - nr) * DQT_STEP));
+    for (int64_t c0 = 0; c0 < cols; c0 += DQT_STEP) {
+        const int64_t len = cols - c0 < DQT_STEP ? cols - c0 : DQT_STEP;
+        const int64_t off = c0 ? ds4k_row_bytes(type, c0) : 0; /* c0 is a whole number of blocks */
+        for (int r = 0; r < nr; r++) dequant_row(type, w + r * rb + off, len, tmp + r * DQT_STEP);
+        for (int64_t j0 = 0; j0 < len; j0 += 16) {
+            const int nj = len - j0 < 16 ? (int)(len - j0) : 16;
+            const __mmask16 k = (__mmask16)((1u << nj) - 1);
+            for (int h = 0; h < 32; h += 16) {
+                __m512 v[16];
+                for (int i = 0; i < 16; i++) v[i] = _mm512_maskz_loadu_ps(k, tmp + (h + i) * DQT_STEP + j0);
+                transpose16(v);
+                for (int j = 0; j < nj; j++) _mm512_storeu_ps(out + (c0 + j0 + j) * 32 + h, v[j]);
+            }
+        }
+    }
+}
+#endif

@@ -244,13 +244,8 @@ static void gemm_chunk(void *ctx, int64_t c) {
     if (r1 > m->rows) r1 = m->rows;
 #if DS4K_ISA >= 2
     if (j->n >= WIDE_MIN_ROWS && CHUNK_ROWS * j->cols <= GROUP_FLOATS) {
-        /* Each row dequantized, then scattered into wt's column-major layout (padding rows 0). */
-        float tmp[GROUP_FLOATS / CHUNK_ROWS];
-        memset(tiles, 0, sizeof(float) * (size_t)(CHUNK_ROWS * j->cols));
-        for (int64_t r = r0; r < r1; r++) {
-            dequant_row(m->type, (const uint8_t *)m->w + r * rb, j->cols, tmp);
-            for (int64_t col = 0; col < j->cols; col++) tiles[col * CHUNK_ROWS + (r - r0)] = tmp[col];
-        }
+        /* wt's column-major layout (padding rows 0) */
+        dequant_rows_t32(m->type, (const uint8_t *)m->w + r0 * rb, rb, (int)(r1 - r0), j->cols, tiles);
         wide_chunk(tiles, j->x, j->n, j->cols, j->y + j->row0[k] + r0, j->rows, (int)(r1 - r0));
         return;
     }

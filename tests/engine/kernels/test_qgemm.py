@@ -31,6 +31,8 @@ def test_gemm_equals_the_dequantized_matmul(qtype, rows, cols, n):
     ("q4_k", 70, 512, 100),    # long product: transposed 32-row chunks, a partial last chunk
     ("q6_k", 33, 2048, 250),   # long product: 8 column panels, two activation blocks
     ("q8_0", 40, 768, 517),    # a prefill chunk's size and more
+    ("q4_1", 45, 576, 130),    # SmolLM2's width: 256-column dequantization passes and a 64-column rest
+    ("bf16", 20, 328, 97),     # a rest of 72 columns: the transposed tile's 8-column masked end
 ])
 def test_long_and_wide_products_equal_the_dequantized_matmul(variant, qtype, rows, cols, n):
     """The paths qgemm.c takes for many activation rows or wide rows, in every variant."""
