@@ -114,55 +114,73 @@ static void tiles_times_x16(const float *tiles, int ntile, const float *x, int64
 #define WIDE_BLOCK 240    /* activation rows per pass (a multiple of WIDE_ACTS): ybuf is 30 KB */
 #define WIDE_MIN_ROWS 96  /* products with fewer activation rows take the 4 x 6 tiles */
 
-static inline __attribute__((always_inline)) void wide_tile(const float *wt, const float *x, int64_t ldx,
-                                                           int64_t len, float *ybuf, int first, const int na) {
+/* Adds x[a] . wt over len columns to the 12 x 32 sums in ybuf (or starts them from 0 when
+ * first) for a < na; stores them to out[a * ldo], the lanes of m0/m1 only: the running sums
+ * back into ybuf between column panels, the outputs straight into Y after the last one (a
+ * copy from ybuf afterwards stalled on Y's cache misses one row at a time). */
+static inline __attribute__((always_inline)) void wide_tile(const float *wt, const float *x, int64_t ldx, int64_t len,
+                                                           const float *ybuf, int first, float *out, int64_t ldo,
+                                                           __mmask16 m0, __mmask16 m1, const int na) {
     __m512 acc[WIDE_ACTS][2];
     for (int a = 0; a < na; a++) {
         acc[a][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ybuf + a * 32);
         acc[a][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ybuf + a * 32 + 16);
     }
+    /* Row a of x read as p[a / 3][(a % 3) * ldx]: four pointers and two strides keep the
+     * loop's addresses in registers (twelve row offsets spilled to the stack). */
+    const float *p[4] = {x, x + 3 * ldx, x + 6 * ldx, x + 9 * ldx};
+    const int64_t s2 = 2 * ldx;
     for (int64_t c = 0; c < len; c++) {
         const __m512 w0 = _mm512_loadu_ps(wt + c * 32), w1 = _mm512_loadu_ps(wt + c * 32 + 16);
         for (int a = 0; a < na; a++) {
-            const __m512 xb = _mm512_set1_ps(x[a * ldx + c]);
+            const float *xr = p[a / 3];
+            const __m512 xb = _mm512_set1_ps(a % 3 == 0 ? xr[0] : a % 3 == 1 ? xr[ldx] : xr[s2]);
             acc[a][0] = _mm512_fmadd_ps(w0, xb, acc[a][0]);
             acc[a][1] = _mm512_fmadd_ps(w1, xb, acc[a][1]);
         }
+        for (int k = 0; k < 4; k++) p[k]++;
     }
     for (int a = 0; a < na; a++) {
-        _mm512_storeu_ps(ybuf + a * 32, acc[a][0]);
-        _mm512_storeu_ps(ybuf + a * 32 + 16, acc[a][1]);
+        _mm512_mask_storeu_ps(out + a * ldo, m0, acc[a][0]);
+        _mm512_mask_storeu_ps(out + a * ldo + 16, m1, acc[a][1]);
     }
 }
 
-/* y[t][row0 + i] for every activation row t and the nr (<= 32) rows dequantized in wt. */
+/* y[t][i] (rows ldy floats apart) for every activation row t and the nr (<= 32) rows
+ * dequantized in wt. */
 static void wide_chunk(const float *wt, const float *x, int64_t n, int64_t cols, float *y, int64_t ldy, int nr) {
     float ybuf[WIDE_BLOCK * 32] __attribute__((aligned(64)));
     const int64_t npanel = (cols + WIDE_PANEL - 1) / WIDE_PANEL, panel = (cols + npanel - 1) / npanel;
+    const __mmask16 all = 0xffff, m0 = nr >= 16 ? all : (__mmask16)((1u << nr) - 1);
+    const __mmask16 m1 = nr >= 32 ? all : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
     for (int64_t t0 = 0; t0 < n; t0 += WIDE_BLOCK) {
         const int64_t nt = n - t0 < WIDE_BLOCK ? n - t0 : WIDE_BLOCK;
         for (int64_t k0 = 0; k0 < cols; k0 += panel) {
             const int64_t len = cols - k0 < panel ? cols - k0 : panel;
+            const int first = k0 == 0, last = k0 + len == cols;
             for (int64_t a = 0; a < nt; a += WIDE_ACTS) {
                 const float *xa = x + (t0 + a) * cols + k0;
-                float *yb = ybuf + a * 32;
+                float *yb = ybuf + a * 32, *out = last ? y + (t0 + a) * ldy : yb;
+                const int64_t ldo = last ? ldy : 32;
+                const __mmask16 o0 = last ? m0 : all, o1 = last ? m1 : all;
+#define WIDE_TILE(na) wide_tile(wt + k0 * 32, xa, cols, len, yb, first, out, ldo, o0, o1, na)
                 switch (nt - a < WIDE_ACTS ? nt - a : WIDE_ACTS) {
-                case 12: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 12); break;
-                case 11: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 11); break;
-                case 10: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 10); break;
-                case 9: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 9); break;
-                case 8: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 8); break;
-                case 7: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 7); break;
-                case 6: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 6); break;
-                case 5: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 5); break;
-                case 4: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 4); break;
-                case 3: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 3); break;
-                case 2: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 2); break;
-                default: wide_tile(wt + k0 * 32, xa, cols, len, yb, k0 == 0, 1); break;
+                case 12: WIDE_TILE(12); break;
+                case 11: WIDE_TILE(11); break;
+                case 10: WIDE_TILE(10); break;
+                case 9: WIDE_TILE(9); break;
+                case 8: WIDE_TILE(8); break;
+                case 7: WIDE_TILE(7); break;
+                case 6: WIDE_TILE(6); break;
+                case 5: WIDE_TILE(5); break;
+                case 4: WIDE_TILE(4); break;
+                case 3: WIDE_TILE(3); break;
+                case 2: WIDE_TILE(2); break;
+                default: WIDE_TILE(1); break;
                 }
+#undef WIDE_TILE
             }
         }
-        for (int64_t a = 0; a < nt; a++) memcpy(y + (t0 + a) * ldy, ybuf + a * 32, sizeof(float) * (size_t)nr);
     }
 }
 #endif
