@@ -1,7 +1,7 @@
 /* dequant.c: GGUF blocks -> fp32, exactly the values gguf.quants.dequantize computes.
  *
  * Owns: dequant_row (one row of any ds4k type; qgemm.c dequantizes its tiles with it),
- * dequant_rows_t32 (32 rows at once, transposed: qgemm.c's long-product layout, AVX-512) and
+ * dequant_rows_t32 (32 rows at once, transposed: qgemm.c's long-product layout; vector ISAs) and
  * dequant (whole matrices, exported for tests and fallbacks). The block types run 16 quants
  * at a time on simd.h's vectors (dequant_row_vec; the per-element loops below stay as the
  * plain statement of each format, and for F16/BF16). Every product and sum is
@@ -267,15 +267,37 @@ static inline void transpose16(__m512 r[16]) {
         r[12 + e] = _mm512_shuffle_f32x4(v1, v3, 0xdd);
     }
 }
+#elif DS4K_ISA == 1
+/* The 8 x 8 transpose of r[8] (AVX2): pairs of rows interleaved, pairs of pairs, then the
+ * 128-bit halves (24 shuffles). */
+static inline void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 2; g++) { /* u[4g + e], half q: column 4q + e of rows 4g .. 4g + 3 */
+        u[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xee);
+        u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xee);
+    }
+    for (int e = 0; e < 4; e++) {
+        r[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);
+        r[4 + e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x31);
+    }
+}
+#endif
 
+#if DS4K_ISA >= 1
 #define DQT_STEP 256 /* columns dequantized per pass: a multiple of every type's block */
 
 /* out[c][32] = the weight of row r at column c, for the nr (<= 32) rows at w (rb bytes
  * apart) and cols columns (a multiple of 8); rows nr..31 are 0. This is qgemm.c's long-
  * product layout. Rows are dequantized 256 columns at a time by dequant_row (so the values
- * are its bits) into a 32 KB scratch that stays in L1, then transposed 16 x 16 in registers:
- * a column scattered element by element into a 128-byte-strided tile cost more than the
- * dequantization. */
+ * are its bits) into a 32 KB scratch, then transposed in registers (16 x 16 with AVX-512,
+ * 8 x 8 with AVX2): a column scattered element by element into a 128-byte-strided tile cost
+ * more than the dequantization. */
 static void dequant_rows_t32(int type, const uint8_t *w, int64_t rb, int nr, int64_t cols, float *out) {
     float tmp[32 * DQT_STEP] __attribute__((aligned(64)));
     if (nr < 32) memset(tmp + nr * DQT_STEP, 0, sizeof(float) * (size_t)((32 - nr) * DQT_STEP));
@@ -283,6 +305,7 @@ static void dequant_rows_t32(int type, const uint8_t *w, int64_t rb, int nr, int
         const int64_t len = cols - c0 < DQT_STEP ? cols - c0 : DQT_STEP;
         const int64_t off = c0 ? ds4k_row_bytes(type, c0) : 0; /* c0 is a whole number of blocks */
         for (int r = 0; r < nr; r++) dequant_row(type, w + r * rb + off, len, tmp + r * DQT_STEP);
+#if DS4K_ISA >= 2
         for (int64_t j0 = 0; j0 < len; j0 += 16) {
             const int nj = len - j0 < 16 ? (int)(len - j0) : 16;
             const __mmask16 k = (__mmask16)((1u << nj) - 1);
@@ -293,6 +316,15 @@ static void dequant_rows_t32(int type, const uint8_t *w, int64_t rb, int nr, int
                 for (int j = 0; j < nj; j++) _mm512_storeu_ps(out + (c0 + j0 + j) * 32 + h, v[j]);
             }
         }
+#else
+        for (int64_t j0 = 0; j0 < len; j0 += 8) /* len is a multiple of 8 */
+            for (int h = 0; h < 32; h += 8) {
+                __m256 v[8];
+                for (int i = 0; i < 8; i++) v[i] = _mm256_loadu_ps(tmp + (h + i) * DQT_STEP + j0);
+                transpose8(v);
+                for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + (c0 + j0 + j) * 32 + h, v[j]);
+            }
+#endif
     }
 }
 #endif

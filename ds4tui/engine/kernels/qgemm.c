@@ -13,10 +13,10 @@
  * every activation row, so the FMA ports, not DRAM, are the limit:
  * - few activation rows: 4 weight rows x 6 activations per register tile (AVX-512; 4 x 3
  *   with AVX2), summed along the columns and reduced once per output;
- * - many (AVX-512, >= WIDE_MIN_ROWS): the chunk's 32 rows transposed, 12 activations x 32
- *   outputs per register tile with no reductions. This beats torch's fp32 GEMM at 512 rows,
- *   hence every chunk takes the blocks there (docs/perf.md, "Prefill: attention and GEMMs
- *   in C").
+ * - many (>= WIDE_MIN_ROWS, vector ISAs): the chunk's 32 rows dequantized transposed
+ *   (dequant_rows_t32), 12 activations x 32 outputs per register tile with AVX-512, 6 x 16
+ *   with AVX2, no reductions. This beats torch's fp32 GEMM at 512 rows, hence every chunk
+ *   takes the blocks with AVX-512 (docs/perf.md, "Prefill: attention and GEMMs in C").
  *
  * Results equal dequantize(W) @ x up to float summation order (the same values as the fp32
  * copy, which is the dequantized file). Chunk bounds and the path taken depend on the shape
@@ -104,32 +104,43 @@ static void tiles_times_x16(const float *tiles, int ntile, const float *x, int64
 }
 #endif
 
-#if DS4K_ISA >= 2
+#if DS4K_ISA >= 1
 /* Long products (many activation rows): the chunk's 32 weight rows dequantized transposed,
- * wt[c][32], so a micro-tile keeps 12 activation rows x 32 outputs in 24 registers, two wt
- * loads and 12 broadcasts per 24 FMAs, no horizontal sums: each output is one sequential sum
- * over the columns, carried across column panels through ybuf. */
+ * wt[c][32], so a micro-tile keeps WIDE_ACTS activation rows x WIDE_OUTS outputs in
+ * registers and needs no horizontal sums: each output is one sequential sum over the
+ * columns, carried across column panels through ybuf. AVX-512: 12 x 32 in 24 registers, two
+ * wt loads and 12 broadcasts per 24 FMAs; AVX2: 6 x 16 in 12 of its 16 registers, two
+ * loads and 6 broadcasts per 12 FMAs, the chunk's two 16-row halves one after the other. */
+#if DS4K_ISA >= 2
 #define WIDE_ACTS 12
+#define WIDE_OUTS 32
 #define WIDE_PANEL 256    /* columns per panel: wt's 32 KB panel stays in L1 across activations */
+#else
+#define WIDE_ACTS 6
+#define WIDE_OUTS 16
+#define WIDE_PANEL 128    /* 16 KB of wt per panel: AVX2 CPUs may have a 32 KB L1 */
+#endif
 #define WIDE_BLOCK 240    /* activation rows per pass (a multiple of WIDE_ACTS): ybuf is 30 KB */
-#define WIDE_MIN_ROWS 96  /* products with fewer activation rows take the 4 x 6 tiles */
+#define WIDE_MIN_ROWS 96  /* products with fewer activation rows take the short tiles */
 
-/* Adds x[a] . wt over len columns to the 12 x 32 sums in ybuf (or starts them from 0 when
- * first) for a < na; stores them to out[a * ldo], the lanes of m0/m1 only: the running sums
- * back into ybuf between column panels, the outputs straight into Y after the last one (a
- * copy from ybuf afterwards stalled on Y's cache misses one row at a time). */
+/* Adds x[a] . wt over len columns to the WIDE_OUTS sums of ybuf[a * 32] (or starts them from
+ * 0 when first) for a < na, then stores the first nout of them to out[a * ldo]: the running
+ * sums back into ybuf between column panels, the outputs straight into Y after the last one
+ * (a copy from ybuf afterwards stalled on Y's cache misses one row at a time). wt and ybuf
+ * rows are 32 floats apart. Row a of x is read as p[a / 3][(a % 3) * ldx]: a few pointers
+ * and two strides keep the loop's addresses in registers (one offset per row spilled). */
 static inline __attribute__((always_inline)) void wide_tile(const float *wt, const float *x, int64_t ldx, int64_t len,
                                                            const float *ybuf, int first, float *out, int64_t ldo,
-                                                           __mmask16 m0, __mmask16 m1, const int na) {
+                                                           int nout, const int na) {
+    const float *p[WIDE_ACTS / 3];
+    for (int k = 0; k < WIDE_ACTS / 3; k++) p[k] = x + 3 * k * ldx;
+    const int64_t s2 = 2 * ldx;
+#if DS4K_ISA >= 2
     __m512 acc[WIDE_ACTS][2];
     for (int a = 0; a < na; a++) {
         acc[a][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ybuf + a * 32);
         acc[a][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ybuf + a * 32 + 16);
     }
-    /* Row a of x read as p[a / 3][(a % 3) * ldx]: four pointers and two strides keep the
-     * loop's addresses in registers (twelve row offsets spilled to the stack). */
-    const float *p[4] = {x, x + 3 * ldx, x + 6 * ldx, x + 9 * ldx};
-    const int64_t s2 = 2 * ldx;
     for (int64_t c = 0; c < len; c++) {
         const __m512 w0 = _mm512_loadu_ps(wt + c * 32), w1 = _mm512_loadu_ps(wt + c * 32 + 16);
         for (int a = 0; a < na; a++) {
@@ -138,12 +149,45 @@ static inline __attribute__((always_inline)) void wide_tile(const float *wt, con
             acc[a][0] = _mm512_fmadd_ps(w0, xb, acc[a][0]);
             acc[a][1] = _mm512_fmadd_ps(w1, xb, acc[a][1]);
         }
-        for (int k = 0; k < 4; k++) p[k]++;
+        for (int k = 0; k < WIDE_ACTS / 3; k++) p[k]++;
     }
+    const __mmask16 m0 = nout >= 16 ? 0xffff : (__mmask16)((1u << nout) - 1);
+    const __mmask16 m1 = nout >= 32 ? 0xffff : nout <= 16 ? 0 : (__mmask16)((1u << (nout - 16)) - 1);
     for (int a = 0; a < na; a++) {
         _mm512_mask_storeu_ps(out + a * ldo, m0, acc[a][0]);
         _mm512_mask_storeu_ps(out + a * ldo + 16, m1, acc[a][1]);
     }
+#else
+    __m256 acc[WIDE_ACTS][2];
+    for (int a = 0; a < na; a++) {
+        acc[a][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(ybuf + a * 32);
+        acc[a][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(ybuf + a * 32 + 8);
+    }
+    for (int64_t c = 0; c < len; c++) {
+        const __m256 w0 = _mm256_loadu_ps(wt + c * 32), w1 = _mm256_loadu_ps(wt + c * 32 + 8);
+        for (int a = 0; a < na; a++) {
+            const float *xr = p[a / 3];
+            const __m256 xb = _mm256_broadcast_ss(a % 3 == 0 ? xr : a % 3 == 1 ? xr + ldx : xr + s2);
+            acc[a][0] = _mm256_fmadd_ps(w0, xb, acc[a][0]);
+            acc[a][1] = _mm256_fmadd_ps(w1, xb, acc[a][1]);
+        }
+        for (int k = 0; k < WIDE_ACTS / 3; k++) p[k]++;
+    }
+    if (nout >= 16) {
+        for (int a = 0; a < na; a++) {
+            _mm256_storeu_ps(out + a * ldo, acc[a][0]);
+            _mm256_storeu_ps(out + a * ldo + 8, acc[a][1]);
+        }
+    } else {
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(nout), lane);
+        const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(nout - 8), lane);
+        for (int a = 0; a < na; a++) {
+            _mm256_maskstore_ps(out + a * ldo, m0, acc[a][0]);
+            _mm256_maskstore_ps(out + a * ldo + 8, m1, acc[a][1]);
+        }
+    }
+#endif
 }
 
 /* y[t][i] (rows ldy floats apart) for every activation row t and the nr (<= 32) rows
@@ -151,35 +195,36 @@ static inline __attribute__((always_inline)) void wide_tile(const float *wt, con
 static void wide_chunk(const float *wt, const float *x, int64_t n, int64_t cols, float *y, int64_t ldy, int nr) {
     float ybuf[WIDE_BLOCK * 32] __attribute__((aligned(64)));
     const int64_t npanel = (cols + WIDE_PANEL - 1) / WIDE_PANEL, panel = (cols + npanel - 1) / npanel;
-    const __mmask16 all = 0xffff, m0 = nr >= 16 ? all : (__mmask16)((1u << nr) - 1);
-    const __mmask16 m1 = nr >= 32 ? all : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
     for (int64_t t0 = 0; t0 < n; t0 += WIDE_BLOCK) {
         const int64_t nt = n - t0 < WIDE_BLOCK ? n - t0 : WIDE_BLOCK;
         for (int64_t k0 = 0; k0 < cols; k0 += panel) {
             const int64_t len = cols - k0 < panel ? cols - k0 : panel;
             const int first = k0 == 0, last = k0 + len == cols;
-            for (int64_t a = 0; a < nt; a += WIDE_ACTS) {
-                const float *xa = x + (t0 + a) * cols + k0;
-                float *yb = ybuf + a * 32, *out = last ? y + (t0 + a) * ldy : yb;
-                const int64_t ldo = last ? ldy : 32;
-                const __mmask16 o0 = last ? m0 : all, o1 = last ? m1 : all;
-#define WIDE_TILE(na) wide_tile(wt + k0 * 32, xa, cols, len, yb, first, out, ldo, o0, o1, na)
-                switch (nt - a < WIDE_ACTS ? nt - a : WIDE_ACTS) {
-                case 12: WIDE_TILE(12); break;
-                case 11: WIDE_TILE(11); break;
-                case 10: WIDE_TILE(10); break;
-                case 9: WIDE_TILE(9); break;
-                case 8: WIDE_TILE(8); break;
-                case 7: WIDE_TILE(7); break;
-                case 6: WIDE_TILE(6); break;
-                case 5: WIDE_TILE(5); break;
-                case 4: WIDE_TILE(4); break;
-                case 3: WIDE_TILE(3); break;
-                case 2: WIDE_TILE(2); break;
-                default: WIDE_TILE(1); break;
-                }
+            for (int h = 0; h < nr; h += WIDE_OUTS) /* the outputs of one micro-tile width */
+                for (int64_t a = 0; a < nt; a += WIDE_ACTS) {
+                    const float *xa = x + (t0 + a) * cols + k0;
+                    float *yb = ybuf + a * 32 + h, *out = last ? y + (t0 + a) * ldy + h : yb;
+                    const int64_t ldo = last ? ldy : 32;
+                    const int nout = last && nr - h < WIDE_OUTS ? nr - h : WIDE_OUTS;
+#define WIDE_TILE(na) wide_tile(wt + k0 * 32 + h, xa, cols, len, yb, first, out, ldo, nout, na)
+                    switch (nt - a < WIDE_ACTS ? nt - a : WIDE_ACTS) {
+#if DS4K_ISA >= 2
+                    case 12: WIDE_TILE(12); break;
+                    case 11: WIDE_TILE(11); break;
+                    case 10: WIDE_TILE(10); break;
+                    case 9: WIDE_TILE(9); break;
+                    case 8: WIDE_TILE(8); break;
+                    case 7: WIDE_TILE(7); break;
+#endif
+                    case 6: WIDE_TILE(6); break;
+                    case 5: WIDE_TILE(5); break;
+                    case 4: WIDE_TILE(4); break;
+                    case 3: WIDE_TILE(3); break;
+                    case 2: WIDE_TILE(2); break;
+                    default: WIDE_TILE(1); break;
+                    }
 #undef WIDE_TILE
-            }
+                }
         }
     }
 }
@@ -260,7 +305,7 @@ static void gemm_chunk(void *ctx, int64_t c) {
     const int64_t group = GROUP_FLOATS / (TILE_ROWS * j->cols) * TILE_ROWS;
     int64_t r0 = (c - j->first[k]) * CHUNK_ROWS, r1 = r0 + CHUNK_ROWS;
     if (r1 > m->rows) r1 = m->rows;
-#if DS4K_ISA >= 2
+#if DS4K_ISA >= 1
     if (j->n >= WIDE_MIN_ROWS && CHUNK_ROWS * j->cols <= GROUP_FLOATS) {
         /* wt's column-major layout (padding rows 0) */
         dequant_rows_t32(m->type, (const uint8_t *)m->w + r0 * rb, rb, (int)(r1 - r0), j->cols, tiles);
