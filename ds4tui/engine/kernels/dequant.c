@@ -300,6 +300,9 @@ static inline void transpose8(__m256 r[8]) {
  * more than the dequantization. */
 static void dequant_rows_t32(int type, const uint8_t *w, int64_t rb, int nr, int64_t cols, float *out) {
     float tmp[32 * DQT_STEP] __attribute__((aligned(64)));
+    /* The rows are one contiguous run of blocks, read below in 32 short pieces per pass:
+     * requested all at once their misses overlap (one by one they stalled each pass). */
+    for (int64_t off = 0; off < nr * rb; off += 64) _mm_prefetch((const char *)w + off, _MM_HINT_T0);
     if (nr < 32) memset(tmp + nr * DQT_STEP, 0, sizeof(float) * (size_t)((32 - nr) * DQT_STEP));
     for (int64_t c0 = 0; c0 < cols; c0 += DQT_STEP) {
         const int64_t len = cols - c0 < DQT_STEP ? cols - c0 : DQT_STEP;
