@@ -128,7 +128,8 @@ static void tiles_times_x16(const float *tiles, int ntile, const float *x, int64
  * sums back into ybuf between column panels, the outputs straight into Y after the last one
  * (a copy from ybuf afterwards stalled on Y's cache misses one row at a time). wt and ybuf
  * rows are 32 floats apart. Row a of x is read as p[a / 3][(a % 3) * ldx]: a few pointers
- * and two strides keep the loop's addresses in registers (one offset per row spilled). */
+ * and two strides keep the loop's addresses in registers (one offset per row spilled to
+ * the stack). */
 static inline __attribute__((always_inline)) void wide_tile(const float *wt, const float *x, int64_t ldx, int64_t len,
                                                            const float *ybuf, int first, float *out, int64_t ldo,
                                                            int nout, const int na) {
