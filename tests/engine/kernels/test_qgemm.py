@@ -46,17 +46,19 @@ def test_long_and_wide_products_equal_the_dequantized_matmul(variant, qtype, row
     assert ((got.double() - want).abs().max() / scale).item() < 1e-6
 
 
-def test_gemm_does_not_depend_on_the_thread_count():
+@pytest.mark.parametrize("variant", qgemv.variants())
+def test_gemm_does_not_depend_on_the_thread_count(variant):
     blocks = random_blocks("q4_1", 1000, 512, seed=4)
     m = qgemm.make_blocks(("q4_1", blocks), torch.empty(1000, 512))
     before = torch.get_num_threads()
     for n in (23, 200):  # short tiles and long products
         x = torch.randn(n, 512)
         try:
-            torch.set_num_threads(1)
-            one = m.matmul(x)
-            torch.set_num_threads(2)
-            two = m.matmul(x)
+            with qgemv.use_variant(variant):
+                torch.set_num_threads(1)
+                one = m.matmul(x)
+                torch.set_num_threads(2)
+                two = m.matmul(x)
         finally:
             torch.set_num_threads(before)
         assert torch.equal(one, two)
