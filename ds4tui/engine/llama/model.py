@@ -34,9 +34,10 @@ from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
 # takes tens of seconds.
 DEFAULT_CTX = 4096
 # Products of at most this many activation rows go through the weights' file blocks when
-# present (qgemm.c): the measured crossover against fp32 torch (docs/perf.md, "Short prefills").
-# The AVX-512 variant of qgemm.c beats torch's fp32 GEMM at every size (docs/perf.md,
-# "Prefill: attention and GEMMs in C"), so there every product takes the blocks.
+# present (qgemm.c) with the scalar kernels: the measured crossover against fp32 torch
+# (docs/perf.md, "Short prefills"). The AVX-512 and AVX2 variants of qgemm.c beat torch's
+# fp32 GEMM at every size (docs/perf.md, "Prefill: attention and GEMMs in C" and "The
+# products at 512 rows, one core and two"), so there every product takes the blocks.
 _SMALL_ROWS = 256
 # Prefill chunk: 512 tokens keep the [G*S, T] masks and activations small while matmuls stay
 # large enough to run near peak; chunk ends are aligned to absolute multiples (session.py).
@@ -263,7 +264,7 @@ class LlamaModel(Model):
         nqk = (hq + hkv) * d
         eps = cfg.rms_norm_eps
         # Multiply by the file's blocks (qgemm.c) where they win; `fast = None` keeps all-torch fp32.
-        small = self._block_products() and (s <= _SMALL_ROWS or qgemv.backend() == "avx512")
+        small = self._block_products() and (s <= _SMALL_ROWS or qgemv.backend() != "scalar")
         scale = cfg.attn_scale
         x = F.embedding(torch.tensor(tokens, dtype=torch.long), self.embed)  # [S, H]
         if cfg.embed_scale != 1.0:

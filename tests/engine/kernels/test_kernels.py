@@ -465,3 +465,18 @@ def test_other_architectures_build_only_the_portable_variant(monkeypatch):
     assert names == ["pool.o", "dispatch.o", "isa_scalar.o"]
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     assert [name for _, name in qgemv._objects("cc")][2:] == ["isa_scalar.o", "isa_avx2.o", "isa_avx512.o"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_long_chunks_take_the_blocks_with_every_vector_variant(tiny, variant, monkeypatch):
+    """A 300-row chunk (over _SMALL_ROWS) multiplies by the file's blocks with AVX2 and AVX-512
+    (their qgemm.c tiles beat torch's fp32 GEMM at every size) and by the fp32 copy with
+    portable C, whose blocks only win on short chunks."""
+    model = wide_model(tiny.tokenizer, tiny.chat, "q4_k")
+    calls = []
+    real = QuantMatrix.matmul
+    monkeypatch.setattr(QuantMatrix, "matmul", lambda self, x: calls.append(x.shape[0]) or real(self, x))
+    tokens = torch.randint(0, model.cfg.vocab_size, (300,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch.inference_mode(), qgemv.use_variant(variant):
+        model.forward(model.new_session(320).kv, tokens, 0, want_logits=False)
+    assert (300 in calls) == (variant != "scalar")
