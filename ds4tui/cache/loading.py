@@ -34,8 +34,21 @@ from ds4tui.format.kvc import (
     read_kvc,
 )
 
-# Returns the number of tokens it restored, or None when it cannot tell.
-LoadPayload = Callable[[BinaryIO, int], int | None]
+
+
+class LoadWithText:
+    """A payload loader that is also told the text the file stores (its bytes), once every check
+    before the payload has passed: `load(stream, nbytes, text)`. The chat's loader uses it
+    to tokenize the rest of its prompt after that text, so the session can run it
+    while the payload is still being read."""
+
+    def __init__(self, load: Callable[[BinaryIO, int, bytes], int | None]) -> None:
+        self.load = load
+
+
+# (stream, nbytes) -> the number of tokens it restored, or None when it cannot tell; or a
+# LoadWithText.
+LoadPayload = Callable[[BinaryIO, int], int | None] | LoadWithText
 
 
 @dataclass(frozen=True)
@@ -145,7 +158,10 @@ def validate(fp: BinaryIO, sha: str, prompt: bytes | None, acceptor: Acceptor,
         raise Reject(f"payload token count {ph.token_count} != header tokens {header.tokens}", corrupt=True)
     try:
         stream = payload_stream(fp, kf)
-        restored = load_payload(stream, header.payload_bytes)
+        if isinstance(load_payload, LoadWithText):
+            restored = load_payload.load(stream, header.payload_bytes, kf.text)
+        else:
+            restored = load_payload(stream, header.payload_bytes)
         if isinstance(stream, VerifyingReader) and not stream.verified:
             stream.drain()  # the engine stopped short: the digest is still checked
     except ChecksumMismatch as exc:

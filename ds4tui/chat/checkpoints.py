@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from ds4tui.cache.entry import Acceptor, inspect_file
+from ds4tui.cache.loading import LoadWithText
 from ds4tui.cache.events import Miss, Rejected, Saved
 from ds4tui.cache.files import read_text
 from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc, title_sha
@@ -44,6 +45,9 @@ def other_model_problem(spec: str | None, sha: str) -> str:
     if spec is None:
         return OTHER_WEIGHTS
     return f"written by {spec}: `ds4tui --resume {sha[:12]}` opens it with that model"
+
+# The tokens a turn will prefill after a restored file that stores `text`; None: none known.
+SuffixFor = Callable[[bytes], "list[int] | None"]
 
 
 @dataclass(frozen=True)
@@ -91,9 +95,13 @@ class Checkpoints:
 
     # -- restore ---------------------------------------------------------------------------------
 
-    def restore_longest(self, prompt: bytes, session: Session, on_event: Callable) -> int:
-        """Load the longest cached byte prefix of `prompt` into `session`; bytes covered (0: miss)."""
-        result = self.store.load(prompt, self.acceptor(session), _loader(session))
+    def restore_longest(self, prompt: bytes, session: Session, on_event: Callable,
+                        suffix_for: SuffixFor | None = None) -> int:
+        """Load the longest cached byte prefix of `prompt` into `session`; bytes covered (0: miss).
+
+        suffix_for(text): the tokens the caller will prefill after a file storing `text`
+        (None: it will not), handed to the session's load (Session.load_payload_ahead)."""
+        result = self.store.load(prompt, self.acceptor(session), _loader(session, suffix_for))
         for ev in result.events:
             on_event(ev)
         hit = result.hit
@@ -130,12 +138,14 @@ class Checkpoints:
             return None  # the prefix ends inside a character: the turn starts cold
         return candidates[0].header.tokens, rest
 
-    def restore_titled(self, sha: str, prompt: str, session: Session, on_event: Callable) -> bytes | None:
+    def restore_titled(self, sha: str, prompt: str, session: Session, on_event: Callable,
+                       suffix_for: SuffixFor | None = None) -> bytes | None:
         """Load one titled file whose transcript starts `prompt` (a parked chat's own file;
         lookup by text never finds titled files); its text, or None when it does not apply.
 
         Compared as decoded text, as the chat compares its live session: a reply holding
         invalid UTF-8 is stored as its bytes but shown (and rendered again) with U+FFFD.
+        suffix_for: as for restore_longest.
         """
         path = self.store.path_for(sha)
         e = inspect_file(path, acceptor=self.acceptor(session), deep=False, preview_bytes=0)
@@ -144,7 +154,7 @@ class Checkpoints:
         text = read_text(path, e.header.text_bytes)
         if text is None or not prompt.startswith(text.decode("utf-8", errors="replace")):
             return None
-        result = self.store.load_file(sha, self.acceptor(session), _loader(session))
+        result = self.store.load_file(sha, self.acceptor(session), _loader(session, suffix_for))
         for ev in result.events:
             if not isinstance(ev, Miss):
                 on_event(ev)
@@ -282,12 +292,19 @@ class Checkpoints:
                               lambda s: s.sha, lambda s: s.title or "")
 
 
-def _loader(session: Session) -> Callable[[BinaryIO, int], int]:
-    def load(fp: BinaryIO, nbytes: int) -> int:
-        session.load_payload(fp, nbytes)
+def _loader(session: Session, suffix_for: SuffixFor | None = None) -> Callable[[BinaryIO, int], int] | LoadWithText:
+    if suffix_for is None:
+        def load(fp: BinaryIO, nbytes: int) -> int:
+            session.load_payload(fp, nbytes)
+            return len(session.tokens)
+
+        return load
+
+    def load_ahead(fp: BinaryIO, nbytes: int, text: bytes) -> int:
+        session.load_payload_ahead(fp, nbytes, suffix_for(text) or ())
         return len(session.tokens)
 
-    return load
+    return LoadWithText(load_ahead)
 
 
 def _payload_fingerprint(path: str | Path, text_bytes: int, payload_bytes: int) -> bytes | None:

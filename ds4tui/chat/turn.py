@@ -165,23 +165,42 @@ class TurnPipeline:
                 seen.append(event)
                 on_event(event)
 
+            # The rest of the prompt after a file's text, tokenized once the store has checked
+            # the file and before its payload: the session runs its first chunk while the
+            # rows are still coming from disk (LlamaSession.load_payload_ahead), and the
+            # prefill below takes that chunk as done. Kept per text: tokenized once.
+            suffixes: dict[bytes, list[int]] = {}
+
+            def suffix_after(text: bytes, rest: str | None) -> list[int] | None:
+                if rest is None:
+                    return None
+                if text not in suffixes:
+                    suffixes[text] = tok.encode(rest)
+                return suffixes[text]
+
+            def titled_rest(text: bytes) -> str | None:
+                have = text.decode("utf-8", errors="replace")
+                return prompt[len(have):] if prompt.startswith(have) else None
+
             if conv.saved_sha:  # a parked titled chat (a fork, a resumed one): its own file first
-                text = self.checkpoints.restore_titled(conv.saved_sha, prompt, session, note)
+                text = self.checkpoints.restore_titled(conv.saved_sha, prompt, session, note,
+                                                       lambda t: suffix_after(t, titled_rest(t)))
                 if text is not None:
                     conv.session_text = text
                     conv.stored_upto = len(session.tokens)
                     hit = next((e for e in reversed(seen) if isinstance(e, Hit)), None)
-                    rest = prompt[len(text.decode("utf-8", errors="replace")):]
-                    return Prefix(tok.encode(rest), "disk", sha=conv.saved_sha, ms=hit.ms if hit else None)
-            covered = self.checkpoints.restore_longest(prompt_bytes, session, note)
+                    suffix = suffix_after(text, titled_rest(text))
+                    assert suffix is not None  # restore_titled checked that its text starts the prompt
+                    return Prefix(suffix, "disk", sha=conv.saved_sha, ms=hit.ms if hit else None)
+            covered = self.checkpoints.restore_longest(
+                prompt_bytes, session, note, lambda t: suffix_after(t, _decode_suffix(prompt_bytes, len(t))))
             if covered:
-                rest = _decode_suffix(prompt_bytes, covered)
-                if rest is not None:
+                suffix = suffix_after(prompt_bytes[:covered], _decode_suffix(prompt_bytes, covered))
+                if suffix is not None:
                     conv.session_text = prompt_bytes[:covered]
                     conv.stored_upto = len(session.tokens)
                     hit = next((e for e in reversed(seen) if isinstance(e, Hit)), None)
-                    return Prefix(tok.encode(rest), "disk", sha=hit.sha if hit else None,
-                                  ms=hit.ms if hit else None)
+                    return Prefix(suffix, "disk", sha=hit.sha if hit else None, ms=hit.ms if hit else None)
                 reason = "cached prefix ends inside a character"
             rejected = [e for e in seen if isinstance(e, Rejected)]
             if rejected:

@@ -261,6 +261,13 @@ class Session(ABC):
         trailing bytes); the session is then left empty and usable.
         """
 
+    def load_payload_ahead(self, fp: BinaryIO, nbytes: int, ahead: Sequence[int]) -> None:
+        """load_payload, told the tokens the caller will prefill next (`ahead`, the new message
+        after a restored prefix), so that a family able to may run their first chunk while
+        the payload is still being read; that prefill is then as fast as the work left.
+        The default ignores them: the prefill does all of it."""
+        self.load_payload(fp, nbytes)
+
 
 def timed(fn: Callable[[], object]) -> tuple[object, float]:
     """(result, milliseconds) of fn(); for benchmarks and events."""

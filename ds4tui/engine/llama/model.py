@@ -12,7 +12,7 @@ entry points `engine/loader.py` calls.
 from __future__ import annotations
 
 import threading
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -247,16 +247,20 @@ class LlamaModel(Model):
         return self.use_blocks and (self.fast is not None or not fast_supported(self.cfg))
 
     def forward(self, kv: KvBuffers, tokens: list[int], pos: int, want_logits: bool,
-                frozen_global: bool = False) -> torch.Tensor | None:
+                frozen_global: bool = False, before_layer: Callable[[int], None] | None = None) -> torch.Tensor | None:
         """Run `tokens` at absolute positions pos..pos+S-1, writing their K/V rows into `kv`.
 
         kv: the session's buffers (float32 or float16), one [2 (K, V), Hkv, rows, D] per layer (a global layer's
         rows are the context, valid for positions < pos on entry and < pos+S on return; a
         sliding layer's are its ring, see session.py). frozen_global: global layers read their
         rows but write none (a restore's replay: their stored rows are already exact).
+        before_layer(i), when given, is called before layer i touches kv[i]: a restore that is
+        still filling the rows < pos layer by layer waits there (session.py); the fused
+        one-token step runs every layer in one call, so it is never given one.
         Returns float32 logits [V] of the last position, or None. Call under torch.inference_mode().
         """
         if len(tokens) == 1 and self.fast is not None:
+            assert before_layer is None, "the fused step runs all layers in one call"
             return self.fast.step(kv, tokens[0], pos, want_logits, frozen_global)
         cfg = self.cfg
         s, end = len(tokens), pos + len(tokens)
@@ -287,6 +291,8 @@ class LlamaModel(Model):
                 return F.rms_norm(t, (cfg.hidden_size,), weight, eps)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
+            if before_layer is not None:
+                before_layer(i)
             h = norm(x, layer.attn_norm)
             qkv = layer.wqkv(h, small)  # [S, (Hq + 2 Hkv) D]
             cos, sin = ropes[layer.sliding]

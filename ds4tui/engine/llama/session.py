@@ -36,7 +36,7 @@ its own type: an f16 file into an f32 session, or the reverse, is rejected.
 from __future__ import annotations
 
 import dataclasses
-from typing import BinaryIO, Iterator, Protocol, Union
+from typing import BinaryIO, Callable, Iterator, Protocol, Sequence, Union
 
 import numpy as np
 import torch
@@ -64,6 +64,7 @@ from ds4tui.engine.payload import (
 )
 from ds4tui.engine.errors import PayloadError
 from ds4tui.engine.llama.config import LlamaConfig
+from ds4tui.engine.llama.overlap import LayerGate, read_while_forward
 from ds4tui.engine.llama.swa import LlamaSwa, layout_for_save, layout_from_header, zero_start
 from ds4tui.engine.model import ModelInfo
 from ds4tui.engine.session import ProgressFn, RewindCost, Session
@@ -115,7 +116,19 @@ class LlamaForward(Protocol):
     info: ModelInfo
 
     def forward(self, kv: KvBuffers, tokens: list[int], pos: int, want_logits: bool,
-                frozen_global: bool = False) -> torch.Tensor | None: ...
+                frozen_global: bool = False, before_layer: Callable[[int], None] | None = None
+                ) -> torch.Tensor | None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ahead:
+    """A prefill chunk run alongside a restore and not yet part of the session: its K/V rows
+    lie at pos..pos+len(tokens)-1 of the buffers (beyond the session's tokens, so nothing
+    reads them), its logits are those of its last token (None: not computed)."""
+
+    pos: int
+    tokens: list[int]
+    logits: torch.Tensor | None
 
 
 class LlamaSession(Session):
@@ -138,6 +151,8 @@ class LlamaSession(Session):
                     t.zero_()
         # Rows of global layers >= len(self.tokens) are never read, so they need no zeroing.
         self.kv = kv if kv is not None else new_kv(cfg, ctx_size, kv_dtype)
+        # The first chunk of the next prefill, when a restore ran it already (load_payload_ahead).
+        self._ahead: _Ahead | None = None
 
     @property
     def kv_bytes(self) -> int:
@@ -149,6 +164,12 @@ class LlamaSession(Session):
         for t in tokens:
             if not 0 <= t < vocab:
                 raise ValueError(f"token id {t} outside vocab of {vocab}")
+        # A chunk a restore already ran is taken as it is (the same call with the same inputs);
+        # any other forward may overwrite its rows or the rows it read: it is dropped.
+        ahead, self._ahead = self._ahead, None
+        if (ahead is not None and ahead.pos == len(self.tokens) and ahead.tokens == tokens
+                and (ahead.logits is not None or not want_logits) and not self.swa.replaying):
+            return ahead.logits if want_logits else None
         with torch.inference_mode():
             out = self.model.forward(self.kv, tokens, len(self.tokens), want_logits, self.swa.replaying)
         if not self.swa.replaying:
@@ -156,6 +177,7 @@ class LlamaSession(Session):
         return out
 
     def reset(self) -> None:
+        self._ahead = None
         self.tokens = []
         self.logits = None
         self._marks = {}
@@ -230,6 +252,7 @@ class LlamaSession(Session):
         return RewindCost(n_tokens, start, n_tokens - start, "rebuild")
 
     def _rewind_to(self, plan: RewindCost, on_progress: ProgressFn | None) -> None:
+        self._ahead = None
         n = plan.target
         sliding = self.model.cfg.sliding_layers
         if plan.how == "kept":
@@ -373,13 +396,19 @@ class LlamaSession(Session):
                     yield kv, head, ring[kv, head, :m - first]
 
     def load_payload(self, fp: BinaryIO, nbytes: int) -> None:
+        self.load_payload_ahead(fp, nbytes, ())
+
+    def load_payload_ahead(self, fp: BinaryIO, nbytes: int, ahead: Sequence[int]) -> None:
+        """load_payload, running the first prefill chunk of `ahead` (the tokens the caller
+        will prefill next) while the rows are still coming from disk; the next prefill of
+        those tokens then takes that chunk as done. See the module docstring for when."""
         try:
-            self._load(fp, nbytes)
+            self._load(fp, nbytes, list(ahead))
         except BaseException:
             self.reset()  # never half-restored: an empty, usable session
             raise
 
-    def _load(self, fp: BinaryIO, nbytes: int) -> None:
+    def _load(self, fp: BinaryIO, nbytes: int, ahead: list[int]) -> None:
         cfg = self.model.cfg
         self.reset()
         r = PayloadReader(fp, nbytes)
@@ -417,16 +446,20 @@ class LlamaSession(Session):
             if any(counts):
                 raise PayloadError(f"payload has nonzero {what}: a llama model has none")
         read_marker(r, layout)
-        if row_order_of_version(payload_version) == HEAD_MAJOR:
-            # Straight into the buffers: each run's bytes are read (and hashed, by a verifying
-            # stream) into the slice where attention reads them, then checked while in cache.
-            for layer in range(cfg.num_layers):
-                for part, rows in self._row_runs_for_load(layer, layout):
-                    r.read_into_array(rows, part)
-                    check_finite_array(rows, part)
+        head_major = row_order_of_version(payload_version) == HEAD_MAJOR
+        chunk = self._first_chunk(t, ahead) if head_major else []
+        ahead_logits = None
+        if chunk:
+            want = len(chunk) == len(ahead)
+            ahead_logits = read_while_forward(
+                lambda gate: self._read_rows(r, layout, gate),
+                lambda before_layer: self._forward_ahead(chunk, t, want, before_layer))
+        elif head_major:
+            self._read_rows(r, layout, None)
         else:
             self._read_token_major(r, layout)
-        r.finish()
+            r.finish()
+        # Every byte read and the checksum verified: the state (and the chunk run ahead) is kept.
         self.tokens = tokens
         # numpy on this thread: torch's any() wakes its OpenMP threads, which on a busy
         # 2-core host stalled a restore for milliseconds
@@ -435,6 +468,47 @@ class LlamaSession(Session):
             self._finish_load(layout)  # the rings first: a mark copies them
         self._ends = [t] if t else []
         self.keep_mark()
+        if chunk:
+            self._ahead = _Ahead(t, chunk, ahead_logits)
+
+    def _read_rows(self, r: PayloadReader, layout: SwaLayout, gate: LayerGate | None) -> None:
+        """The head-major rows straight into the buffers: each run's bytes are read (and hashed,
+        by a verifying stream) into the slice where attention reads them, then checked while
+        in cache; then the end of the payload. With a gate (a forward runs alongside): each
+        finished layer is announced, and a stop asked for by the forward is obeyed."""
+        for layer in range(self.model.cfg.num_layers):
+            for part, rows in self._row_runs_for_load(layer, layout):
+                if gate is not None and gate.stopped:
+                    return
+                r.read_into_array(rows, part)
+                check_finite_array(rows, part)
+            if gate is not None:
+                gate.filled(layer + 1)
+        r.finish()
+
+    def _first_chunk(self, t: int, ahead: list[int]) -> list[int]:
+        """The chunk of `ahead` a restore of `t` tokens runs alongside its reads: the first one
+        a prefill of `ahead` after t would run (it ends on a multiple of the chunk size);
+        empty where it is not done. Only full attention: a sliding layer's ring is rebuilt by
+        a replay after the read (and its rows would share slots with the chunk's). At least
+        two tokens: one runs as the fused C step, all layers in one call, no layer to wait
+        for (and it is a millisecond's work). The whole of `ahead` must fit the context
+        (else the turn refuses it) and be in the vocab (else the prefill says why)."""
+        cfg = self.model.cfg
+        if cfg.sliding_layers or t == 0 or t + len(ahead) > self.ctx_size:
+            return []
+        if any(not 0 <= x < cfg.vocab_size for x in ahead):
+            return []
+        boundary = (t // self.chunk_size + 1) * self.chunk_size
+        chunk = ahead[:boundary - t]
+        return chunk if len(chunk) >= 2 else []
+
+    def _forward_ahead(self, chunk: list[int], t: int, want_logits: bool,
+                       before_layer: Callable[[int], None]) -> torch.Tensor | None:
+        """The chunk's forward at t as a prefill would run it (same call, same inputs), each
+        layer once its restored rows are in."""
+        with torch.inference_mode():
+            return self.model.forward(self.kv, chunk, t, want_logits, False, before_layer=before_layer)
 
     def _row_runs_for_load(self, layer: int, layout: SwaLayout) -> Iterator[tuple[str, np.ndarray]]:
         """Where a head-major payload's rows of one layer go: the buffer's slices, a sliding

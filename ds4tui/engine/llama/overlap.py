@@ -1,0 +1,89 @@
+"""Restore and forward at once: the disk fills a layer's K/V rows while the forward runs the layers before it.
+
+Owns the pipelining of a disk hit: a reader thread fills the session's KV buffers layer
+by layer, in file order (readinto releases the GIL while the disk works), and marks each
+finished layer; the forward of the new message's first chunk runs on the calling thread
+and waits before each layer until that layer's rows are in (`LayerGate.wait`, the
+forward's `before_layer` hook). The reader writes rows < pos, the forward rows
+pos..pos+S-1 of the same buffers: disjoint bytes, so neither waits on the other for
+anything but the order of layers.
+
+Nothing is committed here: the caller (session.py) keeps the forward's result only
+after the reader has read the whole payload and the checksum is verified. A failure
+of the reader (a checksum mismatch, a short file, NaN rows) stops the forward at its
+next layer and is raised on the calling thread as the reader raised it; a failure of
+the forward stops the reader before its next read. Either way the reader thread has
+ended when `read_while_forward` returns or raises: no thread writes into a buffer the
+session has handed on.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+class ReadFailed(Exception):
+    """Raised into the forward at a layer boundary when the reader has failed."""
+
+
+class LayerGate:
+    """How many layers the reader has filled, and whether it failed or was told to stop."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._filled = 0
+        self.error: BaseException | None = None
+        self.stopped = False  # set by the forward's side: the reader stops before its next read
+
+    def filled(self, layers: int) -> None:
+        with self._cond:
+            self._filled = layers
+            self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        with self._cond:
+            self.error = error
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def wait(self, layer: int) -> None:
+        """Block until `layer` is filled; ReadFailed when the reader failed first."""
+        with self._cond:
+            while self._filled <= layer and self.error is None:
+                self._cond.wait()
+            if self.error is not None:
+                raise ReadFailed()
+
+
+def read_while_forward(read: Callable[[LayerGate], None], forward: Callable[[Callable[[int], None]], T]) -> T:
+    """Run `read(gate)` on a thread (it calls gate.filled(n) after each layer, checks
+    gate.stopped before each read, and returns once the whole payload is read and
+    verified) while `forward(before_layer)` runs here; the forward's result once both
+    have succeeded. The reader's exception, when it failed, is raised as it was raised."""
+    gate = LayerGate()
+
+    def reader() -> None:
+        try:
+            read(gate)
+        except BaseException as exc:  # handed to the calling thread, raised there
+            gate.fail(exc)
+
+    thread = threading.Thread(target=reader, name="ds4tui-kv-restore", daemon=True)
+    thread.start()
+    try:
+        result = forward(gate.wait)
+    except ReadFailed:
+        result = None  # the reader's error is raised below
+    except BaseException:
+        gate.stop()
+        thread.join()
+        raise
+    thread.join()
+    if gate.error is not None:
+        raise gate.error
+    return result  # type: ignore[return-value]
