@@ -84,6 +84,28 @@ def test_save_load_continue_is_bit_exact(gemma, policy, t, kv_dtype):
         assert torch.equal(a.decode(tok), b.decode(tok))
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_restore_told_the_next_tokens_runs_no_forward_alongside(gemma, policy, monkeypatch):
+    """Sliding layers: the rings are rebuilt after the read (and the next chunk's rows would
+    share ring slots with the read's), so load_payload_ahead is a plain load; the prefill
+    does the work, and the result is the sequential one."""
+    a = _session(gemma, policy)
+    t = 2 * PERIOD + 5
+    a.prefill(TOKENS[:t])
+    data, more = _saved(a), TOKENS[t:t + 6]
+    want = _load(gemma, data, policy)
+    want.prefill(more)
+    calls = []
+    inner = gemma.forward
+    monkeypatch.setattr(gemma, "forward", lambda *args, **kw: (calls.append(kw.get("before_layer")), inner(*args, **kw))[1])
+    b = _session(gemma, policy)
+    b.load_payload_ahead(io.BytesIO(data), len(data), more)
+    assert not any(calls)  # no forward alongside (the replay of a zero or periodic file ran without)
+    b.prefill(more)
+    assert b.tokens == want.tokens and torch.equal(b.logits, want.logits)
+    assert all(torch.equal(x, y) for x, y in zip(b.kv, want.kv))
+
+
 @pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("t", [WINDOW - 1, 2 * PERIOD + 5])

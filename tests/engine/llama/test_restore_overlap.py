@@ -12,6 +12,7 @@ import torch
 
 from ds4tui.engine.errors import PayloadError
 from ds4tui.engine.loader import load_model
+from tests.engine.llama.payload_orders import as_token_major
 
 CHUNK = 16
 
@@ -226,11 +227,17 @@ def test_a_failing_forward_stops_the_reader(model, text, monkeypatch):
 
 def test_no_overlap_where_it_does_not_apply(model, text, monkeypatch):
     """One token (the fused step: no layer to wait for), a follow-up that overflows the
-    context: a plain restore, the prefill does the work."""
+    context, a file in the token-major order of old (read through a staging buffer): a
+    plain restore, the prefill does the work, with the sequential result."""
     prefix, follow = text
     data = _payload(model, prefix, "f16")
+    old = as_token_major(data, model.cfg)
     forwards = Forwards(model, monkeypatch)
-    for ahead, ctx in ((follow[:1], 256), (follow, len(prefix) + len(follow) - 1)):
+    for payload, ahead, ctx in ((data, follow[:1], 256), (data, follow, len(prefix) + len(follow) - 1),
+                                (old, follow, 256)):
         s = _session(model, "f16", ctx=ctx)
-        s.load_payload_ahead(io.BytesIO(data), len(data), ahead)
+        s.load_payload_ahead(io.BytesIO(payload), len(payload), ahead)
         assert s.tokens == prefix and forwards.calls == []
+    s.prefill(follow)
+    monkeypatch.undo()
+    _assert_same(_state(s), _state(_sequential(model, data, follow, "f16")))
