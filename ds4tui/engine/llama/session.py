@@ -27,6 +27,21 @@ thread (torch's copy_ of this size is split over its OpenMP threads, and on a bu
 2-core machine one preempted thread stalls the whole copy; docs/perf.md, "KV buffer
 layout and the reorder copy").
 
+A disk hit restores a prefix and then prefills the new message after it. The forward
+of layer l reads only layer l's rows, so `load_payload_ahead` (told the message's
+tokens) runs the message's first prefill chunk while the rows are still being read:
+a reader thread fills the head-major rows layer by layer (overlap.py) and the forward
+waits before each layer until that layer is in (the model's `before_layer` hook). The
+reader writes rows < T, the forward rows T.. of the same buffers: disjoint. Nothing is
+kept until the whole payload is read, its checksum verified and every run checked
+finite; then the chunk is kept aside (`_ahead`, beyond the session's tokens) and the
+next prefill of those very tokens at T takes it instead of running the same forward
+again (any other forward, a rewind or a reset drops it). On any failure the session is
+reset to empty as for any failed load. Only where it is simple: full attention (the
+chunk's rows would go into ring slots the read also fills, and a zero or periodic
+file's rings are rebuilt by a replay after the read), head-major files, chunks of 2+ tokens (one token runs as the fused
+C step, all layers in one call), a message that fits the context.
+
 The buffers hold f16 (the default, as llama.cpp's cache) or f32, the session's
 `kv_dtype`; the payload stores the rows in that type and says so (the KV_F16 bit of
 payload_version, format/swa_policy.py), so a file is only ever read by a session of
@@ -489,8 +504,7 @@ class LlamaSession(Session):
     def _first_chunk(self, t: int, ahead: list[int]) -> list[int]:
         """The chunk of `ahead` a restore of `t` tokens runs alongside its reads: the first one
         a prefill of `ahead` after t would run (it ends on a multiple of the chunk size);
-        empty where it is not done. Only full attention: a sliding layer's ring is rebuilt by
-        a replay after the read (and its rows would share slots with the chunk's). At least
+        empty where it is not done. Only full attention (see the module docstring). At least
         two tokens: one runs as the fused C step, all layers in one call, no layer to wait
         for (and it is a millisecond's work). The whole of `ahead` must fit the context
         (else the turn refuses it) and be in the vocab (else the prefill says why)."""
