@@ -39,8 +39,10 @@ next prefill of those very tokens at T takes it instead of running the same forw
 again (any other forward, a rewind or a reset drops it). On any failure the session is
 reset to empty as for any failed load. Only where it is simple: full attention (the
 chunk's rows would go into ring slots the read also fills, and a zero or periodic
-file's rings are rebuilt by a replay after the read), head-major files, chunks of 2+ tokens (one token runs as the fused
-C step, all layers in one call), a message that fits the context.
+file's rings are rebuilt by a replay after the read), head-major files, chunks of 2+
+tokens (one token runs as the fused C step, all layers in one call), a message of at
+most a chunk's worth of tokens (a long prefill keeps its first progress event and
+cancel point) that fits the context.
 
 The buffers hold f16 (the default, as llama.cpp's cache) or f32, the session's
 `kv_dtype`; the payload stores the rows in that type and says so (the KV_F16 bit of
@@ -506,10 +508,12 @@ class LlamaSession(Session):
         a prefill of `ahead` after t would run (it ends on a multiple of the chunk size);
         empty where it is not done. Only full attention (see the module docstring). At least
         two tokens: one runs as the fused C step, all layers in one call, no layer to wait
-        for (and it is a millisecond's work). The whole of `ahead` must fit the context
-        (else the turn refuses it) and be in the vocab (else the prefill says why)."""
+        for (and it is a millisecond's work). At most a chunk's worth of tokens in all: a
+        longer message is a long prefill, where the read is a small share and the first
+        progress event and cancel point stay where they were. The whole of `ahead` must fit
+        the context (else the turn refuses it) and be in the vocab (else the prefill says why)."""
         cfg = self.model.cfg
-        if cfg.sliding_layers or t == 0 or t + len(ahead) > self.ctx_size:
+        if cfg.sliding_layers or t == 0 or t + len(ahead) > self.ctx_size or len(ahead) > self.chunk_size:
             return []
         if any(not 0 <= x < cfg.vocab_size for x in ahead):
             return []

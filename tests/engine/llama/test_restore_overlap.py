@@ -14,7 +14,7 @@ from ds4tui.engine.errors import PayloadError
 from ds4tui.engine.loader import load_model
 from tests.engine.llama.payload_orders import as_token_major
 
-CHUNK = 16
+CHUNK = 24
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def text(model):
     head = chat.render(first)
     whole = chat.render(first + [{"role": "user", "content": "And tomorrow, in the hills?"}], add_generation_prompt=True)
     prefix, follow = model.tokenizer.encode(head), model.tokenizer.encode(whole[len(head):])  # as the chat does
-    assert len(follow) >= 6 and len(prefix) > 2 * CHUNK
+    assert 6 <= len(follow) <= CHUNK and len(prefix) > 2 * CHUNK
     return prefix[:CHUNK * (len(prefix) // CHUNK) - 4], follow  # 4 tokens before a chunk boundary
 
 
@@ -227,17 +227,19 @@ def test_a_failing_forward_stops_the_reader(model, text, monkeypatch):
 
 def test_no_overlap_where_it_does_not_apply(model, text, monkeypatch):
     """One token (the fused step: no layer to wait for), a follow-up that overflows the
-    context, a file in the token-major order of old (read through a staging buffer): a
-    plain restore, the prefill does the work, with the sequential result."""
+    context, a file in the token-major order of old (read through a staging buffer), a
+    follow-up longer than a chunk (a long prefill: its progress and cancel points stay):
+    a plain restore, the prefill does the work, with the sequential result."""
     prefix, follow = text
     data = _payload(model, prefix, "f16")
     old = as_token_major(data, model.cfg)
     forwards = Forwards(model, monkeypatch)
+    longer = (follow * 3)[:CHUNK + 1]
     for payload, ahead, ctx in ((data, follow[:1], 256), (data, follow, len(prefix) + len(follow) - 1),
-                                (old, follow, 256)):
+                                (old, follow, 256), (data, longer, 256)):
         s = _session(model, "f16", ctx=ctx)
         s.load_payload_ahead(io.BytesIO(payload), len(payload), ahead)
         assert s.tokens == prefix and forwards.calls == []
-    s.prefill(follow)
+    s.prefill(longer)
     monkeypatch.undo()
-    _assert_same(_state(s), _state(_sequential(model, data, follow, "f16")))
+    _assert_same(_state(s), _state(_sequential(model, data, longer, "f16")))
