@@ -81,9 +81,24 @@ def read_while_forward(read: Callable[[LayerGate], None], forward: Callable[[Cal
         result = None  # the reader's error is raised below
     except BaseException:
         gate.stop()
-        thread.join()
+        _join(thread, gate)
         raise
-    thread.join()
+    _join(thread, gate)
     if gate.error is not None:
         raise gate.error
     return result  # type: ignore[return-value]
+
+
+def _join(thread: threading.Thread, gate: LayerGate) -> None:
+    """Wait for the reader to end, even through an interrupt (KeyboardInterrupt in the main
+    thread): the caller resets the session and hands its buffers on, so no read may land in
+    them afterwards. The interrupt is raised once the reader has stopped."""
+    interrupted: BaseException | None = None
+    while thread.is_alive():
+        try:
+            thread.join()
+        except BaseException as exc:
+            gate.stop()
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted
