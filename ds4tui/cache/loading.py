@@ -2,7 +2,8 @@
 
 Owns: `load_first` (the first of a lookup's candidates that passes, else a Miss that
 says why), `load_path` (one file: open it as a regular file, validate, stream the
-payload to the caller's `load_payload`, count the hit), the checks themselves
+payload to the caller's `load_payload` (told the file's text first when it is a
+`LoadWithText`), count the hit), the checks themselves
 (`validate`: magic and ABI -> model -> name hash -> byte prefix -> payload token
 count -> checksum) and `payload_stream`, the payload read through its checksum.
 A file proven corrupt is deleted unless it is a titled session or the name now
@@ -33,7 +34,6 @@ from ds4tui.format.kvc import (
     decode_header,
     read_kvc,
 )
-
 
 
 class LoadWithText:
