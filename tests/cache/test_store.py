@@ -13,6 +13,7 @@ import pytest
 from ds4tui.cache import Acceptor, CachePolicy, Hit, KvStore, Miss, Rejected, Saved, SaveFailed, inspect_file
 from ds4tui.cache import eviction
 from ds4tui.cache.events import Evicted
+from ds4tui.cache.loading import LoadWithText
 from ds4tui.format.kvc import EXT_PINNED, parse_kvc
 from tests.cache.kvc_builders import dsv4_payload, header_bytes, titled_name, write_kv
 
@@ -223,6 +224,24 @@ def test_payload_loader_error_is_a_rejection_and_the_next_candidate_is_tried(sto
     assert isinstance(rej, Rejected) and rej.file == long_sha and not rej.deleted
     assert "payload load failed: layer count 2 != model layers 30" in rej.reason
     assert store.path_for(long_sha).exists()
+
+
+def test_a_loader_with_text_hears_each_candidates_text_before_its_payload(store):
+    """LoadWithText: the chat's loader is told the text of the file it is loading (to prepare
+    what follows it), for each candidate tried, after the checks before the payload."""
+    save(store, "short prefix", tokens=10)
+    save(store, "short prefix and longer", tokens=20)
+    heard = []
+
+    def load(fp, n, text):
+        heard.append((text, len(fp.read(n))))
+        if len(heard) == 1:
+            raise RuntimeError("not this one")
+        return 10
+
+    res = store.load("short prefix and longer, then more", ENGINE, LoadWithText(load))
+    assert isinstance(res.event, Hit) and res.event.tokens == 10
+    assert heard == [(b"short prefix and longer", 1000), (b"short prefix", 1000)]
 
 
 def test_restored_token_count_mismatch_is_corrupt(store):
