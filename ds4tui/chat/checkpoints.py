@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from ds4tui.cache.entry import Acceptor, inspect_file
-from ds4tui.cache.loading import LoadWithText
 from ds4tui.cache.events import Miss, Rejected, Saved
 from ds4tui.cache.files import read_text
+from ds4tui.cache.loading import LoadWithText
 from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc, title_sha
 from ds4tui.cache.policy import CachePolicy
 from ds4tui.cache.safe_open import CacheDirError, open_regular
@@ -45,6 +45,7 @@ def other_model_problem(spec: str | None, sha: str) -> str:
     if spec is None:
         return OTHER_WEIGHTS
     return f"written by {spec}: `ds4tui --resume {sha[:12]}` opens it with that model"
+
 
 # The tokens a turn will prefill after a restored file that stores `text`; None: none known.
 SuffixFor = Callable[[bytes], "list[int] | None"]
