@@ -93,7 +93,8 @@ def test_a_file_bad_in_its_last_layer_is_rejected_and_the_reply_is_the_cold_one(
     assert set(rejected) == set(untitled)
     assert all("checksum mismatch" in r.reason and r.deleted for r in rejected.values())
     assert forwards.calls[0][0]  # a chunk ran alongside the bad file, and was thrown away
-    assert not events.of(ev.Hit) and events.of(ev.PrefillStarted)[0].source == "cold"
+    started = events.of(ev.PrefillStarted)[0]
+    assert not events.of(ev.Hit) and started.source == "cold" and started.cached == 0  # left empty
     monkeypatch.undo()
     cold_events, cold = _follow_up(tiny_llama, tmp_path / "none", messages, max_tokens=3, no_disk_cache=True)
     assert events.reply == cold_events.reply and events.reply
