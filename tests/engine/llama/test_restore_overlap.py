@@ -144,7 +144,7 @@ def test_the_forward_waits_for_each_layer_of_a_slow_reader(model, text, monkeypa
     cfg = model.cfg
     layer_bytes = 2 * cfg.num_kv_heads * len(prefix) * cfg.head_dim * 2
     layer_end = [len(data) - (cfg.num_layers - 1 - i) * layer_bytes for i in range(cfg.num_layers)]
-    stream = SlowStream(data, 0.02)
+    stream = SlowStream(data, 0.03)
     seen: list[tuple[int, int]] = []  # (layer the forward enters, bytes read by then)
     inner = model.forward
 
@@ -207,7 +207,7 @@ def test_a_bad_payload_fails_the_overlapped_restore_cleanly(model, text, how, mo
 def test_a_failing_forward_stops_the_reader(model, text, monkeypatch):
     prefix, follow = text
     data = _payload(model, prefix, "f16")
-    stream = SlowStream(data, 0.01)
+    stream = SlowStream(data, 0.03)
 
     def forward(*args, before_layer=None, **kwargs):
         before_layer(0)
