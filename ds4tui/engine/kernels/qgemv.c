@@ -31,6 +31,42 @@
  * offset in the byte domain first: q - 8, q - 16). The row-pair loop converts both rows'
  * f16 scale (and min) with one instruction and keeps both rows' min terms in one vector. */
 
+#if DS4K_ISA >= 2
+/* AVX-512: one zero-extension of the 16 packed bytes to dwords serves both halves (low
+ * nibble: and; high nibble: shift, the byte being zero-extended), and Q5's fifth bit
+ * becomes a masked subtract straight from qh: q - 16 is the nibble where the bit is set,
+ * the nibble - 16 where it is not. Same integers as the byte-domain code, so the same floats. */
+static inline __m512i nib_bytes(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline void quants_q4_0(const uint8_t *p, vf *lo, vf *hi) {
+    const __m512i v = nib_bytes(p + 2), k8 = _mm512_set1_epi32(8);
+    *lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(v, _mm512_set1_epi32(15)), k8));
+    *hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(v, 4), k8));
+}
+
+static inline void quants_q4_1(const uint8_t *p, vf *lo, vf *hi) {
+    const __m512i v = nib_bytes(p + 4);
+    *lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+    *hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+}
+
+static inline void quants_q5_0(const uint8_t *p, vf *lo, vf *hi) {
+    uint32_t qh;
+    memcpy(&qh, p + 2, 4);
+    const __m512i v = nib_bytes(p + 6), k16 = _mm512_set1_epi32(16);
+    const __m512i l = _mm512_and_si512(v, _mm512_set1_epi32(15)), h = _mm512_srli_epi32(v, 4);
+    *lo = _mm512_cvtepi32_ps(_mm512_mask_sub_epi32(l, (__mmask16)~qh, l, k16));
+    *hi = _mm512_cvtepi32_ps(_mm512_mask_sub_epi32(h, (__mmask16)(~qh >> 16), h, k16));
+}
+
+static inline void quants_q5_1(const uint8_t *p, vf *lo, vf *hi) {
+    uint32_t qh;
+    memcpy(&qh, p + 4, 4);
+    const __m512i v = nib_bytes(p + 8), k16 = _mm512_set1_epi32(16);
+    const __m512i l = _mm512_and_si512(v, _mm512_set1_epi32(15)), h = _mm512_srli_epi32(v, 4);
+    *lo = _mm512_cvtepi32_ps(_mm512_mask_add_epi32(l, (__mmask16)qh, l, k16));
+    *hi = _mm512_cvtepi32_ps(_mm512_mask_add_epi32(h, (__mmask16)(qh >> 16), h, k16));
+}
+#else
 static inline void quants_q4_0(const uint8_t *p, vf *lo, vf *hi) {
     vb v = vb_load(p + 2);
     *lo = vf_i8(vb_sub(vb_lo4(v), 8)), *hi = vf_i8(vb_sub(vb_hi4(v), 8));
@@ -58,6 +94,8 @@ static inline void quants_q5_1(const uint8_t *p, vf *lo, vf *hi) {
     *lo = vf_u8(vb_or(vb_lo4(v), h0)), *hi = vf_u8(vb_or(vb_hi4(v), h1));
 }
 
+#endif
+
 static inline void quants_q8_0(const uint8_t *p, vf *lo, vf *hi) { *lo = vf_i8_mem(p + 2), *hi = vf_i8_mem(p + 18); }
 
 #if DS4K_ISA >= 1
@@ -68,6 +106,21 @@ static inline void quants_q8_0(const uint8_t *p, vf *lo, vf *hi) { *lo = vf_i8_m
 #define MINS_DECL float mm[4] = {0.0f, 0.0f, 0.0f, 0.0f}
 #define MINS_ADD(b) (mm[1] += f4_at(dm, 1) * xs[b], mm[3] += f4_at(dm, 3) * xs[b])
 #define MINS_ROW(k) (mm[(k) ? 3 : 1])
+#endif
+
+/* A row's block scale as the accumulator FMA wants it. AVX-512: broadcast as a vector (one
+ * f16 broadcast and one conversion for types without a min, a lane permute of the row
+ * pair's converted {d, m} otherwise); elsewhere the float, broadcast by va_scale_add. */
+#if DS4K_ISA >= 2
+typedef __m512 scale_t;
+static inline __m512 h2v(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_set1_epi16((short)ds4k_rd16(p))); }
+static inline __m512 lane_of(f4 v, int k) { return _mm512_permutexvar_ps(_mm512_set1_epi32(k), _mm512_castps128_ps512(v)); }
+#define ROW_SCALE(dm, k, ptr, has_m) ((has_m) ? lane_of(dm, k) : h2v(ptr))
+#define SCALE_ADD(d, s, acc) _mm512_fmadd_ps(d, s, acc)
+#else
+typedef float scale_t;
+#define ROW_SCALE(dm, k, ptr, has_m) f4_at(dm, k)
+#define SCALE_ADD(d, s, acc) va_scale_add(d, s, acc)
 #endif
 
 /* rows [r0, r1) of a matrix of nb 32-weight blocks of BYTES bytes per row */
@@ -81,16 +134,17 @@ static inline void quants_q8_0(const uint8_t *p, vf *lo, vf *hi) { *lo = vf_i8_m
             const uint8_t *p = w + r * rb, *q = two ? p + rb : p;                             \
             va a0 = va_zero(), a1 = va_zero();                                                \
             MINS_DECL;                                                                        \
+            const uint8_t *pf = p + PF_DIST, *pf_end = pf;                                    \
             for (int64_t b = 0; b < nb; b++, p += (BYTES), q += (BYTES)) {                    \
-                __builtin_prefetch(p + PF_DIST);                                              \
-                __builtin_prefetch(q + PF_DIST);                                              \
+                for (pf_end += 2 * (BYTES); pf < pf_end; pf += 64) __builtin_prefetch(pf);    \
                 const vf x0 = vf_load(x + 32 * b), x1 = vf_load(x + 32 * b + 16);             \
                 const f4 dm = f16x4(p, q);                                                    \
+                const scale_t dp = ROW_SCALE(dm, 0, p, HAS_M), dq = ROW_SCALE(dm, 2, q, HAS_M); \
                 vf lo, hi;                                                                    \
                 QUANTS(p, &lo, &hi);                                                          \
-                a0 = va_scale_add(f4_at(dm, 0), va_dot32(lo, hi, x0, x1), a0);                \
+                a0 = SCALE_ADD(dp, va_dot32(lo, hi, x0, x1), a0);                             \
                 QUANTS(q, &lo, &hi);                                                          \
-                a1 = va_scale_add(f4_at(dm, 2), va_dot32(lo, hi, x0, x1), a1);                \
+                a1 = SCALE_ADD(dq, va_dot32(lo, hi, x0, x1), a1);                             \
                 if (HAS_M) MINS_ADD(b);                                                       \
             }                                                                                 \
             y[r] = va_sum(a0) + (HAS_M ? MINS_ROW(0) : 0.0f);                                 \
@@ -223,11 +277,9 @@ static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, v
             const uint8_t *p = w + r * rb, *q = p + rb;                                       \
             va a0 = va_zero(), a1 = va_zero();                                                \
             float o0 = 0.0f, o1 = 0.0f;                                                       \
+            const uint8_t *pf = p + PF_DIST, *pf_end = pf;                                    \
             for (int64_t b = 0; b < nb; b++, p += (BYTES), q += (BYTES)) {                    \
-                for (int k = 0; k < (BYTES); k += 64) {                                       \
-                    __builtin_prefetch(p + k + PF_DIST);                                      \
-                    if (two) __builtin_prefetch(q + k + PF_DIST);                             \
-                }                                                                             \
+                for (pf_end += 2 * (BYTES); pf < pf_end; pf += 64) __builtin_prefetch(pf);    \
                 BLK(p, x + 256 * b, xs + 8 * b, &a0, &o0);                                    \
                 if (two) BLK(q, x + 256 * b, xs + 8 * b, &a1, &o1);                           \
             }                                                                                 \
