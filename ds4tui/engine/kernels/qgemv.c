@@ -134,9 +134,9 @@ typedef float scale_t;
             const uint8_t *p = w + r * rb, *q = two ? p + rb : p;                             \
             va a0 = va_zero(), a1 = va_zero();                                                \
             MINS_DECL;                                                                        \
-            const uint8_t *pf = p + PF_DIST, *pf_end = pf;                                    \
-            for (int64_t b = 0; b < nb; b++, p += (BYTES), q += (BYTES)) {                    \
-                for (pf_end += 2 * (BYTES); pf < pf_end; pf += 64) __builtin_prefetch(pf);    \
+            const uint8_t *pf = p + PF_DIST;                                                  \
+            for (int64_t b = 0; b < nb; b++, p += (BYTES), q += (BYTES), pf += 2 * (BYTES)) { \
+                for (int k = 0; k < 2 * (BYTES); k += 64) __builtin_prefetch(pf + k);         \
                 const vf x0 = vf_load(x + 32 * b), x1 = vf_load(x + 32 * b + 16);             \
                 const f4 dm = f16x4(p, q);                                                    \
                 const scale_t dp = ROW_SCALE(dm, 0, p, HAS_M), dq = ROW_SCALE(dm, 2, q, HAS_M); \
