@@ -65,6 +65,16 @@ static float exp_shift_sum(float *p, int n, float m) {
     float s = 0.0f;
 #if DS4K_AVX2
     __m256 acc = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
+#if DS4K_ISA >= 2
+    __m512 acc16 = _mm512_setzero_ps(), mv16 = _mm512_set1_ps(m);
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p + i), mv16));
+        _mm512_storeu_ps(p + i, e);
+        acc16 = _mm512_add_ps(acc16, e);
+    }
+    acc = _mm256_add_ps(_mm512_castps512_ps256(acc16),
+                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc16), 1)));
+#endif
     for (; i + 8 <= n; i += 8) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i), mv));
         _mm256_storeu_ps(p + i, e);
