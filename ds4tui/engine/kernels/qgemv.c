@@ -102,10 +102,16 @@ static inline void quants_q8_0(const uint8_t *p, vf *lo, vf *hi) { *lo = vf_i8_m
 #define MINS_DECL __m128 mm = _mm_setzero_ps() /* lanes 1, 3: the two rows' sum of m * sum(x) */
 #define MINS_ADD(b) mm = _mm_fmadd_ps(dm, _mm_set1_ps(xs[b]), mm)
 #define MINS_ROW(k) f4_at(mm, (k) ? 3 : 1)
+#define MINS_DECL2 __m128 mm2 = _mm_setzero_ps() /* rows 2 and 3 of four */
+#define MINS_ADD2(b) mm2 = _mm_fmadd_ps(dm2, _mm_set1_ps(xs[b]), mm2)
+#define MINS_ROW2(k) f4_at(mm2, (k) ? 3 : 1)
 #else
 #define MINS_DECL float mm[4] = {0.0f, 0.0f, 0.0f, 0.0f}
 #define MINS_ADD(b) (mm[1] += f4_at(dm, 1) * xs[b], mm[3] += f4_at(dm, 3) * xs[b])
 #define MINS_ROW(k) (mm[(k) ? 3 : 1])
+#define MINS_DECL2 float mm2[4] = {0.0f, 0.0f, 0.0f, 0.0f}
+#define MINS_ADD2(b) (mm2[1] += f4_at(dm2, 1) * xs[b], mm2[3] += f4_at(dm2, 3) * xs[b])
+#define MINS_ROW2(k) (mm2[(k) ? 3 : 1])
 #endif
 
 /* A row's block scale as the accumulator FMA wants it. AVX-512: broadcast as a vector (one
@@ -123,13 +129,46 @@ typedef float scale_t;
 #define SCALE_ADD(d, s, acc) va_scale_add(d, s, acc)
 #endif
 
+/* AVX-512 runs rows in fours first (then pairs): the x loads are shared by more rows and
+ * four accumulator chains are in flight (Q8_0 in cache 36 -> 49 GB/s per core, Q5_0 17 ->
+ * 19). A row's own operations are the same either way, so are its bits. With 16 ymm
+ * registers the AVX2 build keeps pairs. */
+#define QUADS (DS4K_ISA >= 2)
+
 /* rows [r0, r1) of a matrix of nb 32-weight blocks of BYTES bytes per row */
 #define BLOCK32_ROWS(NAME, QUANTS, BYTES, HAS_M)                                              \
     static void NAME(const uint8_t *w, int64_t nb, const float *x, const float *xs, float *y, \
                      int64_t r0, int64_t r1) {                                                \
         const int64_t rb = nb * (BYTES);                                                      \
         (void)xs;                                                                             \
-        for (int64_t r = r0; r < r1; r += 2) {                                                \
+        int64_t r = r0;                                                                       \
+        for (; QUADS && r + 4 <= r1; r += 4) {                                                \
+            const uint8_t *p = w + r * rb;                                                    \
+            va a0 = va_zero(), a1 = va_zero(), a2 = va_zero(), a3 = va_zero();               \
+            MINS_DECL;                                                                        \
+            MINS_DECL2;                                                                       \
+            const uint8_t *pf = p + PF_DIST;                                                  \
+            for (int64_t b = 0; b < nb; b++, p += (BYTES), pf += 4 * (BYTES)) {              \
+                for (int k = 0; k < 4 * (BYTES); k += 64) __builtin_prefetch(pf + k);         \
+                const vf x0 = vf_load(x + 32 * b), x1 = vf_load(x + 32 * b + 16);             \
+                const f4 dm = f16x4(p, p + rb), dm2 = f16x4(p + 2 * rb, p + 3 * rb);          \
+                vf lo, hi;                                                                    \
+                QUANTS(p, &lo, &hi);                                                          \
+                a0 = SCALE_ADD(ROW_SCALE(dm, 0, p, HAS_M), va_dot32(lo, hi, x0, x1), a0);     \
+                QUANTS(p + rb, &lo, &hi);                                                     \
+                a1 = SCALE_ADD(ROW_SCALE(dm, 2, p + rb, HAS_M), va_dot32(lo, hi, x0, x1), a1); \
+                QUANTS(p + 2 * rb, &lo, &hi);                                                 \
+                a2 = SCALE_ADD(ROW_SCALE(dm2, 0, p + 2 * rb, HAS_M), va_dot32(lo, hi, x0, x1), a2); \
+                QUANTS(p + 3 * rb, &lo, &hi);                                                 \
+                a3 = SCALE_ADD(ROW_SCALE(dm2, 2, p + 3 * rb, HAS_M), va_dot32(lo, hi, x0, x1), a3); \
+                if (HAS_M) MINS_ADD(b), MINS_ADD2(b);                                         \
+            }                                                                                 \
+            y[r] = va_sum(a0) + (HAS_M ? MINS_ROW(0) : 0.0f);                                 \
+            y[r + 1] = va_sum(a1) + (HAS_M ? MINS_ROW(1) : 0.0f);                             \
+            y[r + 2] = va_sum(a2) + (HAS_M ? MINS_ROW2(0) : 0.0f);                            \
+            y[r + 3] = va_sum(a3) + (HAS_M ? MINS_ROW2(1) : 0.0f);                            \
+        }                                                                                     \
+        for (; r < r1; r += 2) {                                                              \
             const int two = r + 1 < r1; /* an odd last row pairs with itself */                \
             const uint8_t *p = w + r * rb, *q = two ? p + rb : p;                             \
             va a0 = va_zero(), a1 = va_zero();                                                \
