@@ -230,6 +230,20 @@ static inline void blk_qk45(const uint8_t *p, const float *x, const float *xs, v
 #else
     float o = 0.0f;
 #endif
+#if DS4K_ISA >= 2
+    if (!five) { /* Q4_K: the 32 packed bytes zero-extended once serve both sub-blocks (as Q4_1) */
+        for (int c4 = 0; c4 < 4; c4++) {
+            const __m512i z0 = nib_bytes(qs + 32 * c4), z1 = nib_bytes(qs + 32 * c4 + 16), m15 = _mm512_set1_epi32(15);
+            for (int half = 0; half < 2; half++) {
+                const int i = 2 * c4 + half;
+                const vf lo = _mm512_cvtepi32_ps(half ? _mm512_srli_epi32(z0, 4) : _mm512_and_si512(z0, m15));
+                const vf hi = _mm512_cvtepi32_ps(half ? _mm512_srli_epi32(z1, 4) : _mm512_and_si512(z1, m15));
+                *acc = _mm512_fmadd_ps(SCALE_OF(i), va_dot32(lo, hi, vf_load(x + 32 * i), vf_load(x + 32 * i + 16)), *acc);
+            }
+        }
+        return;
+    }
+#endif
     for (int c4 = 0; c4 < 4; c4++) {
         vb v0 = vb_load(qs + 32 * c4), v1 = vb_load(qs + 32 * c4 + 16);
         for (int half = 0; half < 2; half++) {
@@ -286,6 +300,26 @@ static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, v
 #else
 #define ADD_SCALED(k, dot) (*acc = va_scale_add(d * (float)sc[k], dot, *acc))
 #endif
+#if DS4K_ISA >= 2
+    /* dword lanes straight from the packed bytes: low 4 bits from ql, bits 4-5 from qh
+     * (one shift, then one ternary-logic op merges them under the 0x30 mask), minus 32 */
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = p + 64 * h, *qh = p + 128 + 32 * h;
+        const __m512i m15 = _mm512_set1_epi32(15), m30 = _mm512_set1_epi32(0x30), k32 = _mm512_set1_epi32(32);
+        const __m512i zl[4] = {nib_bytes(ql), nib_bytes(ql + 16), nib_bytes(ql + 32), nib_bytes(ql + 48)};
+        const __m512i zh[2] = {nib_bytes(qh), nib_bytes(qh + 16)};
+        for (int s = 0; s < 4; s++) {
+            const int si = 8 * h + 2 * s;
+            for (int u = 0; u < 2; u++) { /* u 0: ql bytes 0..15 (a), u 1: 16..31 (b) */
+                const __m512i l = zl[(s & 1) * 2 + u];
+                const __m512i nib = s >= 2 ? _mm512_srli_epi32(l, 4) : _mm512_and_si512(l, m15);
+                const __m512i hb = 2 * s <= 4 ? _mm512_slli_epi32(zh[u], 4 - 2 * s) : _mm512_srli_epi32(zh[u], 2 * s - 4);
+                const __m512i q = _mm512_sub_epi32(_mm512_ternarylogic_epi32(nib, hb, m30, 0xf8), k32); /* nib | (hb & m30) */
+                ADD_SCALED(si + u, va_dot16(_mm512_cvtepi32_ps(q), vf_load(x + 128 * h + 32 * s + 16 * u)));
+            }
+        }
+    }
+#else
     for (int h = 0; h < 2; h++) {
         const uint8_t *ql = p + 64 * h, *qh = p + 128 + 32 * h;
         vb l0 = vb_load(ql), l1 = vb_load(ql + 16), l2 = vb_load(ql + 32), l3 = vb_load(ql + 48);
@@ -302,6 +336,7 @@ static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, v
             ADD_SCALED(si + 1, va_dot16(vf_i8(b), vf_load(xe + 16)));
         }
     }
+#endif
 #undef SCALE_OF
 #undef ADD_SCALED
 }
