@@ -23,7 +23,8 @@
  * chunk each), then merges the blocks' (max, sum, output) with the usual log-sum-exp
  * rescaling. Inside a block, K and V are read in tiles of ATT_TILE rows, converted to f32
  * once for all G query heads of the group (AVX-512 FMAs in the AVX-512 build, AVX2 in the
- * other). Block bounds depend only on pos (and a ring's size), so results do not depend on
+ * other); the AVX-512 build reads V instead once per row for all G heads, converting in
+ * registers (weighted_sums). Block bounds depend only on pos (and a ring's size), so results do not depend on
  * the thread count. A ring's rows are read in slot order, not position order; softmax is
  * order-free, so only the rounding of the sums differs from the torch forward's.
  */
