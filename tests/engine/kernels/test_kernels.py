@@ -189,10 +189,10 @@ def _wide_raw(tensors: dict, qtype: str, seed: int) -> dict:
     return raw
 
 
-def wide_model(tokenizer, chat, qtype: str, seed: int = 11) -> LlamaModel:
+def wide_model(tokenizer, chat, qtype: str, seed: int = 11, config: dict = WIDE) -> LlamaModel:
     """A random WIDE-config model whose fp32 weights are exactly its `qtype` blocks' values."""
-    cfg = LlamaConfig.from_hf(WIDE)
-    tensors = hf_to_internal(cfg, random_llama_weights(WIDE, seed=seed), "test")
+    cfg = LlamaConfig.from_hf(config)
+    tensors = hf_to_internal(cfg, random_llama_weights(config, seed=seed), "test")
     raw = _wide_raw(tensors, qtype, seed)
     info = make_info(f"wide-{qtype}", cfg, f"test-{qtype}", 32)
     return LlamaModel(cfg, tensors, info, tokenizer, chat, "test", raw=raw)
@@ -234,6 +234,18 @@ def test_fused_step_matches_the_torch_forward(tiny, qtype):
     worst, kv_fast, kv_ref, _ = _step_vs_torch(model)  # positions 248..263 cross the 256-row block
     assert worst < 2e-5
     assert torch.allclose(kv_fast[..., 248:264, :], kv_ref[..., 248:264, :], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+def test_fused_step_matches_the_torch_forward_over_long_attention_blocks(tiny, kv_dtype):
+    """4 KV heads of 64 past 1,536 positions: the step's attention blocks double to 512 rows
+    (a layer keeps 16 of them), and each V pass serves G = 2 query heads."""
+    config = dict(WIDE, hidden_size=512, num_attention_heads=8, num_key_value_heads=4)
+    model = wide_model(tiny.tokenizer, tiny.chat, "q8_0", config=config)
+    worst, kv_fast, kv_ref, _ = _step_vs_torch(model, ctx=1560, start=1530, n=1542, kv_dtype=kv_dtype)
+    assert worst < (2e-5 if kv_dtype == "f32" else 5e-4)
+    tol = 1e-4 if kv_dtype == "f32" else 2e-3
+    assert torch.allclose(kv_fast[..., 1530:1542, :].float(), kv_ref[..., 1530:1542, :].float(), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("qtype", ["q4_k", "f32"])
