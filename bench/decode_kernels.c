@@ -7,11 +7,11 @@
  *                                        run in order (STRIDE 1) or as one of STRIDE threads meets them
  *                                        (every STRIDE-th chunk, then the next offset)
  *   With -I pointing at another checkout's ds4tui/engine/kernels, the same runs time that build.
- *   /tmp/decode_kernels attn [HQ HKV D N LAYERS]   decode attention over N f16 K/V rows per layer
- *                                        (default SmolLM2's shape: 9 3 64 4096 30)
+ *   /tmp/decode_kernels attn [HQ HKV D N LAYERS [THREADS]]   decode attention over N f16 K/V
+ *                                        rows per layer (default SmolLM2's shape: 9 3 64 4096 30, 1 thread)
  * Prints the best of the repeats in ms and in GB/s of weights or K/V read. CPU time of the
- * calling thread, so other processes on a shared machine do not inflate it (one thread only:
- * the pool is not used).
+ * calling thread, so other processes on a shared machine do not inflate it; attention with
+ * THREADS > 1 runs on the kernels' pool and is timed in wall time instead.
  */
 #define DS4K_ISA 2
 #define DS4K_OPS_NAME ds4k_ops_avx512
@@ -24,9 +24,10 @@
 #define CHUNK_MAX CHUNK_BYTES
 #endif
 
+static int wall_clock; /* 1: time with CLOCK_MONOTONIC (runs on the pool) */
 static double cpu_s(void) {
     struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    clock_gettime(wall_clock ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
@@ -66,8 +67,9 @@ static int bench_head(int stride) {
     return 0;
 }
 
-static int bench_attention(int hq, int hkv, int d, int64_t n, int layers) {
-    if (hkv <= 0 || hq % hkv || hq / hkv > MAX_GROUP || d > MAX_HEAD_DIM || n <= 0 || layers <= 0) return 1;
+static int bench_attention(int hq, int hkv, int d, int64_t n, int layers, int nth) {
+    wall_clock = nth > 1;
+    if (nth < 1 || hkv <= 0 || hq % hkv || hq / hkv > MAX_GROUP || d > MAX_HEAD_DIM || n <= 0 || layers <= 0) return 1;
     const int64_t ctx = n + 64, nblk = (ctx + ATT_BLOCK - 1) / ATT_BLOCK, plane = (int64_t)hkv * ctx * d;
     ds4k_llama m = {0};
     m.n_heads = hq, m.n_kv_heads = hkv, m.head_dim = d;
@@ -83,13 +85,13 @@ static int bench_attention(int hq, int hkv, int d, int64_t n, int layers) {
     double best = 1e9;
     for (int it = 0; it < 10; it++) {
         const double t0 = cpu_s();
-        for (int l = 0; l < layers; l++) attention(&m, att, q, kv[l], kv[l] + plane, 1, ctx, n, part, 1);
+        for (int l = 0; l < layers; l++) attention(&m, att, q, kv[l], kv[l] + plane, 1, ctx, n, part, nth);
         const double t = cpu_s() - t0;
         if (t < best) best = t;
     }
     const double bytes = (double)layers * 2 * hkv * n * d * 2;
-    printf("attention %d/%d heads, D %d, %lld f16 rows x %d layers: %.3f ms, %.1f GB/s of K/V (att[0] %g)\n", hq, hkv,
-           d, (long long)n, layers, best * 1e3, bytes / best / 1e9, att[0]);
+    printf("attention %d/%d heads, D %d, %lld f16 rows x %d layers, %d thread(s): %.3f ms, %.1f GB/s of K/V (att[0] %g)\n",
+           hq, hkv, d, (long long)n, layers, nth, best * 1e3, bytes / best / 1e9, att[0]);
     return 0;
 }
 
@@ -97,7 +99,7 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "head")) return bench_head(argc > 2 ? atoi(argv[2]) : 1);
     if (argc >= 2 && !strcmp(argv[1], "attn"))
         return bench_attention(argc > 2 ? atoi(argv[2]) : 9, argc > 3 ? atoi(argv[3]) : 3, argc > 4 ? atoi(argv[4]) : 64,
-                    argc > 5 ? atoll(argv[5]) : 4096, argc > 6 ? atoi(argv[6]) : 30);
-    fprintf(stderr, "usage: decode_kernels head [STRIDE] | attn [HQ HKV D N LAYERS]\n");
+                    argc > 5 ? atoll(argv[5]) : 4096, argc > 6 ? atoi(argv[6]) : 30, argc > 7 ? atoi(argv[7]) : 1);
+    fprintf(stderr, "usage: decode_kernels head [STRIDE] | attn [HQ HKV D N LAYERS [THREADS]]\n");
     return 2;
 }
