@@ -73,22 +73,9 @@ static inline av av_keep(av a, int t0, int lo, int hi) {
     const __mmask16 k = a1 > a0 ? (__mmask16)(((1u << a1) - 1) & ~((1u << a0) - 1)) : 0;
     return _mm512_mask_blend_ps(k, _mm512_set1_ps(-INFINITY), a);
 }
-/* e^x, ~1 ulp (Cephes polynomial); exactly 0 below -87.3, so -inf gives 0. */
+/* exp16 (simd.h), but exactly 0 below -87.3, so -inf gives 0 */
 static inline av av_exp(av x) {
-    __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-    av n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    av r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    av p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_maskz_scalef_ps((__mmask16)~tiny, p, n);
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_NLT_UQ), exp16(x));
 }
 /* 2^x for x <= 0; -inf (a masked key) gives exactly 0 (2^-200 underflows). */
 static inline av av_exp2(av x) {
