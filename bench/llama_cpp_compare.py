@@ -24,6 +24,10 @@ waits (up to 120 s) until other processes use under 0.3 cores. This script build
     cmake -B /tmp/lcpp/build -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release -DLLAMA_OPENSSL=OFF \\
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
     nice -n 10 cmake --build /tmp/lcpp/build --target llama-bench -j2     # ~7 min on 2 cores
+
+For the comparison without AVX-512 on an AVX-512 machine, build a second llama-bench with
+`-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+-DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF` and run this script with DS4TUI_KERNELS=avx2.
 """
 
 from __future__ import annotations
