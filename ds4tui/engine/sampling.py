@@ -12,16 +12,19 @@ Ties are ordered by token id (lower first), so the kept set never depends on a s
 stability. Tokens whose weight underflows to 0 are never kept.
 
 Speed: this runs once per generated token, between two C decode steps, so it must cost
-far less than a step (~10 ms for SmolLM2). It never sorts or exponentiates the whole
+far less than a step (~2.6 ms for SmolLM2). It never sorts or exponentiates the whole
 vocabulary when min-p or top-k is set: min-p becomes a threshold on the raw logits
-(w_i >= min_p  <=>  l_i >= max l + T ln min_p), and only the few survivors are
-exponentiated and sorted. It uses numpy, not torch: torch's multi-threaded ops on a
-49k vector fight the kernels' thread pool for the cores (a 1.5 ms sampler measured 12 ms
+(w_i >= min_p  <=>  l_i >= max l + T ln min_p), and only the survivors are exponentiated
+and sorted; when they are few (the usual case) on Python lists, since right after a decode
+step every numpy call pays for cold caches. It uses numpy, not torch: torch's multi-threaded
+ops on a 49k vector fight the kernels' thread pool for the cores (a 1.5 ms sampler measured 12 ms
 per token inside the chat that way).
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -34,6 +37,8 @@ _THRESHOLD_SLACK = 1e-4
 # With many survivors (min-p off), top-p looks at the best candidates only, doubling their
 # number until their mass reaches top_p.
 _TOP_P_FIRST_CANDIDATES = 256
+# Survivors up to this many go through top-p and the draw as Python lists (_top_p_few).
+_FEW = 64
 
 
 @dataclass
@@ -65,12 +70,12 @@ def sample(logits, params: SamplingParams, generator=None) -> int:
     x = _as_numpy(logits)
     if params.temperature <= 0:
         return int(np.argmax(x))
-    ids, weights = kept_tokens(x, params)
+    ids, weights = _kept(x, params)
     if len(ids) == 1:
         return int(ids[0])
-    cumulative = np.cumsum(weights)
+    cumulative = list(itertools.accumulate(weights)) if isinstance(weights, list) else np.cumsum(weights)
     u = _uniform(generator) * cumulative[-1]
-    i = int(np.searchsorted(cumulative, u, side="right"))
+    i = bisect.bisect_right(cumulative, u)  # numpy's searchsorted(side="right"), on a list too
     return int(ids[min(i, len(ids) - 1)])
 
 
@@ -79,7 +84,12 @@ def kept_tokens(logits, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]
 
     Ordered best first (ties: lower id first); every weight is > 0.
     """
-    x = _as_numpy(logits)
+    ids, w = _kept(_as_numpy(logits), params)
+    return np.asarray(ids, dtype=np.int64), np.asarray(w, dtype=np.float64)
+
+
+def _kept(x: np.ndarray, params: SamplingParams) -> tuple:
+    """kept_tokens' answer, as arrays or (a few survivors) as lists."""
     t = float(params.temperature)
     if t <= 0:
         raise ValueError("kept_tokens needs a temperature > 0 (0 is greedy)")
@@ -87,6 +97,8 @@ def kept_tokens(logits, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]
     if not math.isfinite(best):
         raise ValueError(f"cannot sample: the largest logit is {best}")
     ids = _candidates(x, best, t, params.min_p)
+    if len(ids) <= _FEW:
+        return _kept_few(ids.tolist(), x[ids].tolist(), best, t, params)
     w = np.exp((x[ids].astype(np.float64) - best) / t)
     keep = w >= params.min_p if params.min_p > 0 else w > 0
     if params.top_k > 0 and int(keep.sum()) > params.top_k:
@@ -127,8 +139,10 @@ def _order(w: np.ndarray) -> np.ndarray:
     return np.argsort(-w, kind="stable")
 
 
-def _top_p(ids: np.ndarray, w: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+def _top_p(ids: np.ndarray, w: np.ndarray, top_p: float) -> tuple:
     """The nucleus of the survivors `ids` (ascending) with weights `w`, ordered best first."""
+    if len(w) <= _FEW:
+        return _top_p_few(ids.tolist(), w.tolist(), top_p)
     if not 0 < top_p < 1:
         order = _order(w)
         return ids[order], w[order]
@@ -153,6 +167,30 @@ def _top_p(ids: np.ndarray, w: np.ndarray, top_p: float) -> tuple[np.ndarray, np
             sub = sub[:count]
             return ids[sub], w[sub]
         n *= 4
+
+
+def _kept_few(ids: list, logits: list, best: float, t: float, params: SamplingParams) -> tuple[list, list]:
+    """_kept's filters for a few candidates (ascending ids), in plain Python (see _top_p_few)."""
+    w = [math.exp((v - best) / t) for v in logits]
+    keep = [i for i, wi in enumerate(w) if (wi >= params.min_p if params.min_p > 0 else wi > 0)]
+    if 0 < params.top_k < len(keep):
+        keep = sorted(sorted(keep, key=lambda i: -w[i])[: params.top_k])  # the k best; ties: lower id
+    return _top_p_few([ids[i] for i in keep], [w[i] for i in keep], params.top_p)
+
+
+def _top_p_few(ids: list, w: list, top_p: float) -> tuple[list, list]:
+    """_top_p for a few survivors (min-p's usual case) in plain Python: the same sort (stable,
+    best first), the same left-to-right float sums, so the same answer. Right after a decode
+    step each numpy call runs with cold caches (15-35 us each, docs/perf.md "Sampling"); these
+    few list operations cost less than one of them."""
+    order = sorted(range(len(w)), key=lambda i: -w[i])  # stable: ties keep ascending ids
+    ids, w = [ids[i] for i in order], [w[i] for i in order]
+    if not 0 < top_p < 1:
+        return ids, w
+    cumulative = list(itertools.accumulate(w))
+    limit = top_p * cumulative[-1]
+    count = max(1, sum(1 for c, x in zip(cumulative, w) if c - x < limit))
+    return ids[:count], w[:count]
 
 
 _fallback_rng = np.random.default_rng()
