@@ -22,7 +22,7 @@ from ds4tui.cache.entry import Acceptor, inspect_file
 from ds4tui.cache.events import Miss, Rejected, Saved
 from ds4tui.cache.files import read_text
 from ds4tui.cache.loading import LoadWithText
-from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc, title_sha
+from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, KvcHeader, read_kvc, title_sha
 from ds4tui.cache.policy import CachePolicy
 from ds4tui.cache.safe_open import CacheDirError, open_regular
 from ds4tui.cache.store import KvStore
@@ -118,14 +118,10 @@ class Checkpoints:
         headers and the stored text alone, no payload read; None when no file applies. (A file
         whose payload then fails to load makes the turn try the next one, or start cold.)"""
         acceptor = replace(self.acceptor(), ctx_size=ctx_size)
-        if saved_sha:
-            path = self.store.path_for(saved_sha)
-            e = inspect_file(path, acceptor=acceptor, deep=False, preview_bytes=0)
-            if e.valid and e.header is not None:
-                text = read_text(path, e.header.text_bytes)
-                have = text.decode("utf-8", errors="replace") if text is not None else None
-                if have is not None and prompt.startswith(have):
-                    return e.header.tokens, prompt[len(have):]
+        titled = self._titled_start(saved_sha, prompt, acceptor) if saved_sha else None
+        if titled is not None:
+            header, text = titled
+            return header.tokens, text_after(prompt, text)
         prompt_bytes = prompt.encode("utf-8")
         try:
             candidates = self.store.lookup(prompt_bytes, acceptor)
@@ -133,11 +129,22 @@ class Checkpoints:
             return None
         if not candidates or candidates[0].header is None:
             return None
-        try:
-            rest = prompt_bytes[candidates[0].header.text_bytes:].decode("utf-8")
-        except UnicodeDecodeError:
+        rest = text_after_bytes(prompt_bytes, candidates[0].header.text_bytes)
+        if rest is None:
             return None  # the prefix ends inside a character: the turn starts cold
         return candidates[0].header.tokens, rest
+
+    def _titled_start(self, sha: str, prompt: str, acceptor: Acceptor) -> tuple[KvcHeader, bytes] | None:
+        """(header, stored text) of the titled file `sha` when `acceptor` takes it and its text
+        starts `prompt` (text_after); None otherwise. Headers and text only, no payload read."""
+        path = self.store.path_for(sha)
+        e = inspect_file(path, acceptor=acceptor, deep=False, preview_bytes=0)
+        if not e.valid or e.header is None:
+            return None
+        text = read_text(path, e.header.text_bytes)
+        if text is None or text_after(prompt, text) is None:
+            return None
+        return e.header, text
 
     def restore_titled(self, sha: str, prompt: str, session: Session, on_event: Callable,
                        suffix_for: SuffixFor | None = None) -> bytes | None:
@@ -148,13 +155,10 @@ class Checkpoints:
         invalid UTF-8 is stored as its bytes but shown (and rendered again) with U+FFFD.
         suffix_for: as for restore_longest.
         """
-        path = self.store.path_for(sha)
-        e = inspect_file(path, acceptor=self.acceptor(session), deep=False, preview_bytes=0)
-        if not e.valid or e.header is None:
+        titled = self._titled_start(sha, prompt, self.acceptor(session))
+        if titled is None:
             return None
-        text = read_text(path, e.header.text_bytes)
-        if text is None or not prompt.startswith(text.decode("utf-8", errors="replace")):
-            return None
+        _, text = titled
         result = self.store.load_file(sha, self.acceptor(session), _loader(session, suffix_for))
         for ev in result.events:
             if not isinstance(ev, Miss):
@@ -291,6 +295,23 @@ class Checkpoints:
         cannot be resumed too."""
         return match_sessions(query, self.titled_sessions(with_problems=with_problems),
                               lambda s: s.sha, lambda s: s.title or "")
+
+
+def text_after(prompt: str, stored: bytes) -> str | None:
+    """The prompt's text after a stored transcript that starts it, None when it does not.
+    Compared as decoded text, as the chat compares its live session: a reply holding invalid
+    UTF-8 is stored as its bytes but shown (and rendered again) with U+FFFD."""
+    have = stored.decode("utf-8", errors="replace")
+    return prompt[len(have):] if prompt.startswith(have) else None
+
+
+def text_after_bytes(prompt_bytes: bytes, start: int) -> str | None:
+    """The prompt's text after its first `start` bytes (a cached prefix found by bytes), or
+    None when `start` splits a UTF-8 character."""
+    try:
+        return prompt_bytes[start:].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def _loader(session: Session, suffix_for: SuffixFor | None = None) -> Callable[[BinaryIO, int], int] | LoadWithText:

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from ds4tui.cache.events import Hit, Miss, Rejected
 from ds4tui.cache.policy import CachePolicy
-from ds4tui.chat.checkpoints import Checkpoints
+from ds4tui.chat.checkpoints import Checkpoints, text_after, text_after_bytes
 from ds4tui.chat.conversation import Conversation
 from ds4tui.chat.events import (
     CacheReport, Cancelled, ChatEvent, Done, PrefillProgress, PrefillStarted, TokenText,
@@ -178,24 +178,20 @@ class TurnPipeline:
                     suffixes[text] = tok.encode(rest)
                 return suffixes[text]
 
-            def titled_rest(text: bytes) -> str | None:
-                have = text.decode("utf-8", errors="replace")
-                return prompt[len(have):] if prompt.startswith(have) else None
-
             if conv.saved_sha:  # a parked titled chat (a fork, a resumed one): its own file first
                 text = self.checkpoints.restore_titled(conv.saved_sha, prompt, session, note,
-                                                       lambda t: suffix_after(t, titled_rest(t)))
+                                                       lambda t: suffix_after(t, text_after(prompt, t)))
                 if text is not None:
                     conv.session_text = text
                     conv.stored_upto = len(session.tokens)
                     hit = next((e for e in reversed(seen) if isinstance(e, Hit)), None)
-                    suffix = suffix_after(text, titled_rest(text))
+                    suffix = suffix_after(text, text_after(prompt, text))
                     assert suffix is not None  # restore_titled checked that its text starts the prompt
                     return Prefix(suffix, "disk", sha=conv.saved_sha, ms=hit.ms if hit else None)
             covered = self.checkpoints.restore_longest(
-                prompt_bytes, session, note, lambda t: suffix_after(t, _decode_suffix(prompt_bytes, len(t))))
+                prompt_bytes, session, note, lambda t: suffix_after(t, text_after_bytes(prompt_bytes, len(t))))
             if covered:
-                suffix = suffix_after(prompt_bytes[:covered], _decode_suffix(prompt_bytes, covered))
+                suffix = suffix_after(prompt_bytes[:covered], text_after_bytes(prompt_bytes, covered))
                 if suffix is not None:
                     conv.session_text = prompt_bytes[:covered]
                     conv.stored_upto = len(session.tokens)
@@ -339,11 +335,3 @@ class TurnPipeline:
             sampler_ms=sampler_s * 1000.0,
         )
         return done
-
-
-def _decode_suffix(prompt_bytes: bytes, start: int) -> str | None:
-    """The prompt's text after `start` bytes, or None when `start` splits a UTF-8 character."""
-    try:
-        return prompt_bytes[start:].decode("utf-8")
-    except UnicodeDecodeError:
-        return None
