@@ -49,7 +49,7 @@ def main() -> int:
     ctx = args.tokens + 512
     ids = model.tokenizer.encode(_first_message(model, args.tokens))[:args.tokens]
     before = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-    head = model.chat.render(before)
+    head = model.chat.render(before, add_generation_prompt=False)
     whole = model.chat.render(before + [{"role": "user", "content": FOLLOW_UP}], add_generation_prompt=True)
     message = model.tokenizer.encode(whole[len(head):])  # as a turn after a reply tokenizes it
     model.warm_up(ctx, kv_dtype=args.kv)
