@@ -33,6 +33,7 @@ from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.registry import Conversations, OpenChats
 from ds4tui.chat.saved import SavedSessions
 from ds4tui.chat.settings import CHAT_KEYS, Settings
+from ds4tui.chat.next_turn import open_next_turn
 from ds4tui.chat.turn import TurnPipeline
 from ds4tui.config import Config
 from ds4tui.engine.errors import EngineError
@@ -200,6 +201,8 @@ class ChatController(OpenChats):
         conv.busy = True
         try:
             done = self.turns.run(conv, on_event, **kw)
+            if done is not None:
+                self._open_next_turn(conv, on_event)
         except EngineError as exc:
             on_event(ChatError("generate", str(exc)))
             done = None
@@ -214,6 +217,15 @@ class ChatController(OpenChats):
         if done is not None:
             self.saved.save(conv, on_event)
         return done
+
+    def _open_next_turn(self, conv: Conversation, on_event: EventFn) -> None:
+        """The next user turn's opening into the live session (next_turn.py), before the titled
+        save so that the file holds it too. The reply stands whatever happens here."""
+        try:
+            open_next_turn(conv, self.model.chat, self.model.tokenizer, self.turns.text_of, self._stop.is_set)
+        except Exception as exc:  # the session may be torn: the next turn starts from disk or cold
+            on_event(ChatError("generate", f"opening the next turn: {type(exc).__name__}: {exc}"))
+            conv.session, conv.session_text = None, b""
 
     # -- conversation moves (moves.py) ---------------------------------------------------------
 

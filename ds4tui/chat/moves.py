@@ -23,6 +23,7 @@ from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.registry import Conversations
 from ds4tui.chat.saved import SavedSessions
 from ds4tui.chat.settings import Settings
+from ds4tui.chat.next_turn import opening
 from ds4tui.chat.turn import TurnPipeline, shared_tokens
 from ds4tui.engine.model import Model
 
@@ -113,6 +114,9 @@ class Moves:
                             forked_from=(conv.display_title, upto), template_now=conv.template_now)
         self.conversations.add(fork)
         prefix = self.model.chat.render(fork.messages, add_generation_prompt=False, now=fork.template_now)
+        if fork.messages[-1].get("role") == "assistant":  # the parent may hold the next turn's opening
+            ahead = opening(self.model.chat, fork.messages, fork.template_now)
+            prefix = ahead if ahead.startswith(prefix) else prefix
         source, tokens, replayed = "none", 0, 0
         parent = conv.session
         if parent is not None and parent.tokens:

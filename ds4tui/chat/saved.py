@@ -15,6 +15,7 @@ from typing import Callable
 from ds4tui.chat.checkpoints import Checkpoints, SavedSession
 from ds4tui.chat.conversation import Conversation, default_title
 from ds4tui.chat.events import ChatEvent
+from ds4tui.chat.next_turn import without_open_turn
 from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.registry import Conversations
 from ds4tui.engine.errors import EngineError
@@ -111,7 +112,8 @@ class SavedSessions:
             text = self.checkpoints.load_saved(saved, session, on_event)
             transcript = text.decode("utf-8", errors="replace")
             try:
-                conv.messages = _without_stop_string(self.model.chat.parse(transcript), self.model.chat.stop_strings)
+                conv.messages = _without_stop_string(without_open_turn(self.model.chat.parse(transcript)),
+                                                     self.model.chat.stop_strings)
             except ValueError as exc:
                 raise EngineError(f"{saved.sha[:12]}: the text is not a transcript of this chat template ({exc})") from None
             # Render the date the stored text holds (else the file's creation day), not today's:

@@ -13,6 +13,7 @@ import json
 import time
 from typing import Any, Sequence
 
+from ds4tui.chat.next_turn import without_open_turn
 from ds4tui.engine.text.dsv4_chat import BOS, Dsv4ChatTemplate
 from ds4tui.engine.text.hf_tokenizer import IM_START, ChatMLTemplate
 
@@ -33,7 +34,7 @@ def parse_text(text: str, template=None) -> list[dict]:
     template = template or template_for(text)
     if template is None:
         raise ValueError("the text is not in a chat template ds4tui recognizes without its model (use --model)")
-    return [{"role": m["role"], "content": m["content"]} for m in template.parse(text)]
+    return without_open_turn([{"role": m["role"], "content": m["content"]} for m in template.parse(text)])
 
 
 def _when(ts: int | None) -> str:

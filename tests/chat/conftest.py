@@ -20,6 +20,14 @@ SMALL_POLICY = CachePolicy(min_tokens=32, boundary_trim_tokens=4, boundary_align
 # ~200 tokens with tiny-llama's tokenizer: long enough for cold + continued checkpoints.
 LONG_PROMPT = "Please summarize the following notes about the capital of France. " * 12
 
+# What a ChatML turn forwards after its reply for the next user message (chat/next_turn.py).
+CHATML_OPENING = "<|im_end|>\n<|im_start|>user\n"
+
+
+def opening_tokens(model) -> int:
+    """Tokens the tiny model's session holds past a reply once the next turn is opened."""
+    return len(model.tokenizer.encode(CHATML_OPENING))
+
 
 @pytest.fixture(scope="session")
 def tiny_llama():

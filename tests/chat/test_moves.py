@@ -10,7 +10,7 @@ import pytest
 
 from ds4tui.chat import events as ev
 from ds4tui.cache.policy import CachePolicy
-from tests.chat.conftest import LONG_PROMPT, Recorder, make_controller
+from tests.chat.conftest import LONG_PROMPT, Recorder, make_controller, opening_tokens
 
 
 def chat(ctl, *texts):
@@ -86,7 +86,7 @@ def test_edit_prefills_only_the_edited_suffix_and_keeps_a_fork(tiny_llama, tmp_p
     prompt = tiny_llama.chat.render(conv.messages[:-1], add_generation_prompt=True)
     cold = len(tiny_llama.tokenizer.encode(prompt))
     assert done.cache.source == "live" and done.cache.replayed <= 1
-    assert done.cache.reused + done.cache.prefilled == len(conv.session.tokens) - done.tokens
+    assert done.cache.reused + done.cache.prefilled == len(conv.session.tokens) - done.tokens - opening_tokens(tiny_llama)
     # Everything before the edited message came from the session; only its text and the
     # generation prompt were prefilled.
     edited_part = tiny_llama.tokenizer.encode("Second question, edited.<|im_end|>\n<|im_start|>assistant\n")

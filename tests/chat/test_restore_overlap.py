@@ -10,7 +10,7 @@ import torch
 from ds4tui.chat import events as ev
 from ds4tui.engine.llama.session import LlamaSession
 from ds4tui.format.kvc import PREFIX_BYTES, decode_header
-from tests.chat.conftest import LONG_PROMPT, Recorder, make_controller
+from tests.chat.conftest import LONG_PROMPT, Recorder, make_controller, opening_tokens
 
 FOLLOW_UP = "Thanks. And in one word?"
 
@@ -65,8 +65,9 @@ def test_a_hit_runs_the_message_alongside_the_restore_with_the_same_bits(tiny_ll
     events, session = _follow_up(tiny_llama, tmp_path, messages, kv_dtype=kv_dtype, max_tokens=3)
     started = events.of(ev.PrefillStarted)[0]
     assert started.source == "disk" and started.total >= 2
-    # The message ran alongside the restore, and not again: then the 3 decode steps.
-    assert forwards.calls == [(True, started.total)] + [(False, 1)] * 3
+    # The message ran alongside the restore, and not again: then the 3 decode steps, then the
+    # next user turn's opening (chat/next_turn.py).
+    assert forwards.calls == [(True, started.total)] + [(False, 1)] * 3 + [(False, opening_tokens(tiny_llama))]
     assert events.of(ev.PrefillProgress)[-1].done == started.total  # progress as before
     assert events.reply == seq_events.reply and events.reply
     _same_state(session, seq)

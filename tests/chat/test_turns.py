@@ -10,7 +10,7 @@ import pytest
 from ds4tui.format.kvc import PREFIX_BYTES, decode_header
 from ds4tui.chat import events as ev
 from ds4tui.format.payload import DSV4_HEADER_BYTES
-from tests.chat.conftest import LONG_PROMPT, Recorder, make_controller
+from tests.chat.conftest import CHATML_OPENING, LONG_PROMPT, Recorder, make_controller, opening_tokens
 
 
 def kv_files(directory) -> list[str]:
@@ -156,7 +156,12 @@ def test_max_tokens_and_reply_text_match_the_session(tiny_llama, tmp_path, recor
     assert done.stop in ("max-tokens", "eos", "stop-string")
     assert done.tokens <= 5
     assert conv.messages[-1] == {"role": "assistant", "content": recorder.reply}
-    assert done.context_tokens == len(conv.session.tokens)
+    # The session holds the turn's tokens, then the next user turn's opening (chat/next_turn.py),
+    # except after a stop string: the transcript's reply then is not the session's text.
+    opened = 0 if done.stop == "stop-string" else opening_tokens(tiny_llama)
+    assert done.context_tokens + opened == len(conv.session.tokens)
+    if opened:
+        assert conv.session_text.endswith(CHATML_OPENING.encode())
 
 
 def test_prompt_longer_than_the_context_is_refused_before_sending(tiny_llama, tmp_path, recorder):
