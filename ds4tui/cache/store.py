@@ -66,6 +66,13 @@ class KvStore(CacheDirectory):
         for any prompt extending it. Files the acceptor refuses are skipped."""
         return self._lookup.candidates(_as_bytes(prompt), acceptor)
 
+    def prime_lookup(self, acceptor: Acceptor) -> None:
+        """Read what the first lookup would (headers, titled texts) ahead of it: PrefixLookup.prime."""
+        try:
+            self._lookup.prime(acceptor)
+        except CacheDirError:
+            pass  # the lookup itself reports it
+
     def load(self, prompt: str | bytes, acceptor: Acceptor, load_payload: LoadPayload) -> LoadResult:
         """Restore the longest cached prefix of `prompt`; try shorter ones if it is rejected."""
         prompt = _as_bytes(prompt)

@@ -94,6 +94,11 @@ class Checkpoints:
         return Acceptor(model_id=info.model_id, payload_abi=info.payload_abi, ctx_size=ctx,
                         quant_bits=info.quant_bits, fingerprint=info.fingerprint)
 
+    def prime(self, ctx_size: int) -> None:
+        """Read the cache's headers and titled texts now (a controller's warm_up), not in the
+        first message's lookup."""
+        self.store.prime_lookup(replace(self.acceptor(), ctx_size=ctx_size))
+
     # -- restore ---------------------------------------------------------------------------------
 
     def restore_longest(self, prompt: bytes, session: Session, on_event: Callable,

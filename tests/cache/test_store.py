@@ -481,3 +481,18 @@ def test_lookup_sees_every_change_between_messages(store):
         fp.write(bytes([0x81]))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # a coarse clock may not tick
     assert store.lookup("chat v1 and v2, next", ENGINE) == []
+
+
+def test_a_primed_lookup_reads_no_file_at_the_first_message(store, monkeypatch):
+    """prime_lookup (a controller's warm_up) reads every header and titled text ahead: the
+    first lookup after it opens nothing, and still finds the titled file by its text."""
+    titled = save(store, "chat so far", tokens=10, title="Chat", created_at=5, reason="agent-session").event
+    plain = save(store, "chat", tokens=4).event
+    fresh = KvStore(store.dir, CachePolicy(), budget_mb=1)  # a new process's view of the directory
+    fresh.prime_lookup(ENGINE)
+    opened = []
+    from ds4tui.cache import lookup as lookup_module
+    monkeypatch.setattr(lookup_module, "inspect_file", lambda *a, **k: opened.append(a) or inspect_file(*a, **k))
+    monkeypatch.setattr(fresh, "text_of", lambda e: opened.append(e) or None)
+    assert [e.sha for e in fresh.lookup("chat so far, and more", ENGINE)] == [titled.sha, plain.sha]
+    assert opened == []
