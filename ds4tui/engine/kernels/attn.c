@@ -35,6 +35,7 @@
 #define ATTN_SPAN_MIN 256  /* a key span is never split below this */
 #define ATTN_MIN_CHUNKS 12 /* split keys until there are this many chunks (or spans run out): even for 2, 3, 4 threads */
 #define ATTN_MAX_D 256
+#define ATTN_SLACK 8.0f    /* a row's running max (base 2) moves when a score passes it by this much */
 
 /* 2^f on [-0.5, 0.5]: 1 + f (C1 + f (C2 + ...)), a least-squares fit at Chebyshev nodes,
  * within 1.7 ulp in float (Horner rounding included). Scores are kept in base 2 (q is
@@ -65,6 +66,7 @@ static inline av av_sub(av a, av b) { return _mm512_sub_ps(a, b); }
 static inline av av_max(av a, av b) { return _mm512_max_ps(a, b); }
 static inline av av_div(av a, av b) { return _mm512_div_ps(a, b); }
 static inline float av_hmax(av a) { return _mm512_reduce_max_ps(a); }
+static inline int av_any_gt(av a, av b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0; }
 static inline float av_hsum(av a) { return _mm512_reduce_add_ps(a); }
 static inline float av_first(av a) { return _mm512_cvtss_f32(a); }
 /* a where lane t0 + l lies in [lo, hi), else -inf */
@@ -111,6 +113,7 @@ static inline float av_hmax(av a) {
     return _mm_cvtss_f32(m);
 }
 static inline float av_hsum(av a) { return hsum8(a); }
+static inline int av_any_gt(av a, av b) { return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)) != 0; }
 static inline float av_first(av a) { return _mm256_cvtss_f32(a); }
 static inline av av_keep(av a, int t0, int lo, int hi) {
     const __m256 t = _mm256_add_ps(_mm256_set1_ps((float)t0), _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7));
@@ -153,6 +156,7 @@ static inline av av_max(av a, av b) { return a > b ? a : b; }
 static inline av av_div(av a, av b) { return a / b; }
 static inline float av_hmax(av a) { return a; }
 static inline float av_hsum(av a) { return a; }
+static inline int av_any_gt(av a, av b) { return a > b; }
 static inline float av_first(av a) { return a; }
 static inline av av_keep(av a, int t0, int lo, int hi) { return t0 >= lo && t0 < hi ? a : -INFINITY; }
 static inline av av_exp(av x) { return expf(x); }
@@ -372,12 +376,17 @@ static inline __attribute__((always_inline)) void attn_pv_tile(const float *p, c
         for (int v = 0; v < ADV; v++) av_store(o + (int64_t)r * dp + v * AW, acc[r][v]);
 }
 
-/* A row's running max after a block whose max is `top`; returns the factor that rescales
- * what was summed before (1 when the max stays; 0 for the first block the row sees, whose
- * earlier output and sum are 0). */
-static inline float attn_new_max(float *mx, float top) {
+/* A row's running max m after a block whose lanes' maxima are bm; returns the factor that
+ * rescales what was summed before. Lazily: m moves only when a score exceeds it by more than
+ * ATTN_SLACK (weights up to 2^ATTN_SLACK are fine in float; the sum and output scale
+ * together), so after a row's first block m rarely moves. That test is one vector compare,
+ * not a horizontal max, and its branch is predictable: a max updated whenever it rose
+ * mispredicted several times per row and span. 1 when m stays; 0 for the first block the
+ * row sees (m = -inf), whose earlier output and sum are 0. */
+static inline float attn_new_max(float *mx, av bm) {
     const float old = *mx;
-    if (!(top > old)) return 1.0f;
+    if (!av_any_gt(bm, av_set1(old + ATTN_SLACK))) return 1.0f;
+    const float top = av_hmax(bm);
     *mx = top;
     return av_first(av_exp2(av_set1(old - top))); /* no libm call amid vector code */
 }
@@ -404,7 +413,7 @@ static inline __attribute__((always_inline)) void attn_qk_softmax_tile(const flo
             if (t < lo[r] || t + AW > hi[r]) acc[r][v] = av_keep(acc[r][v], t, lo[r], hi[r]);
             bm = av_max(bm, acc[r][v]);
         }
-        alpha[r] = attn_new_max(&mx[r], av_hmax(bm));
+        alpha[r] = attn_new_max(&mx[r], bm);
         const av base = av_set1(mx[r]);
         av e[AKV];
         for (int v = 0; v < AKV; v++) {
@@ -460,7 +469,7 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, c
             }
             bm = av_max(bm, x);
         }
-        alpha[r] = attn_new_max(&mx[r], av_hmax(bm));
+        alpha[r] = attn_new_max(&mx[r], bm);
         const av base = av_set1(mx[r]);
         av acc = av_set1(0.0f);
         for (int t = v0; t < v1; t += AW) {
