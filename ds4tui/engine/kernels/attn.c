@@ -188,15 +188,22 @@ static void attn_keys(const attn_job *j, int64_t r0, int64_t r1, int64_t *first,
     *end = qhi + 1;
 }
 
-/* Where key (or value) p of head h lives; hn, rn: the strides of nbuf. */
-static inline const void *attn_src(const attn_job *j, const void *buf, const void *nbuf, int64_t hn, int64_t rn,
-                                   int64_t h, int64_t p) {
-    if (p < j->kbase) {
-        const int64_t off = h * j->hs + (p % j->cap) * j->d;
-        return j->f16 ? (const void *)((const uint16_t *)buf + off) : (const void *)((const float *)buf + off);
+/* Where the K and V rows of keys p0..p0+n-1 of head h live: one division for the block (a
+ * buffer row is slot p % cap), not one per row and use. */
+static void attn_rows(const attn_job *j, int64_t h, int64_t p0, int n, const void **kr, const void **vr) {
+    const int64_t es = j->f16 ? 2 : 4;
+    int64_t slot = p0 < j->kbase ? p0 % j->cap : 0;
+    for (int t = 0; t < n; t++) {
+        const int64_t p = p0 + t;
+        if (p < j->kbase) {
+            const int64_t off = (h * j->hs + slot * j->d) * es;
+            kr[t] = (const char *)j->k + off, vr[t] = (const char *)j->v + off;
+            if (++slot == j->cap) slot = 0;
+        } else {
+            kr[t] = (const char *)j->kn + (h * j->hsn + (p - j->kbase) * j->rsn) * es;
+            vr[t] = (const char *)j->vn + (h * j->hsv + (p - j->kbase) * j->rsv) * es;
+        }
     }
-    const int64_t off = h * hn + (p - j->kbase) * rn;
-    return j->f16 ? (const void *)((const uint16_t *)nbuf + off) : (const void *)((const float *)nbuf + off);
 }
 
 /* One value row as floats. */
@@ -208,6 +215,9 @@ static inline void attn_vrow(const attn_job *j, const void *src, float *dst) {
     }
     const uint16_t *h = (const uint16_t *)src;
     int i = 0;
+#if DS4K_ISA >= 2
+    for (; i + 16 <= d; i += 16) _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
+#endif
 #if DS4K_ISA >= 1
     for (; i + 8 <= d; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
 #endif
@@ -268,9 +278,9 @@ static inline void attn_tr16(__m512 r[16]) {
 }
 #endif
 
-/* Keys p0..p0+nk-1 of head h as Kt[i][t] (row stride ATTN_NK); columns nk up to the next
- * score tile are zeros (computed, then masked). */
-static void attn_load_kt(const attn_job *j, int64_t h, int64_t p0, int nk, float *kt) {
+/* The nk key rows kr as Kt[i][t] (row stride ATTN_NK); columns nk up to the next score tile
+ * are zeros (computed, then masked). */
+static void attn_load_kt(const attn_job *j, const void *const *kr, int nk, float *kt) {
     const int d = j->d, nkp = (nk + ATTN_KC - 1) / ATTN_KC * ATTN_KC;
 #if DS4K_ISA >= 1
     int t0 = 0;
@@ -278,7 +288,7 @@ static void attn_load_kt(const attn_job *j, int64_t h, int64_t p0, int nk, float
     if (d % 16 == 0)
         for (; t0 + 16 <= nk; t0 += 16) { /* whole groups of 16 keys, 16 dims at a time */
             const void *src[16];
-            for (int t = 0; t < 16; t++) src[t] = attn_src(j, j->k, j->kn, j->hsn, j->rsn, h, p0 + t0 + t);
+            for (int t = 0; t < 16; t++) src[t] = kr[t0 + t];
             for (int i = 0; i < d; i += 16) {
                 __m512 r[16];
                 if (j->f16)
@@ -294,7 +304,7 @@ static void attn_load_kt(const attn_job *j, int64_t h, int64_t p0, int nk, float
     for (; t0 < nkp; t0 += 8) {
         const void *src[8];
         for (int t = 0; t < 8; t++)
-            src[t] = t0 + t < nk ? attn_src(j, j->k, j->kn, j->hsn, j->rsn, h, p0 + t0 + t) : NULL;
+            src[t] = t0 + t < nk ? kr[t0 + t] : NULL;
         for (int i = 0; i < d; i += 8) {
             __m256 r[8];
             for (int t = 0; t < 8; t++) r[t] = src[t] ? attn_ld8(src[t], j->f16, i) : _mm256_setzero_ps();
@@ -308,26 +318,23 @@ static void attn_load_kt(const attn_job *j, int64_t h, int64_t p0, int nk, float
             for (int i = 0; i < d; i++) kt[(int64_t)i * ATTN_NK + t] = 0.0f;
             continue;
         }
-        const void *src = attn_src(j, j->k, j->kn, j->hsn, j->rsn, h, p0 + t);
+        const void *src = kr[t];
         for (int i = 0; i < d; i++)
             kt[(int64_t)i * ATTN_NK + t] = j->f16 ? ds4k_f16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
     }
 #endif
 }
 
-/* Ask for the K/V rows of keys [p0, p1) (clipped to end) ahead of their use: rows of a deep
+/* Ask for K/V rows [t0, t1) of kr, vr (clipped to n) ahead of their use: rows of a deep
  * context come from memory. Inlined: GCC drops calls of a function that only prefetches. */
-static inline __attribute__((always_inline)) void attn_prefetch(const attn_job *j, int64_t h, int64_t p0, int64_t p1,
-                                                               int64_t end) {
+static inline __attribute__((always_inline)) void attn_prefetch(const attn_job *j, const void *const *kr,
+                                                               const void *const *vr, int64_t t0, int64_t t1, int n) {
     const int bytes = j->d * (j->f16 ? 2 : 4);
-    for (int64_t p = p0; p < end && p < p1; p++) {
-        const char *k = (const char *)attn_src(j, j->k, j->kn, j->hsn, j->rsn, h, p);
-        const char *v = (const char *)attn_src(j, j->v, j->vn, j->hsv, j->rsv, h, p);
+    for (int64_t t = t0; t < n && t < t1; t++)
         for (int b = 0; b < bytes; b += 64) {
-            __builtin_prefetch(k + b);
-            __builtin_prefetch(v + b);
+            __builtin_prefetch((const char *)kr[t] + b);
+            __builtin_prefetch((const char *)vr[t] + b);
         }
-    }
 }
 
 /* acc[r][v] = sum_i Q[r][i] Kt[i][v * AW..] for nr rows (Q rows d apart): one score tile. */
@@ -499,6 +506,7 @@ static void attn_chunk(void *vctx, int64_t c) {
     float qs[m * d], os[m * dp], kt[d * ATTN_NK], vf[ATTN_NK * dp], st[AR * ATTN_NK];
     float mx[m], sum[m * AW];
     int64_t qp[m];
+    const void *kr[ATTN_NK], *vr[ATTN_NK], *kr2[ATTN_NK], *vr2[ATTN_NK];
     const float scale = (float)(j->scale * ATTN_LOG2E);
     for (int r = 0; r < m; r++) {
         const int64_t row = r0 + r;
@@ -522,17 +530,19 @@ static void attn_chunk(void *vctx, int64_t c) {
         ra = ra > 0 ? ra : 0;
         rb = rb < m ? rb : m;
         if (ra >= rb) continue;
-        attn_load_kt(j, h, p0, nk, kt);
-        for (int t = 0; t < nk; t++)
-            attn_vrow(j, attn_src(j, j->v, j->vn, j->hsv, j->rsv, h, p0 + t), vf + (int64_t)t * dp);
+        /* This block's rows, and the next one's for the prefetches. */
+        const int nn = (int)(end - p0 - ATTN_NK < ATTN_NK ? end - p0 - ATTN_NK : ATTN_NK);
+        attn_rows(j, h, p0, nk, kr, vr);
+        if (nn > 0) attn_rows(j, h, p0 + ATTN_NK, nn, kr2, vr2);
+        attn_load_kt(j, kr, nk, kt);
+        for (int t = 0; t < nk; t++) attn_vrow(j, vr[t], vf + (int64_t)t * dp);
         /* Tiles of equal size (69 rows: 9 of 6 and 3 of 5, not 11 and a weak one of 3); the next
          * block's rows prefetched, a share per tile (a burst of them all would queue). */
         const int64_t ntile = (rb - ra + AR - 1) / AR, per = (ATTN_NK + ntile - 1) / ntile;
         for (int64_t k = 0; k < ntile; k++) {
             const int64_t r = ra + k * (rb - ra) / ntile;
             const int nr = (int)(ra + (k + 1) * (rb - ra) / ntile - r);
-            const int64_t pf = p0 + ATTN_NK + k * per;
-            attn_prefetch(j, h, pf, pf + per, end);
+            attn_prefetch(j, kr2, vr2, k * per, (k + 1) * per, nn);
             const float *q = qs + r * d;
             float *o = os + r * dp;
             switch (nr) {
