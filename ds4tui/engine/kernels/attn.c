@@ -16,8 +16,9 @@
  * keys along the vector lanes), V as rows (dims along the lanes). Rows go in register tiles
  * of up to AR rows, any count, so no lane is spent on padding rows (a short chunk's 69 rows
  * per head are 9 tiles of 6 and 3 of 5): scores S[r][key] = sum_d Q[r][d] Kt[d][key] (a Q
- * element broadcast against a vector of keys), the online softmax per row in base 2 (one
- * horizontal max per row and key block; flash attention's rescaling between blocks), then
+ * element broadcast against a vector of keys), the online softmax per row in base 2 (flash
+ * attention's rescaling between blocks, but lazy: a row's max moves only when a score passes
+ * it by ATTN_SLACK, a weight over 2^ATTN_SLACK; one vector compare per row and key block), then
  * O[r][d] = alpha[r] O[r][d] + sum_key P[r][key] V[key][d] (a P element broadcast against a
  * vector of dims). A tile reads only the keys its rows see: blocks none of them sees are
  * skipped, and key vectors past its last row's position are not computed. The next key
@@ -35,6 +36,7 @@
 #define ATTN_SPAN_MIN 256  /* a key span is never split below this */
 #define ATTN_MIN_CHUNKS 12 /* split keys until there are this many chunks (or spans run out): even for 2, 3, 4 threads */
 #define ATTN_MAX_D 256
+#define ATTN_PF_TILES 4    /* fewer row tiles per key block: the next block's rows prefetched during its conversion */
 #define ATTN_SLACK 8.0f    /* a row's running max (base 2) moves when a score passes it by this much */
 
 /* 2^f on [-0.5, 0.5]: 1 + f (C1 + f (C2 + ...)), a least-squares fit at Chebyshev nodes,
@@ -193,6 +195,11 @@ static void attn_keys(const attn_job *j, int64_t r0, int64_t r1, int64_t *first,
 static void attn_rows(const attn_job *j, int64_t h, int64_t p0, int n, const void **kr, const void **vr) {
     const int64_t es = j->f16 ? 2 : 4;
     int64_t slot = p0 < j->kbase ? p0 % j->cap : 0;
+    if (p0 + n <= j->kbase && slot + n <= j->cap) { /* consecutive buffer rows: the usual block */
+        const int64_t off = (h * j->hs + slot * j->d) * es, step = j->d * es;
+        for (int t = 0; t < n; t++) kr[t] = (const char *)j->k + off + t * step, vr[t] = (const char *)j->v + off + t * step;
+        return;
+    }
     for (int t = 0; t < n; t++) {
         const int64_t p = p0 + t;
         if (p < j->kbase) {
@@ -278,15 +285,15 @@ static inline void attn_tr16(__m512 r[16]) {
 }
 #endif
 
-/* The nk key rows kr as Kt[i][t] (row stride ATTN_NK); columns nk up to the next score tile
- * are zeros (computed, then masked). */
-static void attn_load_kt(const attn_job *j, const void *const *kr, int nk, float *kt) {
-    const int d = j->d, nkp = (nk + ATTN_KC - 1) / ATTN_KC * ATTN_KC;
+/* Columns [ta, tb) (ta a multiple of 16) of the nk key rows kr as Kt[i][t] (row stride
+ * ATTN_NK); columns nk up to the next score tile are zeros (computed, then masked). */
+static void attn_load_kt(const attn_job *j, const void *const *kr, int nk, float *kt, int ta, int tb) {
+    const int d = j->d, nkp0 = (nk + ATTN_KC - 1) / ATTN_KC * ATTN_KC, nkp = nkp0 < tb ? nkp0 : tb;
 #if DS4K_ISA >= 1
-    int t0 = 0;
+    int t0 = ta;
 #if DS4K_ISA >= 2
     if (d % 16 == 0)
-        for (; t0 + 16 <= nk; t0 += 16) { /* whole groups of 16 keys, 16 dims at a time */
+        for (; t0 + 16 <= nk && t0 + 16 <= tb; t0 += 16) { /* whole groups of 16 keys, 16 dims at a time */
             const void *src[16];
             for (int t = 0; t < 16; t++) src[t] = kr[t0 + t];
             for (int i = 0; i < d; i += 16) {
@@ -313,7 +320,7 @@ static void attn_load_kt(const attn_job *j, const void *const *kr, int nk, float
         }
     }
 #else
-    for (int t = 0; t < nkp; t++) {
+    for (int t = ta; t < nkp; t++) {
         if (t >= nk) {
             for (int i = 0; i < d; i++) kt[(int64_t)i * ATTN_NK + t] = 0.0f;
             continue;
@@ -534,15 +541,30 @@ static void attn_chunk(void *vctx, int64_t c) {
         const int nn = (int)(end - p0 - ATTN_NK < ATTN_NK ? end - p0 - ATTN_NK : ATTN_NK);
         attn_rows(j, h, p0, nk, kr, vr);
         if (nn > 0) attn_rows(j, h, p0 + ATTN_NK, nn, kr2, vr2);
-        attn_load_kt(j, kr, nk, kt);
-        for (int t = 0; t < nk; t++) attn_vrow(j, vr[t], vf + (int64_t)t * dp);
-        /* Tiles of equal size (69 rows: 9 of 6 and 3 of 5, not 11 and a weak one of 3); the next
-         * block's rows prefetched, a share per tile (a burst of them all would queue). */
+        /* Tiles of equal size (69 rows: 9 of 6 and 3 of 5, not 11 and a weak one of 3). The next
+         * block's rows are prefetched a share per tile, or with few tiles (a lone query's 3
+         * rows) spread over this block's conversion: all at once they queue (a lone query over
+         * 4K keys took 7.2 ms for 30 layers instead of 5.5). */
         const int64_t ntile = (rb - ra + AR - 1) / AR, per = (ATTN_NK + ntile - 1) / ntile;
+        const int spread = ntile < ATTN_PF_TILES;
+        if (!spread) {
+            attn_load_kt(j, kr, nk, kt, 0, ATTN_NK);
+            for (int t = 0; t < nk; t++) attn_vrow(j, vr[t], vf + (int64_t)t * dp);
+        } else { /* next block's rows: 8 per 16 keys transposed, then 1 per 2 value rows */
+            for (int t = 0; t < ATTN_NK; t += 16) {
+                attn_load_kt(j, kr, nk, kt, t, t + 16);
+                attn_prefetch(j, kr2, vr2, t / 2, t / 2 + 8, nn);
+            }
+            for (int t = 0; t < nk; t++) {
+                if (t & 1) attn_prefetch(j, kr2, vr2, ATTN_NK / 2 + t / 2, ATTN_NK / 2 + t / 2 + 1, nn);
+                attn_vrow(j, vr[t], vf + (int64_t)t * dp);
+            }
+            attn_prefetch(j, kr2, vr2, ATTN_NK / 2 + nk / 2, ATTN_NK, nn);
+        }
         for (int64_t k = 0; k < ntile; k++) {
             const int64_t r = ra + k * (rb - ra) / ntile;
             const int nr = (int)(ra + (k + 1) * (rb - ra) / ntile - r);
-            attn_prefetch(j, kr2, vr2, k * per, (k + 1) * per, nn);
+            if (!spread) attn_prefetch(j, kr2, vr2, k * per, (k + 1) * per, nn);
             const float *q = qs + r * d;
             float *o = os + r * dp;
             switch (nr) {
