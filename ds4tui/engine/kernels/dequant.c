@@ -1,12 +1,14 @@
 /* dequant.c: GGUF blocks -> fp32, exactly the values gguf.quants.dequantize computes.
  *
  * Owns: dequant_row (one row of any ds4k type; qgemm.c dequantizes its tiles with it),
- * dequant_rows_t32 (32 rows at once, transposed: qgemm.c's long-product layout; vector ISAs) and
+ * dequant_rows_t32 (32 rows at once, transposed: qgemm.c's long-product layout; vector ISAs),
+ * q4_1_bytes32 / q4_1_bytes_col16 (Q4_1 regrouped for qgemm.c's fused AVX-512 tiles) and
  * dequant (whole matrices, exported for tests and fallbacks). The block types run 16 quants
  * at a time on simd.h's vectors (dequant_row_vec; the per-element loops below stay as the
  * plain statement of each format, and for F16/BF16). Every product and sum is
  * one float32 operation in the order gguf's numpy code applies them (no FMA contraction:
- * the build passes -ffp-contract=off), so results are bit-identical on every ISA.
+ * the build passes -ffp-contract=off; q4_1_bytes_col16's one explicit FMA rounds exactly as
+ * the two operations do, see there), so results are bit-identical on every ISA.
  *
  * Block layouts (GGML's, all little-endian; d, m, dmin are f16):
  *   Q4_0  d, qs[16]                 w_j = d * (q_j - 8); q_j = qs[j] & 15 (j < 16), qs[j-16] >> 4
@@ -286,6 +288,84 @@ static inline void transpose8(__m256 r[8]) {
         r[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);
         r[4 + e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x31);
     }
+}
+#endif
+
+#if DS4K_ISA >= 2
+/* Q4_1 for qgemm.c's short fused tiles (q4_1_bytes32), with no float scratch and no float
+ * transposes. For each 16-row half of a 32-row chunk and each block, the 16 rows' quant
+ * bytes are loaded four rows to a register and regrouped by 32-bit word (four two-source
+ * permutes and four 128-bit shuffles: word g of every row, one row per lane), so that byte
+ * k of word g holds, in every lane, columns 4g + k (low nibble) and 4g + k + 16 (high
+ * nibble) of that lane's row; d and m come one row per lane from a gather. */
+
+/* The quant words of the block `off` bytes into each row, for 16 rows: word[g] lane i =
+ * bytes 4g .. 4g + 3 of row i's quants. */
+static inline __attribute__((always_inline)) void q4_1_words16(const uint8_t *const row[16], int64_t off, __m512i word[4]) {
+    const __m512i a_idx = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+    const __m512i b_idx = _mm512_add_epi32(a_idx, _mm512_set1_epi32(2));
+    __m512i z[4]; /* z[k]: rows 4k .. 4k + 3, one per 128-bit lane */
+    for (int k = 0; k < 4; k++) {
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(row[4 * k] + off + 4)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[4 * k + 1] + off + 4)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[4 * k + 2] + off + 4)), 2);
+        z[k] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[4 * k + 3] + off + 4)), 3);
+    }
+    /* words 0|1 and 2|3 of rows 0-7 (from z0, z1) and of rows 8-15 (z2, z3) */
+    const __m512i a = _mm512_permutex2var_epi32(z[0], a_idx, z[1]), bb = _mm512_permutex2var_epi32(z[0], b_idx, z[1]);
+    const __m512i c = _mm512_permutex2var_epi32(z[2], a_idx, z[3]), d = _mm512_permutex2var_epi32(z[2], b_idx, z[3]);
+    word[0] = _mm512_shuffle_i64x2(a, c, 0x44), word[1] = _mm512_shuffle_i64x2(a, c, 0xee);
+    word[2] = _mm512_shuffle_i64x2(bb, d, 0x44), word[3] = _mm512_shuffle_i64x2(bb, d, 0xee);
+}
+
+/* A block of 32 rows as qgemm.c's fused tiles read it: for each 16-row half, column c's 16
+ * quants as bytes at q[half][c] (one byte per row), and d, m per row (0 for rows past the
+ * chunk's end, whose weights are then 0). Bytes, not floats: storing a dequantized column is
+ * a 512-bit store, and those (about two per ns here) were most of what a separate
+ * dequantization pass cost. */
+typedef struct {
+    uint8_t q[2][32][16];
+    __m512 d[2], m[2];
+} q4_1_bytes;
+
+/* The nb blocks of the nr (<= 32) rows at w (rb bytes apart) into out[0 .. nb - 1]. */
+static void q4_1_bytes32(const uint8_t *w, int64_t rb, int nr, int64_t nb, q4_1_bytes *out) {
+    /* per 128-bit lane: byte 4k + i <- byte 4i + k (a 4 x 4 byte transpose), then dword
+     * 4k + l <- dword 4l + k: 128-bit lane k = column k of all 16 rows */
+    const __m512i bsel = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    const __m512i dsel = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i nib = _mm512_set1_epi8(15);
+    const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)rb));
+    for (int h = 0; h < 2; h++) {
+        const int live = nr - 16 * h <= 0 ? 0 : nr - 16 * h >= 16 ? 16 : nr - 16 * h; /* rows of this half */
+        const __mmask16 have = (__mmask16)((1u << live) - 1);
+        const uint8_t *row[16]; /* rows past nr read row 0's bytes (valid memory) */
+        for (int i = 0; i < 16; i++) row[i] = w + (i < live ? (int64_t)(16 * h + i) * rb : 0);
+        for (int64_t b = 0; b < nb; b++) {
+            __m512i word[4];
+            q4_1_words16(row, b * 20, word);
+            for (int g = 0; g < 4; g++) {
+                const __m512i lo = _mm512_and_si512(word[g], nib), hi = _mm512_and_si512(_mm512_srli_epi32(word[g], 4), nib);
+                _mm512_storeu_si512(out[b].q[h][4 * g], _mm512_permutexvar_epi32(dsel, _mm512_shuffle_epi8(lo, bsel)));
+                _mm512_storeu_si512(out[b].q[h][16 + 4 * g], _mm512_permutexvar_epi32(dsel, _mm512_shuffle_epi8(hi, bsel)));
+            }
+            const __m512i hdr = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), have, offs, w + 16 * h * rb + b * 20, 1);
+            out[b].d[h] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr));
+            out[b].m[h] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hdr, 16)));
+        }
+    }
+}
+
+/* Column c of half h of a q4_1_bytes block: the 16 rows' weights, dequant_row's bits. q comes
+ * to float exactly as (2^23 + q) - 2^23 (integer and add operations, off the FMA pipes).
+ * d q is exact in float32 (d has an 11-bit significand, q < 16), so the fused d q + m rounds
+ * once, exactly as the multiply and then the add do. */
+static inline __attribute__((always_inline)) __m512 q4_1_bytes_col16(const q4_1_bytes *q, int h, int c) {
+    const __m512i u = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q->q[h][c]));
+    const __m512 v = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(u, _mm512_set1_epi32(0x4B000000))),
+                                   _mm512_set1_ps(8388608.0f));
+    return _mm512_fmadd_ps(v, q->d[h], q->m[h]);
 }
 #endif
 

@@ -17,6 +17,11 @@
  *   (dequant_rows_t32), 12 activations x 32 outputs per register tile with AVX-512, 6 x 16
  *   with AVX2, no reductions. This beats torch's fp32 GEMM at 512 rows, hence every chunk
  *   takes the blocks with AVX-512 (docs/perf.md, "Prefill: attention and GEMMs in C").
+ * - Q4_1 with AVX-512, any number of rows (up to 2048 columns): the same 12 x 32 tiles, but
+ *   the first tile dequantizes from regrouped quant bytes in registers and stores the
+ *   transposed chunk for the tiles after it (q4_1_first_tile), so a short product pays no
+ *   separate dequantization pass (docs/perf.md, "Short products without a dequantization
+ *   pass").
  *
  * Results equal dequantize(W) @ x up to float summation order (the same values as the fp32
  * copy, which is the dequantized file). Chunk bounds and the path taken depend on the shape
@@ -231,6 +236,79 @@ static void wide_chunk(const float *wt, const float *x, int64_t n, int64_t cols,
 }
 #endif
 
+#if DS4K_ISA >= 2
+/* Q4_1 products (up to 2048 columns; AVX-512) on the wide tiles with no separate
+ * dequantization pass. The chunk's blocks are regrouped once into bytes (q4_1_bytes32: a
+ * column of 16 rows is 16 bytes), then the first tile of up to 12 activations dequantizes
+ * each column in registers as it goes (q4_1_bytes_col16) and, when more activations follow,
+ * also stores it into wt for wide_chunk. Dequantizing alone
+ * was bound by its 512-bit stores (about two per ns here, ~0.11 ms per SmolLM2 layer) while
+ * the FMA pipes idled; riding along a tile, the stores are free and the dequantization
+ * costs a few FMA-pipe operations per 24 FMAs. Each output is the same sequential sum over
+ * the columns as wide_tile's, so the results are the wide path's bits. */
+static inline __attribute__((always_inline)) void q4_1_first_tile(const q4_1_bytes *prep, int64_t nb, const float *x,
+                                                                 int64_t ldx, float *out, int64_t ldo, int nout,
+                                                                 float *wt, const int na) {
+    const float *p[WIDE_ACTS / 3];
+    for (int k = 0; k < WIDE_ACTS / 3; k++) p[k] = x + 3 * k * ldx;
+    const int64_t s2 = 2 * ldx;
+    __m512 acc[WIDE_ACTS][2];
+    for (int a = 0; a < na; a++) acc[a][0] = acc[a][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const q4_1_bytes *q = prep + b;
+        for (int j = 0; j < 32; j++) {
+            const __m512 w0 = q4_1_bytes_col16(q, 0, j), w1 = q4_1_bytes_col16(q, 1, j);
+            if (wt) {
+                _mm512_storeu_ps(wt + (b * 32 + j) * 32, w0);
+                _mm512_storeu_ps(wt + (b * 32 + j) * 32 + 16, w1);
+            }
+            for (int a = 0; a < na; a++) {
+                const float *xr = p[a / 3];
+                const __m512 xb = _mm512_set1_ps(a % 3 == 0 ? xr[j] : a % 3 == 1 ? xr[ldx + j] : xr[s2 + j]);
+                acc[a][0] = _mm512_fmadd_ps(w0, xb, acc[a][0]);
+                acc[a][1] = _mm512_fmadd_ps(w1, xb, acc[a][1]);
+            }
+        }
+        for (int k = 0; k < WIDE_ACTS / 3; k++) p[k] += 32;
+    }
+    const __mmask16 m0 = nout >= 16 ? 0xffff : (__mmask16)((1u << nout) - 1);
+    const __mmask16 m1 = nout >= 32 ? 0xffff : nout <= 16 ? 0 : (__mmask16)((1u << (nout - 16)) - 1);
+    for (int a = 0; a < na; a++) {
+        _mm512_mask_storeu_ps(out + a * ldo, m0, acc[a][0]);
+        _mm512_mask_storeu_ps(out + a * ldo + 16, m1, acc[a][1]);
+    }
+}
+
+/* y[t][i] (rows ldy floats apart) for every activation row t and the nr (<= 32) Q4_1 rows at
+ * wq (rb bytes apart); wt has room for 32 x cols floats, prep for cols / 32 q4_1_bytes. */
+static void q4_1_fused_chunk(const uint8_t *wq, int64_t rb, int nr, const float *x, int64_t n, int64_t cols, float *y,
+                             int64_t ldy, float *wt, q4_1_bytes *prep) {
+    const int64_t nb = cols / 32;
+    q4_1_bytes32(wq, rb, nr, nb, prep);
+    if (n > WIDE_ACTS) {
+        q4_1_first_tile(prep, nb, x, cols, y, ldy, nr, wt, WIDE_ACTS);
+        wide_chunk(wt, x + WIDE_ACTS * cols, n - WIDE_ACTS, cols, y + WIDE_ACTS * ldy, ldy, nr);
+        return;
+    }
+#define FIRST_TILE(na) q4_1_first_tile(prep, nb, x, cols, y, ldy, nr, NULL, na)
+    switch (n) {
+    case 12: FIRST_TILE(12); break;
+    case 11: FIRST_TILE(11); break;
+    case 10: FIRST_TILE(10); break;
+    case 9: FIRST_TILE(9); break;
+    case 8: FIRST_TILE(8); break;
+    case 7: FIRST_TILE(7); break;
+    case 6: FIRST_TILE(6); break;
+    case 5: FIRST_TILE(5); break;
+    case 4: FIRST_TILE(4); break;
+    case 3: FIRST_TILE(3); break;
+    case 2: FIRST_TILE(2); break;
+    default: FIRST_TILE(1); break;
+    }
+#undef FIRST_TILE
+}
+#endif
+
 #if DS4K_ISA < 2 /* the AVX-512 build multiplies its tiles with tiles_times_x16 */
 /* y[t, r0 + i] for i < nr (<= 4), every activation row t, from the tile w[4][cols]. */
 static void tile_times_x(const float *w, int64_t cols, const float *x, int64_t n, float *y,
@@ -307,9 +385,18 @@ static void gemm_chunk(void *ctx, int64_t c) {
     int64_t r0 = (c - j->first[k]) * CHUNK_ROWS, r1 = r0 + CHUNK_ROWS;
     if (r1 > m->rows) r1 = m->rows;
 #if DS4K_ISA >= 1
+    const uint8_t *wq = (const uint8_t *)m->w + r0 * rb;
+#if DS4K_ISA >= 2
+    if (m->type == DS4K_Q4_1 && CHUNK_ROWS * j->cols <= GROUP_FLOATS) {
+        q4_1_bytes prep[GROUP_FLOATS / CHUNK_ROWS / 32] __attribute__((aligned(64))); /* 80 KB at 2048 columns */
+        for (int64_t off = 0; off < (r1 - r0) * rb; off += 64) _mm_prefetch((const char *)wq + off, _MM_HINT_T0);
+        q4_1_fused_chunk(wq, rb, (int)(r1 - r0), j->x, j->n, j->cols, j->y + j->row0[k] + r0, j->rows, tiles, prep);
+        return;
+    }
+#endif
     if (j->n >= WIDE_MIN_ROWS && CHUNK_ROWS * j->cols <= GROUP_FLOATS) {
         /* wt's column-major layout (padding rows 0) */
-        dequant_rows_t32(m->type, (const uint8_t *)m->w + r0 * rb, rb, (int)(r1 - r0), j->cols, tiles);
+        dequant_rows_t32(m->type, wq, rb, (int)(r1 - r0), j->cols, tiles);
         wide_chunk(tiles, j->x, j->n, j->cols, j->y + j->row0[k] + r0, j->rows, (int)(r1 - r0));
         return;
     }

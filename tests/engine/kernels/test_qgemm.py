@@ -47,6 +47,37 @@ def test_long_and_wide_products_equal_the_dequantized_matmul(variant, qtype, row
 
 
 @pytest.mark.parametrize("variant", qgemv.variants())
+@pytest.mark.parametrize("qtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("n", [7, 23, 576])
+def test_one_hot_products_are_the_dequantized_weights(variant, qtype, n):
+    """x = unit rows: each output is one weight times 1 plus zeros, so the product must
+    return gguf's dequantized weights exactly, whatever tile or in-register dequantization
+    (AVX-512 Q4_1: from regrouped quant bytes, inside the first tile) the path uses."""
+    rows, cols = 45, 576  # a partial second 32-row chunk: padding rows
+    blocks = random_blocks(qtype, rows, cols, seed=n)
+    w = qgemv.dequantize(blocks, qtype, cols)
+    m = qgemm.make_blocks((qtype, blocks), w)
+    eye = torch.eye(cols)
+    with qgemv.use_variant(variant):
+        got = torch.cat([m.matmul(eye[c0:c0 + n]) for c0 in range(0, cols, n)])
+    assert torch.equal(got, w.T)
+
+
+@pytest.mark.skipif("avx512" not in qgemv.variants(), reason="needs a CPU with AVX-512")
+def test_avx512_q4_1_rows_do_not_depend_on_how_many_are_multiplied():
+    """AVX-512 Q4_1 products sum every output along its columns in one order, whether the
+    first 12-activation tile dequantizes in registers alone (n <= 12) or also feeds the
+    stored tiles of the rows after it: a row's result is the same bits at any n."""
+    blocks = random_blocks("q4_1", 70, 1536, seed=3)
+    m = qgemm.make_blocks(("q4_1", blocks), torch.empty(70, 1536))
+    x = torch.randn(300, 1536, generator=torch.Generator().manual_seed(5))
+    with qgemv.use_variant("avx512"):
+        full = m.matmul(x)
+        for n in (2, 12, 23, 48):
+            assert torch.equal(m.matmul(x[:n]), full[:n])
+
+
+@pytest.mark.parametrize("variant", qgemv.variants())
 def test_gemm_does_not_depend_on_the_thread_count(variant):
     blocks = random_blocks("q4_1", 1000, 512, seed=4)
     m = qgemm.make_blocks(("q4_1", blocks), torch.empty(1000, 512))
