@@ -369,6 +369,7 @@ typedef struct {
     const float *x;
     float *y;
     int64_t rows, cols, n;
+    int64_t nth; /* threads on the job: only for prefetch hints */
 } gemm_job;
 
 static void gemm_chunk(void *ctx, int64_t c) {
@@ -390,6 +391,11 @@ static void gemm_chunk(void *ctx, int64_t c) {
     if (m->type == DS4K_Q4_1 && CHUNK_ROWS * j->cols <= GROUP_FLOATS) {
         q4_1_bytes prep[GROUP_FLOATS / CHUNK_ROWS / 32] __attribute__((aligned(64))); /* 80 KB at 2048 columns */
         for (int64_t off = 0; off < (r1 - r0) * rb; off += 64) _mm_prefetch((const char *)wq + off, _MM_HINT_T0);
+        /* Towards L2, the blocks of the chunk this thread is likely to claim next (nth on):
+         * in a forward the weights come from DRAM, and a short product's chunk is done
+         * before the misses of its first loads would resolve (a hint: no result depends on it). */
+        const int64_t n0 = r0 + j->nth * CHUNK_ROWS, n1 = n0 + CHUNK_ROWS < m->rows ? n0 + CHUNK_ROWS : m->rows;
+        for (int64_t off = (n0 - r0) * rb; off < (n1 - r0) * rb; off += 64) _mm_prefetch((const char *)wq + off, _MM_HINT_T1);
         q4_1_fused_chunk(wq, rb, (int)(r1 - r0), j->x, j->n, j->cols, j->y + j->row0[k] + r0, j->rows, tiles, prep);
         return;
     }
@@ -439,7 +445,7 @@ static int gemm(const ds4k_mat *parts, int nparts, const float *x, float *y, int
     /* One row (the head of a prefill): the GEMV reads each block once, without building a
      * tile (docs/perf.md, "Quant types and run-time ISA variants"). */
     if (n == 1) return gemv(parts, nparts, x, y, cols, nth);
-    gemm_job job = {.parts = parts, .x = x, .y = y, .cols = cols, .n = n};
+    gemm_job job = {.parts = parts, .x = x, .y = y, .cols = cols, .n = n, .nth = nth > 1 ? nth : 1};
     for (int k = 0; k < nparts; k++) {
         if (ds4k_row_bytes(parts[k].type, cols) == 0 || parts[k].rows <= 0 || parts[k].w == NULL) return -1;
         job.row0[k] = job.rows;
