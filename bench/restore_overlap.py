@@ -43,15 +43,16 @@ def main() -> int:
 
     from ds4tui.bench import page_cache as pc
     from ds4tui.bench.cache_bench import FOLLOW_UP, _first_message
+    from ds4tui.chat.next_turn import opening
     from ds4tui.engine.loader import load_model
 
     model = load_model(args.model)
     ctx = args.tokens + 512
     ids = model.tokenizer.encode(_first_message(model, args.tokens))[:args.tokens]
     before = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-    head = model.chat.render(before, add_generation_prompt=False)
+    head = opening(model.chat, before)  # the session holds the next turn's opening (chat/next_turn.py)
     whole = model.chat.render(before + [{"role": "user", "content": FOLLOW_UP}], add_generation_prompt=True)
-    message = model.tokenizer.encode(whole[len(head):])  # as a turn after a reply tokenizes it
+    message = model.tokenizer.encode(whole[len(head):])  # as the follow-up's turn tokenizes it
     model.warm_up(ctx, kv_dtype=args.kv)
     session = model.new_session(ctx, kv_dtype=args.kv)
     with tempfile.TemporaryDirectory(prefix="ds4tui-restore-overlap-") as tmp:
