@@ -15,7 +15,6 @@ old kernel) the buffer is an ordinary zeroed tensor: same values, same contract.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import sys
 
@@ -32,7 +31,9 @@ _libc = None
 def _madvise():
     global _libc
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The process's own symbols (libc's madvise among them): find_library("c") would run
+        # ldconfig in a subprocess, ~200 ms on the first buffer.
+        _libc = ctypes.CDLL(None, use_errno=True)
         _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
         _libc.madvise.restype = ctypes.c_int
     return _libc.madvise

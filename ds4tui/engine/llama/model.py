@@ -209,7 +209,8 @@ class LlamaModel(Model):
             kv = None  # warmed for another context size or type: dropped, not kept alongside
         return LlamaSession(self, ctx, CHUNK_SIZE, kv=kv, kv_dtype=kv_dtype)
 
-    def warm_up(self, ctx_size: int | None = None, *, kv_dtype: str | None = None) -> None:
+    def warm_up(self, ctx_size: int | None = None, *, kv_dtype: str | None = None,
+                ready: Callable[[], None] | None = None) -> None:
         """Pay this process's first-use costs now (the app calls this in its model-loading
         worker) instead of inside the first message's time to first token.
 
@@ -218,7 +219,10 @@ class LlamaModel(Model):
         or a prefill); docs/perf.md, "First-use costs and warm_up", has the measurements. So:
         one short chunked forward and one decode step (every fp32 weight page, every raw block
         page, the C step's workspace and thread pool) in a session of `ctx_size`, whose buffer
-        is then written through and kept for the next new_session of that size.
+        is then written through and kept for the next new_session of that size. `ready()` comes
+        between the two: the writes only spare a later session its page faults (on huge pages
+        a fresh VM's untouched memory costs ~2 ms per MB the first time: docs/perf.md), and a
+        message sent meanwhile takes a buffer of its own, as when there is no spare.
         """
         ctx = self._ctx(ctx_size)
         session = self.new_session(ctx, kv_dtype=kv_dtype)
@@ -228,6 +232,8 @@ class LlamaModel(Model):
             with torch.inference_mode():
                 self.forward(session.kv, tokens, 0, True)  # the chunk path (attention, per-row steps)
                 self.forward(session.kv, tokens[:1], n, True)  # the decode step (C when available)
+        if ready is not None:
+            ready()
         for t in session.kv:
             t.numpy().fill(0.0)  # one thread: torch's fill would split over OpenMP threads
         with self._spare_lock:
