@@ -112,16 +112,15 @@ class ChatController(OpenChats):
         the UI thread the first time (it may probe with a session; warm_up does)."""
         return self.pool.sliding_window()
 
-    def warm_up(self, ready: Callable[[], None] | None = None) -> None:
+    def warm_up(self) -> None:
         """Pay the engine's first-use costs for sessions of ctx_size() now, off the UI thread
         (the app's model-loading worker): see Model.warm_up. Changes no result. Also the first
         lookup's reads (every header and titled text of the cache) and the template's and the
-        tokenizer's first calls, which a first message would otherwise wait for. `ready()`: see
-        Model.warm_up (called before a spare KV buffer is written through)."""
+        tokenizer's first calls, which a first message would otherwise wait for."""
+        self.model.warm_up(self.ctx_size(), kv_dtype=self.settings.config.kv_dtype)
         if self.checkpoints is not None:
             self.checkpoints.prime(self.ctx_size())
         self.model.tokenizer.encode(self.model.chat.render([{"role": "user", "content": "Hi."}]))
-        self.model.warm_up(self.ctx_size(), kv_dtype=self.settings.config.kv_dtype, ready=ready)
 
     def live_count(self) -> int:
         return self.pool.live_count()

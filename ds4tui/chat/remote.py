@@ -100,9 +100,8 @@ class RemoteChatController(OpenChats):
     def ctx_size(self) -> int:
         return 0  # the server's; OpenAI's API does not say it
 
-    def warm_up(self, ready: Callable[[], None] | None = None) -> None:
-        if ready is not None:
-            ready()
+    def warm_up(self) -> None:
+        pass
 
     def live_count(self) -> int:
         return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from ds4tui.engine.session import Session
 
@@ -91,13 +91,7 @@ class Model(ABC):
         families say more than this default."""
         return f"{self.info.family} model {self.info.name}"
 
-    def warm_up(self, ctx_size: int | None = None, *, kv_dtype: str | None = None,
-                ready: Callable[[], None] | None = None) -> None:
+    def warm_up(self, ctx_size: int | None = None, *, kv_dtype: str | None = None) -> None:
         """Optional: pay first-use costs (page faults, library first calls) before the first
         message, e.g. in the app's model-loading worker; sessions of `ctx_size` (and kv_dtype) may start
-        faster afterwards. Never changes a result. `ready()`, when given, is called once a
-        message would not wait for first calls any more; what follows it (a spare buffer's page
-        faults) only makes a later session start faster, and is safe alongside a message. The
-        default does nothing but call it."""
-        if ready is not None:
-            ready()
+        faster afterwards. Never changes a result. The default does nothing."""

@@ -51,29 +51,19 @@ class EngineWorkers:
                 last[0] = percent
                 self.post_message(self.Preparing(what, fraction))
 
-        posted: list[bool] = []
-
-        def ready() -> None:
-            if not posted:
-                posted.append(True)
-                self.post_message(self.ModelReady())
-
         try:
             model = load_model(spec, progress=progress)
             self._make_controller(model)
             assert self.controller is not None
             # Probes the context size (may build a session) and pays the engine's first-use
-            # costs (page faults, first library calls) here, not in the first message's TTFT;
-            # the chat is ready before the spare KV buffer's page faults (Model.warm_up).
-            self.controller.warm_up(ready=ready)
+            # costs (page faults, first library calls) here, not in the first message's TTFT.
+            self.controller.warm_up()
         except EngineError as exc:
-            if not posted:
-                self.post_message(self.ModelFailed(str(exc)))
+            self.post_message(self.ModelFailed(str(exc)))
         except Exception as exc:  # a loader bug is shown, never a traceback
-            if not posted:  # after ready only the spare buffer failed: the chat works without it
-                self.post_message(self.ModelFailed(f"{type(exc).__name__}: {exc}"))
+            self.post_message(self.ModelFailed(f"{type(exc).__name__}: {exc}"))
         else:
-            ready()
+            self.post_message(self.ModelReady())
 
     def _make_controller(self, model: Model) -> None:
         from ds4tui.chat.controller import ChatController

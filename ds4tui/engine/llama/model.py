@@ -209,8 +209,7 @@ class LlamaModel(Model):
             kv = None  # warmed for another context size or type: dropped, not kept alongside
         return LlamaSession(self, ctx, CHUNK_SIZE, kv=kv, kv_dtype=kv_dtype)
 
-    def warm_up(self, ctx_size: int | None = None, *, kv_dtype: str | None = None,
-                ready: Callable[[], None] | None = None) -> None:
+    def warm_up(self, ctx_size: int | None = None, *, kv_dtype: str | None = None) -> None:
         """Pay this process's first-use costs now (the app calls this in its model-loading
         worker) instead of inside the first message's time to first token.
 
@@ -218,29 +217,17 @@ class LlamaModel(Model):
         oneDNN/MKL first calls) and a new session's KV buffer for its first writes (a restore,
         or a prefill); docs/perf.md, "First-use costs and warm_up", has the measurements. So:
         one short chunked forward and one decode step (every fp32 weight page, every raw block
-        page, the C step's workspace and thread pool) over buffers of a `ctx_size` session's
-        shapes; then that session's own buffer is written through and kept for the next
-        new_session of that size. `ready()` comes
-        between the two: the writes only spare a later session its page faults (on huge pages
-        a fresh VM's untouched memory costs ~2 ms per MB the first time: docs/perf.md), and a
-        message sent meanwhile takes a buffer of its own, as when there is no spare.
+        page, the C step's workspace and thread pool) in a session of `ctx_size`, whose buffer
+        is then written through and kept for the next new_session of that size.
         """
         ctx = self._ctx(ctx_size)
         session = self.new_session(ctx, kv_dtype=kv_dtype)
-        # The forwards write a few rows of each layer: into an ordinary buffer of the same
-        # shapes, which faults in those pages only (the spare's huge pages would all be
-        # faulted in by the first row of each layer, before ready()).
-        scratch = torch.empty_like(session.kv) if isinstance(session.kv, torch.Tensor) \
-            else [torch.empty_like(t) for t in session.kv]
         n = min(8, ctx - 1, self.cfg.vocab_size)
         if n >= 2:
             tokens = list(range(n))
             with torch.inference_mode():
-                self.forward(scratch, tokens, 0, True)  # the chunk path (attention, per-row steps)
-                self.forward(scratch, tokens[:1], n, True)  # the decode step (C when available)
-        del scratch
-        if ready is not None:
-            ready()
+                self.forward(session.kv, tokens, 0, True)  # the chunk path (attention, per-row steps)
+                self.forward(session.kv, tokens[:1], n, True)  # the decode step (C when available)
         for t in session.kv:
             t.numpy().fill(0.0)  # one thread: torch's fill would split over OpenMP threads
         with self._spare_lock:

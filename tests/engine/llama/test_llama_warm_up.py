@@ -58,22 +58,3 @@ def test_spare_of_another_size_is_dropped(model):
     model.warm_up(32)
     s = model.new_session(64)
     assert s.kv.shape[3] == 64 and model._spare is None
-
-
-def test_ready_comes_after_the_forwards_and_before_the_spare_is_written(model):
-    """ready(): a message may come now; a session made then gets a buffer of its own (the spare
-    is written through and kept afterwards), and it answers as any other."""
-    tokens = list(range(3, 40))
-    reference = _run(model.new_session(64), tokens)
-    during: list = []
-
-    def ready():
-        assert model._spare is None  # not yet published: still being written through
-        session = model.new_session(64)
-        during.append((session.kv.data_ptr(), _run(session, tokens)))
-
-    model.warm_up(64, ready=ready)
-    assert len(during) == 1
-    ptr, got = during[0]
-    assert all(torch.equal(a, b) for a, b in zip(reference, got))
-    assert model._spare is not None and model._spare.data_ptr() != ptr and not model._spare.any()
