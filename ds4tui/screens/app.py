@@ -16,6 +16,7 @@ from textual.binding import Binding
 from ds4tui.config import Config
 from ds4tui.screens.chat import ChatScreen
 from ds4tui.screens.commands import ChatCommands
+from ds4tui.screens.terminal_watch import CHECK_EVERY_S, terminal_gone
 
 if TYPE_CHECKING:
     from ds4tui.chat.controller import ChatController
@@ -53,6 +54,14 @@ class Ds4TuiApp(App[None]):
         self.config = config or Config()
         self._screen_args = dict(model=model, controller=controller, resume=resume, cursor_blink=cursor_blink,
                                  imported=imported)
+
+    def on_mount(self) -> None:
+        self.set_interval(CHECK_EVERY_S, self._check_terminal)
+
+    def _check_terminal(self) -> None:
+        """A hung-up terminal (terminal_watch.py): save and quit as ctrl+q does."""
+        if terminal_gone():
+            self.chat.save_and_exit()
 
     def get_default_screen(self) -> ChatScreen:
         return ChatScreen(self.config, **self._screen_args)

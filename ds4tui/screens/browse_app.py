@@ -14,6 +14,7 @@ from textual.app import App
 
 from ds4tui.cache.store import KvStore
 from ds4tui.screens.cache_browser import CacheBrowserScreen
+from ds4tui.screens.terminal_watch import CHECK_EVERY_S, terminal_gone
 
 
 class BrowseApp(App[str | None]):
@@ -29,6 +30,11 @@ class BrowseApp(App[str | None]):
         # Pushed (not the default screen) so its CSS_PATH loads as it does in the chat;
         # closing it closes the app.
         self.push_screen(self._browser, lambda _: self.exit(None))
+        self.set_interval(CHECK_EVERY_S, self._check_terminal)
+
+    def _check_terminal(self) -> None:
+        if terminal_gone():  # hung up (terminal_watch.py): nothing to resume
+            self.exit(None)
 
     @on(CacheBrowserScreen.ResumeRequested)
     def _on_resume(self, event: CacheBrowserScreen.ResumeRequested) -> None:
