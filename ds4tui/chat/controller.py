@@ -29,11 +29,11 @@ from ds4tui.chat.conversation import MAX_TITLE_CHARS, Conversation, default_titl
 from ds4tui.chat.events import ChatError, ChatEvent, ContextWontFit, Done, FitCheck
 from ds4tui.chat.moves import Moves
 from ds4tui.chat.search import SearchHit
+from ds4tui.chat.next_turn import open_next_turn
 from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.registry import Conversations, OpenChats
 from ds4tui.chat.saved import SavedSessions
 from ds4tui.chat.settings import CHAT_KEYS, Settings
-from ds4tui.chat.next_turn import open_next_turn
 from ds4tui.chat.turn import TurnPipeline
 from ds4tui.config import Config
 from ds4tui.engine.errors import EngineError

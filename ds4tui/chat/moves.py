@@ -19,11 +19,11 @@ from typing import Callable
 from ds4tui.chat.checkpoints import Checkpoints
 from ds4tui.chat.conversation import MAX_TITLE_CHARS, Conversation
 from ds4tui.chat.events import ChatEvent, Done, FitCheck, Forked
+from ds4tui.chat.next_turn import opening
 from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.registry import Conversations
 from ds4tui.chat.saved import SavedSessions
 from ds4tui.chat.settings import Settings
-from ds4tui.chat.next_turn import opening
 from ds4tui.chat.turn import TurnPipeline, shared_tokens
 from ds4tui.engine.model import Model
 
