@@ -63,7 +63,7 @@ DS4K_EXPORT int ds4k_isa(void) {
 }
 
 /* Bumped when an entry point changes signature or meaning; qgemv.py checks it. */
-DS4K_EXPORT int ds4k_abi(void) { return 4; }
+DS4K_EXPORT int ds4k_abi(void) { return 5; }
 
 DS4K_EXPORT int ds4k_row_bytes_of(int type, int64_t cols) { return (int)ds4k_row_bytes(type, cols); }
 
@@ -116,4 +116,15 @@ DS4K_EXPORT int ds4k_rms_norm(const float *x, int64_t ld, const float *w, float 
 DS4K_EXPORT int ds4k_qk_rope(const float *x, int64_t ld, const float *w, float eps, const float *cos, const float *sin,
                              float *out, int64_t rows, int64_t heads, int64_t d, int nth) {
     return ops()->qk_rope(x, ld, w, eps, cos, sin, out, rows, heads, d, nth);
+}
+
+/* One llama layer of a chunk of S tokens, x [S, H] in place (chunk.c); kv: this layer's
+ * [2, Hkv, ctx, D] buffer. */
+DS4K_EXPORT int ds4k_llama_layer(const ds4k_llama *m, int layer, void *kv, int64_t ctx, int kv_f16, int64_t pos,
+                                 int64_t s, float *x, int flags, const float *qk_norm, float scale, float *ws, int nth) {
+    return ops()->llama_layer(m, layer, kv, ctx, kv_f16, pos, s, x, flags, qk_norm, scale, ws, nth);
+}
+
+DS4K_EXPORT int64_t ds4k_llama_layer_workspace(const ds4k_llama *m, int64_t s) {
+    return ops()->llama_layer_workspace(m, s);
 }

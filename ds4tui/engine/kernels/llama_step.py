@@ -56,6 +56,9 @@ class _Llama(ctypes.Structure):
 
 ACTS = {"silu": 0, "gelu_tanh": 1}  # ds4k.h's DS4K_ACT_*
 FROZEN_GLOBAL = 1  # ds4k.h's DS4K_STEP_FROZEN_GLOBAL
+# chunk.c's llama_layer flags
+LAYER_KV_ONLY = 1  # write the chunk's K/V rows, nothing after (the last layer, no logits wanted)
+LAYER_LAST_ROW = 2  # after the K/V rows only the last position goes on (the last layer, logits wanted)
 
 
 def _bind(lib: ctypes.CDLL) -> None:
@@ -68,6 +71,13 @@ def _bind(lib: ctypes.CDLL) -> None:
         ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
     ]
     lib.ds4k_llama_step.restype = ctypes.c_int
+    lib.ds4k_llama_layer_workspace.argtypes = [ctypes.POINTER(_Llama), ctypes.c_int64]
+    lib.ds4k_llama_layer_workspace.restype = ctypes.c_int64
+    lib.ds4k_llama_layer.argtypes = [
+        ctypes.POINTER(_Llama), ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int64,
+        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+    ]
+    lib.ds4k_llama_layer.restype = ctypes.c_int
     lib._ds4k_step_bound = True
 
 
@@ -159,6 +169,49 @@ class FastDecoder:
         )
         self._ws = torch.empty(0)
         self._ws_rows = 0
+        self._layer_ws = torch.empty(0)
+        self._layer_ws_rows = 0
+
+    def layer_mats(self, i: int) -> dict[str, list[tuple[int, int, int]]]:
+        """(blocks address, type id, rows) of each part of layer i's four matrices as the table
+        holds them: the chunk layer (`layer`) gives the forward's results only where these are
+        the parts its Linear.blocks multiply by (LlamaModel checks)."""
+        L = self._layers[i]
+        def parts(mats) -> list[tuple[int, int, int]]:
+            return [(m.w or 0, m.type, m.rows) for m in mats if m.rows > 0]
+        return {"wqkv": parts(L.qkv), "wo": parts([L.o]), "w13": parts(L.w13), "w2": parts([L.w2])}
+
+    def layer(self, kv: torch.Tensor, i: int, x: torch.Tensor, pos: int, flags: int,
+              qk_norm: torch.Tensor | None, scale: float) -> None:
+        """Layer i of the llama forward for the chunk x [S, H] (float32, contiguous, updated in
+        place) at positions pos..pos+S-1 of a session without sliding layers (kv: its one
+        [layers, 2, Hkv, ctx, D] buffer, whose layer-i rows pos.. are written): chunk.c's
+        llama_layer, the forward's per-layer steps in one call. flags: LAYER_*; qk_norm: the
+        forward's [Hq + Hkv, D] per-head norm weights or None; scale: the forward's query scale."""
+        cfg = self.cfg
+        n, hkv, d = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+        if (cfg.sliding_layers or kv.dim() != 5 or tuple(kv.shape[:3]) != (n, 2, hkv) or kv.shape[4] != d
+                or kv.dtype not in (torch.float32, torch.float16) or not kv.is_contiguous()):
+            raise ValueError(f"kv must be a contiguous float32 or float16 ({n}, 2, {hkv}, ctx, {d}) buffer")
+        s = x.shape[0] if x.dim() == 2 else 0
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != cfg.hidden_size or not x.is_contiguous() or not s:
+            raise ValueError(f"x must be a contiguous float32 [S, {cfg.hidden_size}] tensor")
+        if qk_norm is not None and (qk_norm.dtype != torch.float32 or not qk_norm.is_contiguous()
+                                    or qk_norm.numel() != (cfg.num_heads + hkv) * d):
+            raise ValueError("qk_norm must be contiguous float32 [Hq + Hkv, D]")
+        ctx = kv.shape[3]
+        layer_bytes = 2 * hkv * ctx * d * kv.element_size()
+        with qgemv.kernel_lock:
+            if s > self._layer_ws_rows:  # grows to the longest chunk seen, then stays
+                count = self._lib.ds4k_llama_layer_workspace(ctypes.byref(self._table), s)
+                self._layer_ws, self._layer_ws_rows = torch.empty(count, dtype=torch.float32), s
+            rc = self._lib.ds4k_llama_layer(
+                ctypes.byref(self._table), i, kv.data_ptr() + i * layer_bytes, ctx, int(kv.dtype == torch.float16),
+                pos, s, x.data_ptr(), flags, None if qk_norm is None else qk_norm.data_ptr(), scale,
+                self._layer_ws.data_ptr(), qgemv.num_threads(),
+            )
+        if rc != 0:
+            raise RuntimeError(f"ds4k_llama_layer rejected layer {i}, {s} tokens at position {pos} of {ctx}")
 
     @property
     def weight_bytes(self) -> int:

@@ -43,6 +43,12 @@ static struct {
 
 static pthread_mutex_t pool_start_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_long spin_ns = 300000; /* how long an idle worker spins before sleeping */
+/* Threads of this process busy with other work for a while (a disk hit's reader, which
+ * copies, hashes and checks the file's rows alongside the message's forward): jobs run on
+ * that many fewer threads meanwhile. With every core in the job, one of them shares its core
+ * with the reader, and the job's other threads wait for the chunks it claimed; measured on 2
+ * cores, a hot disk hit of 4K tokens took ~2.5 ms longer that way (docs/perf.md). */
+static atomic_int reserved_threads;
 /* How long the caller spins on chunks another thread still runs before sleeping. Sleeping
  * frees its core, so a preempted worker can be moved there (the machine is shared: other
  * processes, and the app's own UI thread, compete for 2 cores). */
@@ -130,6 +136,8 @@ static int pool_ensure(int nworkers) {
 }
 
 void ds4k_run_chunks(ds4k_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
+    const int reserved = atomic_load(&reserved_threads);
+    if (reserved > 0) nth = nth - reserved < 1 ? 1 : nth - reserved;
     if (nth > 1) pool_ensure(nth - 1);
     if (nth <= 1 || pool.nworkers == 0 || nchunks <= 1) {
         for (int64_t c = 0; c < nchunks; c++) fn(ctx, c);
@@ -163,3 +171,5 @@ void ds4k_run_chunks(ds4k_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
 }
 
 DS4K_EXPORT void ds4k_set_spin_ns(long ns) { atomic_store(&spin_ns, ns < 0 ? 0 : ns); }
+/* delta > 0 when such work starts, -delta when it ends. */
+DS4K_EXPORT void ds4k_reserve_threads(int delta) { atomic_fetch_add(&reserved_threads, delta); }

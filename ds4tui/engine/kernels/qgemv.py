@@ -45,11 +45,11 @@ from ds4tui import paths
 from ds4tui.engine.kernels import quants
 from ds4tui.engine.kernels.quants import TYPE_IDS, dequantize, quantize, row_bytes  # noqa: F401 (re-exported)
 
-ABI = 4  # must equal ds4k_abi() in dispatch.c
+ABI = 5  # must equal ds4k_abi() in dispatch.c
 ISAS = ("scalar", "avx2", "avx512")  # index = the C side's ISA number
 
 _DIR = Path(__file__).parent
-_ISA_SOURCES = ["isa.c", "dequant.c", "qgemv.c", "qgemm.c", "llama_step.c", "attn.c", "rows.c"]
+_ISA_SOURCES = ["isa.c", "dequant.c", "qgemv.c", "qgemm.c", "llama_step.c", "attn.c", "rows.c", "chunk.c"]
 _HEADERS = ["ds4k.h", "simd.h"]
 _ISA_FLAGS = {
     "scalar": [],
@@ -173,6 +173,8 @@ def _load(lib_path: Path) -> ctypes.CDLL:
     lib.ds4k_qk_rope.restype = ctypes.c_int
     lib.ds4k_set_spin_ns.argtypes = [ctypes.c_long]
     lib.ds4k_set_spin_ns.restype = None
+    lib.ds4k_reserve_threads.argtypes = [ctypes.c_int]
+    lib.ds4k_reserve_threads.restype = None
     return lib
 
 
@@ -257,6 +259,14 @@ def set_spin_us(us: int) -> None:
     _ensure()
     if _lib is not None:
         _lib.ds4k_set_spin_ns(int(us) * 1000)
+
+
+def reserve_threads(delta: int) -> None:
+    """Another thread of this process starts (delta > 0) or ends (-delta) work that keeps
+    `delta` cores busy: kernels run on that many fewer threads meanwhile (pool.c)."""
+    _ensure()
+    if _lib is not None:
+        _lib.ds4k_reserve_threads(int(delta))
 
 
 # os.cpu_count() reads /sys on every call (~60 us, 2% of a SmolLM2 token); the CPUs do not change.

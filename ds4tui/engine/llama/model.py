@@ -22,7 +22,7 @@ from ds4tui.engine.kernels import attn as attn_kernel
 from ds4tui.engine.kernels import qgemv
 from ds4tui.engine.kernels.attn import attend
 from ds4tui.engine.kernels.rows import glu, qk_rope, rms_norm
-from ds4tui.engine.kernels.llama_step import make_fast_decoder
+from ds4tui.engine.kernels.llama_step import LAYER_KV_ONLY, LAYER_LAST_ROW, make_fast_decoder
 from ds4tui.engine.kernels.llama_step import supported as fast_supported
 from ds4tui.engine.kernels.qgemm import make_blocks
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
@@ -168,6 +168,9 @@ class LlamaModel(Model):
         # Attention and the gated activation in C whenever the library is loaded (and attn.c
         # takes the head size).
         self.use_c_kernels = attn_kernel.available() and attn_kernel.supports(cfg.head_dim)
+        # A chunk's layers as one C call each (kernels/chunk.c) where that call multiplies by the
+        # very blocks the layers' Linear.blocks hold; tests set it False to compare.
+        self.use_c_layers = self._table_matches_blocks()
         # What the loader knows about the file (quant_mix: {type: parameters}, chat: format line).
         self.details: dict = {}
         # One KV buffer written through by warm_up, handed to the next new_session of its size.
@@ -240,6 +243,23 @@ class LlamaModel(Model):
         whole forward in torch."""
         return self.use_c_kernels and (self.fast is not None or not fast_supported(self.cfg))
 
+    def _table_matches_blocks(self) -> bool:
+        """Whether the C step's table holds, for every layer, the same parts as the layers'
+        Linear.blocks (same blocks, types and rows): then chunk.c's layer computes exactly what
+        the forward's per-layer steps compute. Not for sliding layers (rings, windows)."""
+        if self.fast is None or self.cfg.sliding_layers:
+            return False
+        for i, layer in enumerate(self.layers):
+            held = self.fast.layer_mats(i)
+            for name in ("wqkv", "wo", "w13", "w2"):
+                blocks = getattr(layer, name).blocks
+                if blocks is None:
+                    return False
+                mats = [(m.w or 0, m.type, m.rows) for m in blocks._mats if m.rows > 0]
+                if mats != held[name]:
+                    return False
+        return True
+
     def _block_products(self) -> bool:
         """Whether short products go through the file's blocks: where the C step runs too (or
         cannot run: shapes outside llama_step.c's), so `model.fast = None` keeps the whole
@@ -273,6 +293,17 @@ class LlamaModel(Model):
         x = F.embedding(torch.tensor(tokens, dtype=torch.long), self.embed)  # [S, H]
         if cfg.embed_scale != 1.0:
             x = x * torch.tensor(cfg.embed_scale, dtype=torch.float32)
+        if (small and self.use_c_layers and self.fast is not None and self._c_kernels and not frozen_global
+                and isinstance(kv, torch.Tensor)):
+            # The same steps as the loop below, each layer in one C call (kernels/chunk.c).
+            x = x.contiguous()
+            last = len(self.layers) - 1
+            for i, layer in enumerate(self.layers):
+                if before_layer is not None:
+                    before_layer(i)
+                flags = 0 if i < last else LAYER_LAST_ROW if want_logits else LAYER_KV_ONLY
+                self.fast.layer(kv, i, x, pos, flags, layer.qk_norm, scale)
+            return self._logits(x[-1:]) if want_logits else None
         ropes = {False: (self.cos[pos:end], self.sin[pos:end]),  # [S, D/2]
                  True: (self.local_cos[pos:end], self.local_sin[pos:end])}
         # Attention in C (kernels/attn.c) reads the K/V rows in place, f16 or f32, with the causal
@@ -350,7 +381,12 @@ class LlamaModel(Model):
             x = x + o
         if not want_logits:
             return None
-        out = F.rms_norm(x[-1:], (cfg.hidden_size,), self.norm, eps)
+        return self._logits(x[-1:])
+
+    def _logits(self, last: torch.Tensor) -> torch.Tensor:
+        """float32 logits [V] of the final layer's output row last [1, H]."""
+        cfg = self.cfg
+        out = F.rms_norm(last, (cfg.hidden_size,), self.norm, cfg.rms_norm_eps)
         logits = self.lm_head(out, self._block_products())[0].float()
         if cfg.final_logit_softcapping:
             cap = cfg.final_logit_softcapping

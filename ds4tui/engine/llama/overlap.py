@@ -6,7 +6,10 @@ finished layer; the forward of the new message's first chunk runs on the calling
 and waits before each layer until that layer's rows are in (`LayerGate.wait`, the
 forward's `before_layer` hook). The reader writes rows < pos, the forward rows
 pos..pos+S-1 of the same buffers: disjoint bytes, so neither waits on the other for
-anything but the order of layers.
+anything but the order of layers. While the reader runs, the forward's kernels run on one
+thread fewer (qgemv.reserve_threads): on 2 cores the forward runs on one and the reader on
+the other, instead of a job's threads waiting for the one that shares its core with the
+reader.
 
 Nothing is committed here: the caller (session.py) keeps the forward's result only
 after the reader has read the whole payload and the checksum is verified. A failure
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import threading
 from typing import Callable, TypeVar
+
+from ds4tui.engine.kernels import qgemv
 
 T = TypeVar("T")
 
@@ -68,10 +73,15 @@ def read_while_forward(read: Callable[[LayerGate], None], forward: Callable[[Cal
     gate = LayerGate()
 
     def reader() -> None:
+        # The reader keeps a core busy: the forward's kernels leave it one (taken before the
+        # first layer is announced, so before the forward's first kernel call).
+        qgemv.reserve_threads(1)
         try:
             read(gate)
         except BaseException as exc:  # handed to the calling thread, raised there
             gate.fail(exc)
+        finally:
+            qgemv.reserve_threads(-1)
 
     thread = threading.Thread(target=reader, name="ds4tui-kv-restore", daemon=True)
     thread.start()

@@ -487,6 +487,7 @@ def test_long_chunks_take_the_blocks_with_every_vector_variant(tiny, variant, mo
     (their qgemm.c tiles beat torch's fp32 GEMM at every size) and by the fp32 copy with
     portable C, whose blocks only win on short chunks."""
     model = wide_model(tiny.tokenizer, tiny.chat, "q4_k")
+    model.use_c_layers = False  # the per-layer steps in Python, where the products can be seen
     calls = []
     real = QuantMatrix.matmul
     monkeypatch.setattr(QuantMatrix, "matmul", lambda self, x: calls.append(x.shape[0]) or real(self, x))

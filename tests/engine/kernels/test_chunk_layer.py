@@ -1,0 +1,73 @@
+"""chunk.c's layer (a chunk's llama layer in one C call) against the forward's per-layer steps
+in Python: the same kernels in the same order, so bit-identical logits and K/V rows, for every
+architecture it takes (Llama 3, Qwen 2's biases, Qwen 3's q/k norms), f32 and f16 K/V, every
+kernel variant, and the last layer's two endings (no logits: K/V rows only; logits: one row)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ds4tui.engine.kernels import qgemv
+from tests.engine.kernels.test_llama_step_archs import CONFIGS, CTX, arch_model, tiny  # noqa: F401 (fixture)
+
+VARIANTS = qgemv.variants()
+C_ARCHS = [a for a in CONFIGS if a != "gemma3"]
+
+
+def _run(model, use_c: bool, kv_dtype: str, chunks: list[tuple[int, int, bool]], variant: str, seen: list[int]):
+    """A session's K/V and the logits of each chunk (start, length, want_logits), the layers
+    run in C or in Python; `seen` collects the before_layer calls."""
+    gen = torch.Generator().manual_seed(5)
+    session = model.new_session(CTX, kv_dtype=kv_dtype)
+    session.kv.zero_()
+    model.use_c_layers = use_c
+    out = []
+    try:
+        with torch.inference_mode(), qgemv.use_variant(variant):
+            for start, n, want in chunks:
+                tokens = torch.randint(0, model.cfg.vocab_size, (n,), generator=gen).tolist()
+                out.append(model.forward(session.kv, tokens, start, want, before_layer=seen.append))
+    finally:
+        model.use_c_layers = True
+    return session.kv.clone(), out
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+@pytest.mark.parametrize("arch", C_ARCHS)
+def test_c_layers_equal_the_python_steps(tiny, arch, kv_dtype, variant):
+    model = arch_model(tiny, arch, "mix")
+    assert model.use_c_layers
+    # a prefill in chunks (the last layer writes K/V only), then a short message with logits
+    # at depth (the split attention), then a two-token chunk
+    chunks = [(0, 64, False), (64, 200, False), (264, 23, True), (287, 2, True)]
+    seen_c: list[int] = []
+    seen_py: list[int] = []
+    kv_c, logits_c = _run(model, True, kv_dtype, chunks, variant, seen_c)
+    kv_py, logits_py = _run(model, False, kv_dtype, chunks, variant, seen_py)
+    assert torch.equal(kv_c, kv_py)
+    assert kv_c[:, :, :, :289].abs().sum() > 0 and not kv_c[:, :, :, 289:].any()
+    for a, b in zip(logits_c, logits_py):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert torch.isfinite(a).all() and torch.equal(a, b)
+    # the restore's hook runs before every layer, in order, on both paths
+    assert seen_c == seen_py == list(range(model.cfg.num_layers)) * len(chunks)
+
+
+def test_c_layers_only_where_they_compute_the_same(tiny):
+    """Sliding layers (rings, windows) and layers without blocks (fp32 weights: the forward
+    multiplies in torch) keep the Python steps; so does a table whose parts are not the
+    layers' blocks."""
+    assert not arch_model(tiny, "gemma3", "mix").use_c_layers
+    assert not arch_model(tiny, "llama3", "f32").use_c_layers
+    model = arch_model(tiny, "qwen3", "mix")
+    assert model._table_matches_blocks()
+    layer = model.layers[1]
+    blocks = layer.w2.blocks
+    try:
+        layer.w2.blocks = qgemv.QuantMatrix.from_parts([(t, b.clone()) for t, b in blocks.parts], blocks.cols)
+        assert not model._table_matches_blocks()
+    finally:
+        layer.w2.blocks = blocks
