@@ -26,6 +26,7 @@ from ds4tui.format.payload import (
     unpack_dsv4_header,
 )
 from ds4tui.engine.errors import PayloadError
+from ds4tui.engine.kernels import qgemv
 
 def write_framing(
     fp: BinaryIO,
@@ -85,15 +86,22 @@ _NONFINITE_FROM = {
 
 
 def all_finite(a: np.ndarray) -> bool:
-    """Whether a float16/32/64 array holds no NaN or infinity: two integer max reductions over
-    its bits, no temporary array. Seen as signed integers, a positive NaN or infinity is at
-    or above the threshold of an all-ones exponent and every finite positive value below it
+    """Whether a float16/32/64 array holds no NaN or infinity, on the calling thread.
+
+    A contiguous f16 or f32 array (a restore's K/V runs) goes through the C kernels' one-pass
+    check (kernels/finite.c). Otherwise, or without them: two integer max reductions over its
+    bits, no temporary array. Seen as signed integers, a positive NaN or infinity is at or
+    above the threshold of an all-ones exponent and every finite positive value below it
     (every negative value is negative); seen as unsigned, the same holds for the negative
-    ones (sign bit set). numpy's max runs in SIMD on the calling thread; np.isfinite would
-    write a boolean array first (and is scalar code for float16)."""
+    ones (sign bit set). numpy's max runs in SIMD; np.isfinite would write a boolean array
+    first (and is scalar code for float16)."""
     signed, unsigned, pos, neg = _NONFINITE_FROM[a.dtype]
     if a.size == 0:
         return True
+    if a.dtype.itemsize in (2, 4) and a.flags.c_contiguous:
+        ok = qgemv.all_finite(a.ctypes.data, a.size, a.dtype.itemsize)
+        if ok is not None:
+            return ok
     return not (int(a.view(signed).max()) >= pos or int(a.view(unsigned).max()) >= neg)
 
 

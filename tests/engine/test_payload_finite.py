@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ds4tui.engine.kernels import qgemv
 from ds4tui.engine.payload import all_finite
 
 
@@ -43,3 +44,22 @@ def test_strided_views_are_checked_in_place():
     a[3, 2] = -np.inf  # inside the view
     a[4, 1] = np.nan  # outside it
     assert not all_finite(view) and all_finite(a[:, 1::2][:4])
+
+
+@pytest.mark.parametrize("variant", qgemv.variants())
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_the_c_check_in_every_variant_finds_every_position(variant, dtype):
+    """kernels/finite.c (contiguous f16/f32 runs: a restore's K/V) in each vector width: a NaN
+    or infinity in the vector body or in the tail, of either sign, is found; the largest
+    finite values and subnormals are not flagged."""
+    info = np.finfo(dtype)
+    base = np.random.default_rng(1).standard_normal(77).astype(dtype)
+    base[[0, 40, 76]] = [info.max, -info.max, info.smallest_subnormal]
+    with qgemv.use_variant(variant):
+        assert qgemv.all_finite(base.ctypes.data, base.size, base.itemsize) is True
+        for i in range(base.size):
+            for bad in (np.inf, -np.inf, np.nan):
+                row = base.copy()
+                row[i] = bad
+                assert qgemv.all_finite(row.ctypes.data, row.size, row.itemsize) is False, (i, bad)
+                assert not all_finite(row)

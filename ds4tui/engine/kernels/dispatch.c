@@ -63,7 +63,7 @@ DS4K_EXPORT int ds4k_isa(void) {
 }
 
 /* Bumped when an entry point changes signature or meaning; qgemv.py checks it. */
-DS4K_EXPORT int ds4k_abi(void) { return 5; }
+DS4K_EXPORT int ds4k_abi(void) { return 6; }
 
 DS4K_EXPORT int ds4k_row_bytes_of(int type, int64_t cols) { return (int)ds4k_row_bytes(type, cols); }
 
@@ -128,3 +128,7 @@ DS4K_EXPORT int ds4k_llama_layer(const ds4k_llama *m, int layer, void *kv, int64
 DS4K_EXPORT int64_t ds4k_llama_layer_workspace(const ds4k_llama *m, int64_t s) {
     return ops()->llama_layer_workspace(m, s);
 }
+
+/* 1 when the n values at p (f16: elem_bytes 2, f32: 4) are all finite, 0 when one is NaN or
+ * infinite, -1 for another element size (finite.c). */
+DS4K_EXPORT int ds4k_all_finite(const void *p, int64_t n, int elem_bytes) { return ops()->all_finite(p, n, elem_bytes); }

@@ -4,7 +4,7 @@
  * is row-major [rows, cols]; quant types pack 32 (or 256 for K-quants) weights per block
  * along a row, so a block never spans two rows.
  *
- * Build layout: isa.c (which includes dequant.c, qgemv.c, qgemm.c, llama_step.c, attn.c, rows.c and chunk.c) is
+ * Build layout: isa.c (which includes dequant.c, qgemv.c, qgemm.c, llama_step.c, attn.c, rows.c, chunk.c and finite.c) is
  * compiled once per instruction set, with DS4K_ISA = 0 (portable C), 1 (AVX2+FMA+F16C) or
  * 2 (AVX-512 F/BW/VL on top), each into its own ds4k_ops table; pool.c and dispatch.c are
  * compiled once without vector flags, and dispatch.c picks a table at run time.
@@ -169,6 +169,7 @@ typedef struct {
     int (*llama_layer)(const ds4k_llama *m, int layer, void *kv, int64_t ctx, int kv_f16, int64_t pos, int64_t s,
                        float *x, int flags, const float *qk_norm, float scale, float *ws, int nth);
     int64_t (*llama_layer_workspace)(const ds4k_llama *m, int64_t s);
+    int (*all_finite)(const void *p, int64_t n, int elem_bytes);
 } ds4k_ops;
 
 DS4K_HIDDEN extern const ds4k_ops ds4k_ops_scalar;

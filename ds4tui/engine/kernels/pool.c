@@ -173,3 +173,4 @@ void ds4k_run_chunks(ds4k_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
 DS4K_EXPORT void ds4k_set_spin_ns(long ns) { atomic_store(&spin_ns, ns < 0 ? 0 : ns); }
 /* delta > 0 when such work starts, -delta when it ends. */
 DS4K_EXPORT void ds4k_reserve_threads(int delta) { atomic_fetch_add(&reserved_threads, delta); }
+DS4K_EXPORT int ds4k_reserved_threads(void) { return atomic_load(&reserved_threads); }

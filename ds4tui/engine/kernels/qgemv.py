@@ -45,11 +45,11 @@ from ds4tui import paths
 from ds4tui.engine.kernels import quants
 from ds4tui.engine.kernels.quants import TYPE_IDS, dequantize, quantize, row_bytes  # noqa: F401 (re-exported)
 
-ABI = 5  # must equal ds4k_abi() in dispatch.c
+ABI = 6  # must equal ds4k_abi() in dispatch.c
 ISAS = ("scalar", "avx2", "avx512")  # index = the C side's ISA number
 
 _DIR = Path(__file__).parent
-_ISA_SOURCES = ["isa.c", "dequant.c", "qgemv.c", "qgemm.c", "llama_step.c", "attn.c", "rows.c", "chunk.c"]
+_ISA_SOURCES = ["isa.c", "dequant.c", "qgemv.c", "qgemm.c", "llama_step.c", "attn.c", "rows.c", "chunk.c", "finite.c"]
 _HEADERS = ["ds4k.h", "simd.h"]
 _ISA_FLAGS = {
     "scalar": [],
@@ -175,6 +175,10 @@ def _load(lib_path: Path) -> ctypes.CDLL:
     lib.ds4k_set_spin_ns.restype = None
     lib.ds4k_reserve_threads.argtypes = [ctypes.c_int]
     lib.ds4k_reserve_threads.restype = None
+    lib.ds4k_reserved_threads.argtypes = []
+    lib.ds4k_reserved_threads.restype = ctypes.c_int
+    lib.ds4k_all_finite.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    lib.ds4k_all_finite.restype = ctypes.c_int
     return lib
 
 
@@ -267,6 +271,25 @@ def reserve_threads(delta: int) -> None:
     _ensure()
     if _lib is not None:
         _lib.ds4k_reserve_threads(int(delta))
+
+
+def reserved_threads() -> int:
+    """Threads reserved by reserve_threads now (0 without the C library)."""
+    _ensure()
+    return 0 if _lib is None else _lib.ds4k_reserved_threads()
+
+
+def all_finite(address: int, count: int, item_bytes: int) -> bool | None:
+    """Whether the `count` f16 (item_bytes 2) or f32 (4) values at `address` hold no NaN or
+    infinity (finite.c: one pass, on the calling thread, no kernel lock: a restore's reader
+    calls it beside the forward's kernels); None without the C library."""
+    _ensure()
+    if _lib is None:
+        return None
+    ok = _lib.ds4k_all_finite(address, count, item_bytes)
+    if ok < 0:
+        raise ValueError(f"all_finite: {item_bytes}-byte items")
+    return bool(ok)
 
 
 # os.cpu_count() reads /sys on every call (~60 us, 2% of a SmolLM2 token); the CPUs do not change.

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ds4tui.engine.errors import PayloadError
+from ds4tui.engine.kernels import qgemv
 from ds4tui.engine.loader import load_model
 from tests.engine.llama.payload_orders import as_token_major
 
@@ -243,3 +244,35 @@ def test_no_overlap_where_it_does_not_apply(model, text, monkeypatch):
     s.prefill(longer)
     monkeypatch.undo()
     _assert_same(_state(s), _state(_sequential(model, data, longer, "f16")))
+
+
+@pytest.mark.parametrize("good", [True, False])
+def test_the_reader_holds_a_kernel_thread_only_while_it_reads(model, text, good, monkeypatch):
+    """While the reader copies and checks rows, the forward's kernels leave it a core
+    (qgemv.reserve_threads); it gives it back when it ends, read through or failed."""
+    prefix, follow = text
+    data = _payload(model, prefix, "f16")
+    if not good:
+        bad = bytearray(data)
+        bad[-4:-2] = b"\x00\x7e"  # f16 NaN in the last row
+        data = bytes(bad)
+    stream = SlowStream(data, 0.03)
+    during: list[int] = []
+    inner = model.forward
+
+    def forward(*args, before_layer=None, **kwargs):
+        def hook(i):
+            before_layer(i)
+            during.append(qgemv.reserved_threads())
+        return inner(*args, before_layer=hook, **kwargs)
+
+    monkeypatch.setattr(model, "forward", forward)
+    assert qgemv.reserved_threads() == 0
+    s = _session(model, "f16")
+    if good:
+        s.load_payload_ahead(stream, len(data), follow)
+    else:
+        with pytest.raises(PayloadError, match="NaN"):
+            s.load_payload_ahead(stream, len(data), follow)
+    assert during and during[0] == 1  # layer 0 ran while later layers were still being read
+    assert qgemv.reserved_threads() == 0
