@@ -59,6 +59,8 @@ FROZEN_GLOBAL = 1  # ds4k.h's DS4K_STEP_FROZEN_GLOBAL
 # chunk.c's llama_layer flags
 LAYER_KV_ONLY = 1  # write the chunk's K/V rows, nothing after (the last layer, no logits wanted)
 LAYER_LAST_ROW = 2  # after the K/V rows only the last position goes on (the last layer, logits wanted)
+# Rows the chunk layer's workspace holds at least (~32 KB a row on SmolLM2).
+LAYER_WS_ROWS = 64
 
 
 def _bind(lib: ctypes.CDLL) -> None:
@@ -203,8 +205,11 @@ class FastDecoder:
         layer_bytes = 2 * hkv * ctx * d * kv.element_size()
         with qgemv.kernel_lock:
             if s > self._layer_ws_rows:  # grows to the longest chunk seen, then stays
-                count = self._lib.ds4k_llama_layer_workspace(ctypes.byref(self._table), s)
-                self._layer_ws, self._layer_ws_rows = torch.empty(count, dtype=torch.float32), s
+                # At least LAYER_WS_ROWS rows, written through now: warm_up's short chunk then
+                # leaves room, already faulted in, for a message's chunk after a restore.
+                rows = max(s, LAYER_WS_ROWS)
+                count = self._lib.ds4k_llama_layer_workspace(ctypes.byref(self._table), rows)
+                self._layer_ws, self._layer_ws_rows = torch.zeros(count, dtype=torch.float32), rows
             rc = self._lib.ds4k_llama_layer(
                 ctypes.byref(self._table), i, kv.data_ptr() + i * layer_bytes, ctx, int(kv.dtype == torch.float16),
                 pos, s, x.data_ptr(), flags, None if qk_norm is None else qk_norm.data_ptr(), scale,
