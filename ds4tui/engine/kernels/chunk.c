@@ -33,6 +33,18 @@ static void add_rows(float *x, const float *o, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] + o[i];
 }
 
+/* x += o for n rows, o first normalized by `post_norm` (into `scratch`) where the layer has one. */
+static int residual(const ds4k_llama *m, float *x, const float *o, const float *post_norm, float *scratch, int64_t n,
+                    int nth) {
+    if (post_norm) {
+        int rc = rms_norm_rows(o, m->hidden, post_norm, scratch, n, m->hidden, m->eps, nth);
+        if (rc) return rc;
+        o = scratch;
+    }
+    add_rows(x, o, n * m->hidden);
+    return 0;
+}
+
 /* The chunk's K/V rows of one head plane: row r of src (stride lds) to buffer row pos + r. */
 static void write_rows(void *plane, int64_t pos, const float *src, int64_t lds, int64_t s, int d, int f16) {
     for (int64_t r = 0; r < s; r++) {
@@ -76,21 +88,10 @@ static int llama_layer(const ds4k_llama *m, int li, void *kv, int64_t ctx, int k
                    (int)hq, (int)hkv, (int)d, scale, nth)))
         return rc;
     if ((rc = gemm(&L->o, 1, att, o, nq, n, nth))) return rc;
-    if (L->post_attn_norm) {
-        if ((rc = rms_norm_rows(o, H, L->post_attn_norm, h, n, H, m->eps, nth))) return rc;
-        add_rows(xr, h, n * H);
-    } else {
-        add_rows(xr, o, n * H);
-    }
+    if ((rc = residual(m, xr, o, L->post_attn_norm, h, n, nth))) return rc;
     if ((rc = rms_norm_rows(xr, H, L->ffn_norm, h, n, H, m->eps, nth))) return rc;
     if ((rc = gemm(L->w13, nparts_of(L->w13), h, gu, H, n, nth))) return rc;
     if ((rc = glu(gu, 2 * F, a, n, F, m->act == DS4K_ACT_GELU_TANH, nth))) return rc;
     if ((rc = gemm(&L->w2, 1, a, o, F, n, nth))) return rc;
-    if (L->post_ffn_norm) {
-        if ((rc = rms_norm_rows(o, H, L->post_ffn_norm, h, n, H, m->eps, nth))) return rc;
-        add_rows(xr, h, n * H);
-    } else {
-        add_rows(xr, o, n * H);
-    }
-    return 0;
+    return residual(m, xr, o, L->post_ffn_norm, h, n, nth);
 }

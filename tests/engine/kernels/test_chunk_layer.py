@@ -1,7 +1,8 @@
 """chunk.c's layer (a chunk's llama layer in one C call) against the forward's per-layer steps
 in Python: the same kernels in the same order, so bit-identical logits and K/V rows, for every
 architecture it takes (Llama 3, Qwen 2's biases, Qwen 3's q/k norms), f32 and f16 K/V, every
-kernel variant, and the last layer's two endings (no logits: K/V rows only; logits: one row)."""
+kernel variant, and the last layer's two endings (no logits: K/V rows only; logits: one row);
+Gemma 3's post norms and GeGLU on a variant of it without sliding layers."""
 
 from __future__ import annotations
 
@@ -9,10 +10,30 @@ import pytest
 import torch
 
 from ds4tui.engine.kernels import qgemv
-from tests.engine.kernels.test_llama_step_archs import CONFIGS, CTX, arch_model, tiny  # noqa: F401 (fixture)
+from ds4tui.engine.llama.config import FULL, LlamaConfig
+from ds4tui.engine.llama.model import LlamaModel
+from ds4tui.engine.llama.weights import make_info
+from tests.engine.kernels.test_llama_step_archs import (  # noqa: F401 (tiny: a fixture)
+    CONFIGS, CTX, _blocks, _tensors, arch_model, tiny)
 
 VARIANTS = qgemv.variants()
-C_ARCHS = [a for a in CONFIGS if a != "gemma3"]
+# Gemma 3's fields (embedding scale, q/k norms, post norms, GeGLU, query scale) on global
+# layers only: what the C layer takes of it (its sliding layers keep the Python steps).
+GLOBAL_GEMMA = dict(CONFIGS["gemma3"], layer_types=(FULL,) * 4, sliding_window=0)
+C_ARCHS = [a for a in CONFIGS if a != "gemma3"] + ["gemma3-global"]
+_GLOBAL: dict = {}
+
+
+def _model(tiny, arch: str) -> LlamaModel:
+    if arch != "gemma3-global":
+        return arch_model(tiny, arch, "mix")
+    if not _GLOBAL:
+        cfg = LlamaConfig(**GLOBAL_GEMMA)
+        tensors = _tensors(cfg, seed=11)
+        raw = _blocks(tensors, seed=3)
+        info = make_info("chunk-gemma3-global", cfg, "test-gemma3-global", 32)
+        _GLOBAL["m"] = LlamaModel(cfg, tensors, info, tiny.tokenizer, tiny.chat, "test", raw=raw)
+    return _GLOBAL["m"]
 
 
 def _run(model, use_c: bool, kv_dtype: str, chunks: list[tuple[int, int, bool]], variant: str, seen: list[int]):
@@ -37,7 +58,7 @@ def _run(model, use_c: bool, kv_dtype: str, chunks: list[tuple[int, int, bool]],
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
 @pytest.mark.parametrize("arch", C_ARCHS)
 def test_c_layers_equal_the_python_steps(tiny, arch, kv_dtype, variant):
-    model = arch_model(tiny, arch, "mix")
+    model = _model(tiny, arch)
     assert model.use_c_layers
     # a prefill in chunks (the last layer writes K/V only), then a short message with logits
     # at depth (the split attention), then a two-token chunk
