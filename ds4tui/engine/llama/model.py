@@ -273,7 +273,7 @@ class LlamaModel(Model):
                 blocks = getattr(layer, name).blocks
                 if blocks is None:
                     return False
-                mats = [(m.w or 0, m.type, m.rows) for m in blocks._mats if m.rows > 0]
+                mats = [(b.data_ptr(), qgemv.TYPE_IDS[t], b.shape[0]) for t, b in blocks.parts]
                 if mats != held[name]:
                     return False
         return True
