@@ -27,7 +27,7 @@ from ds4tui.engine.kernels.llama_step import LAYER_KV_ONLY, LAYER_LAST_ROW, make
 from ds4tui.engine.kernels.llama_step import supported as fast_supported
 from ds4tui.engine.kernels.qgemm import make_blocks
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
-from ds4tui.engine.llama.session import DEFAULT_KV_DTYPE, KV_DTYPES, KvBuffers, LlamaSession, kv_shapes
+from ds4tui.engine.llama.session import DEFAULT_KV_DTYPE, KV_DTYPES, KvBuffers, LlamaSession, fits
 from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
 
 # A session's context when the caller names none: SmolLM2's 8192 would pin 377 MB of fp32 KV
@@ -208,8 +208,7 @@ class LlamaModel(Model):
             raise ValueError(f"kv_dtype {kv_dtype!r}: expected one of {', '.join(KV_DTYPES)}")
         with self._spare_lock:
             kv, self._spare = self._spare, None
-        if kv is not None and ([tuple(t.shape) for t in kv] != kv_shapes(self.cfg, ctx)
-                               or kv[0].dtype != KV_DTYPES[kv_dtype]):
+        if kv is not None and not fits(kv, self.cfg, ctx, KV_DTYPES[kv_dtype]):
             kv = None  # warmed for another context size or type: dropped, not kept alongside
         return LlamaSession(self, ctx, CHUNK_SIZE, kv=kv, kv_dtype=kv_dtype)
 

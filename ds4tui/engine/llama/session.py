@@ -122,7 +122,20 @@ def new_kv(cfg: LlamaConfig, ctx: int, kv_dtype: str = DEFAULT_KV_DTYPE) -> KvBu
 
 
 def kv_bytes(kv: KvBuffers) -> int:
+    if isinstance(kv, torch.Tensor):
+        return kv.numel() * kv.element_size()
     return sum(t.numel() * t.element_size() for t in kv)
+
+
+def fits(kv: KvBuffers, cfg: LlamaConfig, ctx: int, dtype: torch.dtype) -> bool:
+    """Whether `kv` is a buffer set of these shapes (kv_shapes) and type, each contiguous.
+    One tensor is checked whole: iterating it makes a view per layer (torch's unbind, whose
+    first call in a process took ~0.2 ms of a disk hit)."""
+    if isinstance(kv, torch.Tensor):
+        want = (cfg.num_layers, 2, cfg.num_kv_heads, ctx, cfg.head_dim)
+        return not cfg.sliding_layers and tuple(kv.shape) == want and kv.dtype == dtype and kv.is_contiguous()
+    return ([tuple(t.shape) for t in kv] == kv_shapes(cfg, ctx)
+            and all(t.dtype == dtype and t.is_contiguous() for t in kv))
 
 
 class LlamaForward(Protocol):
@@ -160,9 +173,8 @@ class LlamaSession(Session):
         dtype = kv_torch_dtype(kv_dtype)
         self.swa = LlamaSwa()
         if kv is not None:
-            shapes = kv_shapes(cfg, ctx_size)
-            if [tuple(t.shape) for t in kv] != shapes or any(t.dtype != dtype or not t.is_contiguous() for t in kv):
-                raise ValueError(f"kv buffers do not fit {shapes} {kv_dtype}")
+            if not fits(kv, cfg, ctx_size, dtype):
+                raise ValueError(f"kv buffers do not fit {kv_shapes(cfg, ctx_size)} {kv_dtype}")
             if cfg.sliding_layers:
                 for t in kv:
                     t.zero_()

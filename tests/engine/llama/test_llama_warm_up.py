@@ -58,3 +58,22 @@ def test_spare_of_another_size_is_dropped(model):
     model.warm_up(32)
     s = model.new_session(64)
     assert s.kv.shape[3] == 64 and model._spare is None
+
+
+def test_a_spare_of_another_size_or_type_is_not_adopted(model):
+    """The spare's shape, type and layout are checked whole (session.fits): a spare warmed for
+    another context or K/V type is dropped, not handed to a session it does not fit."""
+    from ds4tui.engine.llama.session import fits
+
+    model.warm_up(64)
+    assert model.new_session(32).kv.shape[3] == 32 and model._spare is None  # dropped
+    model.warm_up(64, kv_dtype="f16")
+    assert model.new_session(64, kv_dtype="f32").kv.dtype == torch.float32 and model._spare is None
+    model.warm_up(64)
+    spare = model._spare
+    assert model.new_session(64).kv is spare  # adopted as it is
+    cfg = model.cfg
+    assert fits(spare, cfg, 64, spare.dtype)
+    assert not fits(spare, cfg, 63, spare.dtype) and not fits(spare, cfg, 64, torch.float32 if spare.dtype == torch.float16 else torch.float16)
+    assert not fits(spare.transpose(3, 4), cfg, 64, spare.dtype)  # wrong shape
+    assert not fits(spare[:, :, :, :32], cfg, 32, spare.dtype)  # right shape, not contiguous
