@@ -156,12 +156,13 @@ class PayloadReader:
         return np.frombuffer(data, dtype="<u4").astype(np.int64).tolist()
 
     def read_tokens(self, count: int, vocab_size: int) -> list[int]:
-        """The framing's token ids, each checked to be inside the vocab."""
-        tokens = self.read_u32(count, "the tokens")
-        bad = next((x for x in tokens if x >= vocab_size), None)
-        if bad is not None:
-            raise PayloadError(f"payload token {bad} is outside the vocab of {vocab_size}")
-        return tokens
+        """The framing's token ids, each checked to be inside the vocab (the first one that is
+        not is named)."""
+        ids = np.frombuffer(self.read_bytes(4 * count, "the tokens"), dtype="<u4")
+        outside = np.flatnonzero(ids >= vocab_size)
+        if outside.size:
+            raise PayloadError(f"payload token {int(ids[outside[0]])} is outside the vocab of {vocab_size}")
+        return ids.astype(np.int64).tolist()
 
     def read_into(self, out: torch.Tensor, what: str) -> None:
         """Fill a contiguous float32 or float16 tensor (e.g. a staging buffer of KV rows) in place."""
