@@ -66,6 +66,76 @@ static inline void quants_q5_1(const uint8_t *p, vf *lo, vf *hi) {
     *lo = _mm512_cvtepi32_ps(_mm512_mask_add_epi32(l, (__mmask16)qh, l, k16));
     *hi = _mm512_cvtepi32_ps(_mm512_mask_add_epi32(h, (__mmask16)(qh >> 16), h, k16));
 }
+#elif DS4K_ISA == 1
+/* AVX2: the 32 quants are built as bytes in one ymm (the 16 packed bytes in both lanes, the
+ * high lane shifted right by 4: low nibbles = quants 0..15, high = 16..31; Q5's fifth bit
+ * expanded for all 32 at once), stored, and widened 8 at a time straight from that copy
+ * (vpmovsx/zxbd with a memory operand: no lane extracts). Same integers, so the same floats. */
+static inline __m256i nib32(const uint8_t *p) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(15));
+}
+
+/* byte j = 0xff where bit j of the 4 bytes at p is set */
+static inline __m256i bits32(const uint8_t *p) {
+    int32_t qh;
+    memcpy(&qh, p, 4);
+    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i others = _mm256_set1_epi64x((long long)0x7fbfdfeff7fbfdfeULL); /* all bits but j's */
+    const __m256i b = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(qh), sel), others);
+    return _mm256_cmpeq_epi8(b, _mm256_set1_epi8(-1));
+}
+
+static inline __m256i zx8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline __m256 cvt8_i8(const uint8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+static inline __m256 cvt8_u8(const uint8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+
+static inline void widen32(__m256i q, int is_signed, vf *lo, vf *hi) {
+#ifdef WIDEN_MEM
+    uint8_t t[32] __attribute__((aligned(32)));
+    _mm_store_si128((__m128i *)t, _mm256_castsi256_si128(q));
+    _mm_store_si128((__m128i *)(t + 16), _mm256_extracti128_si256(q, 1));
+    if (is_signed) {
+        lo->a = cvt8_i8(t), lo->b = cvt8_i8(t + 8), hi->a = cvt8_i8(t + 16), hi->b = cvt8_i8(t + 24);
+    } else {
+        lo->a = cvt8_u8(t), lo->b = cvt8_u8(t + 8), hi->a = cvt8_u8(t + 16), hi->b = cvt8_u8(t + 24);
+    }
+#else
+    const __m128i l = _mm256_castsi256_si128(q), h = _mm256_extracti128_si256(q, 1);
+    if (is_signed) {
+        lo->a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(l)), lo->b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(l, l)));
+        hi->a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h)), hi->b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(h, h)));
+    } else {
+        lo->a = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(l)), lo->b = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(l, l)));
+        hi->a = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h)), hi->b = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(h, h)));
+    }
+#endif
+}
+
+/* Q4: dwords zero-extended straight from the packed bytes, as the AVX-512 build */
+static inline void quants_q4_0(const uint8_t *p, vf *lo, vf *hi) {
+    const __m256i z0 = zx8(p + 2), z1 = zx8(p + 10), m15 = _mm256_set1_epi32(15), k8 = _mm256_set1_epi32(8);
+    lo->a = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(z0, m15), k8));
+    lo->b = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(z1, m15), k8));
+    hi->a = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(z0, 4), k8));
+    hi->b = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(z1, 4), k8));
+}
+
+static inline void quants_q4_1(const uint8_t *p, vf *lo, vf *hi) {
+    const __m256i z0 = zx8(p + 4), z1 = zx8(p + 12), m15 = _mm256_set1_epi32(15);
+    lo->a = _mm256_cvtepi32_ps(_mm256_and_si256(z0, m15)), lo->b = _mm256_cvtepi32_ps(_mm256_and_si256(z1, m15));
+    hi->a = _mm256_cvtepi32_ps(_mm256_srli_epi32(z0, 4)), hi->b = _mm256_cvtepi32_ps(_mm256_srli_epi32(z1, 4));
+}
+
+/* q - 16 = the nibble with bits 4..7 set (as int8) where the fifth bit is clear */
+static inline void quants_q5_0(const uint8_t *p, vf *lo, vf *hi) {
+    widen32(_mm256_or_si256(nib32(p + 6), _mm256_andnot_si256(bits32(p + 2), _mm256_set1_epi8((char)0xf0))), 1, lo, hi);
+}
+
+static inline void quants_q5_1(const uint8_t *p, vf *lo, vf *hi) {
+    widen32(_mm256_or_si256(nib32(p + 8), _mm256_and_si256(bits32(p + 4), _mm256_set1_epi8(16))), 0, lo, hi);
+}
 #else
 static inline void quants_q4_0(const uint8_t *p, vf *lo, vf *hi) {
     vb v = vb_load(p + 2);
@@ -123,6 +193,11 @@ static inline __m512 h2v(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_set1_
 static inline __m512 lane_of(f4 v, int k) { return _mm512_permutexvar_ps(_mm512_set1_epi32(k), _mm512_castps128_ps512(v)); }
 #define ROW_SCALE(dm, k, ptr, has_m) ((has_m) ? lane_of(dm, k) : h2v(ptr))
 #define SCALE_ADD(d, s, acc) _mm512_fmadd_ps(d, s, acc)
+#elif DS4K_ISA == 1 && !defined(OLD_SCALE)
+typedef __m256 scale_t;
+static inline __m256 h2v(const uint8_t *p) { return _mm256_cvtph_ps(_mm_set1_epi16((short)ds4k_rd16(p))); }
+#define ROW_SCALE(dm, k, ptr, has_m) ((has_m) ? _mm256_set1_ps(f4_at(dm, k)) : h2v(ptr))
+#define SCALE_ADD(d, s, acc) _mm256_fmadd_ps(d, s, acc)
 #else
 typedef float scale_t;
 #define ROW_SCALE(dm, k, ptr, has_m) f4_at(dm, k)
@@ -225,7 +300,9 @@ static inline void blk_qk45(const uint8_t *p, const float *x, const float *xs, v
 #define SCALE_OF(i) _mm512_permutexvar_ps(_mm512_set1_epi32(i), scd16)
 #else
     *acc = _mm256_fnmadd_ps(mnd, _mm256_loadu_ps(xs), *acc);
-#define SCALE_OF(i) _mm256_permutevar8x32_ps(scd, _mm256_set1_epi32(i))
+    float scm[8] __attribute__((aligned(32))); /* a broadcast load per sub-block, not a permute */
+    _mm256_store_ps(scm, scd);
+#define SCALE_OF(i) _mm256_broadcast_ss(scm + (i))
 #endif
 #else
     float o = 0.0f;
@@ -239,6 +316,22 @@ static inline void blk_qk45(const uint8_t *p, const float *x, const float *xs, v
                 const vf lo = _mm512_cvtepi32_ps(half ? _mm512_srli_epi32(z0, 4) : _mm512_and_si512(z0, m15));
                 const vf hi = _mm512_cvtepi32_ps(half ? _mm512_srli_epi32(z1, 4) : _mm512_and_si512(z1, m15));
                 *acc = _mm512_fmadd_ps(SCALE_OF(i), va_dot32(lo, hi, vf_load(x + 32 * i), vf_load(x + 32 * i + 16)), *acc);
+            }
+        }
+        return;
+    }
+#elif DS4K_ISA == 1
+    if (!five) { /* Q4_K: dwords zero-extended straight from the packed bytes serve both sub-blocks */
+        const __m256i m15 = _mm256_set1_epi32(15);
+        for (int c4 = 0; c4 < 4; c4++) {
+            const uint8_t *q = qs + 32 * c4;
+            const __m256i z[4] = {zx8(q), zx8(q + 8), zx8(q + 16), zx8(q + 24)};
+            for (int half = 0; half < 2; half++) {
+                const int i = 2 * c4 + half;
+                __m256 f[4];
+                for (int k = 0; k < 4; k++) f[k] = _mm256_cvtepi32_ps(half ? _mm256_srli_epi32(z[k], 4) : _mm256_and_si256(z[k], m15));
+                const vf lo = {f[0], f[1]}, hi = {f[2], f[3]};
+                *acc = _mm256_fmadd_ps(SCALE_OF(i), va_dot32(lo, hi, vf_load(x + 32 * i), vf_load(x + 32 * i + 16)), *acc);
             }
         }
         return;
@@ -293,10 +386,10 @@ static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, v
 #define SCALE_OF(k) _mm512_permutexvar_ps(_mm512_set1_epi32(k), scd)
 #define ADD_SCALED(k, dot) (*acc = _mm512_fmadd_ps(SCALE_OF(k), dot, *acc))
 #elif DS4K_ISA == 1
-    const __m256 scd[2] = {
-        _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc)))),
-        _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8)))))};
-#define ADD_SCALED(k, dot) (*acc = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(scd[(k) / 8], _mm256_set1_epi32((k) % 8)), dot, *acc))
+    float scm[16] __attribute__((aligned(32))); /* scaled once, then a broadcast load per group */
+    _mm256_store_ps(scm, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc)))));
+    _mm256_store_ps(scm + 8, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8))))));
+#define ADD_SCALED(k, dot) (*acc = _mm256_fmadd_ps(_mm256_broadcast_ss(scm + (k)), dot, *acc))
 #else
 #define ADD_SCALED(k, dot) (*acc = va_scale_add(d * (float)sc[k], dot, *acc))
 #endif
@@ -317,6 +410,27 @@ static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, v
                 const __m512i q = _mm512_sub_epi32(_mm512_ternarylogic_epi32(nib, hb, m30, 0xf8), k32); /* nib | (hb & m30) */
                 ADD_SCALED(si + u, va_dot16(_mm512_cvtepi32_ps(q), vf_load(x + 128 * h + 32 * s + 16 * u)));
             }
+        }
+    }
+#elif DS4K_ISA == 1
+    /* both groups of a 32-weight step as one ymm of bytes: ql's 32 bytes (low or high
+     * nibbles), qh's 32 bytes (bits 2s, 2s + 1 moved to bits 4, 5 by one word shift), minus 32 */
+    const __m256i m0f = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = p + 64 * h, *qh = p + 128 + 32 * h;
+        const __m256i l01 = _mm256_loadu_si256((const __m256i *)ql), l23 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        const __m256i qhv = _mm256_loadu_si256((const __m256i *)qh);
+        for (int s = 0; s < 4; s++) {
+            const __m256i l = s & 1 ? l23 : l01;
+            const __m256i nib = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(l, 4) : l, m0f);
+            const __m256i hb = _mm256_and_si256(s == 0 ? _mm256_slli_epi16(qhv, 4) : s == 1 ? _mm256_slli_epi16(qhv, 2)
+                                                : s == 2 ? qhv : _mm256_srli_epi16(qhv, 2), m30);
+            const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nib, hb), k32);
+            const __m128i a = _mm256_castsi256_si128(q), b = _mm256_extracti128_si256(q, 1);
+            const float *xe = x + 128 * h + 32 * s;
+            const int si = 8 * h + 2 * s;
+            ADD_SCALED(si, va_dot16(vf_i8(a), vf_load(xe)));
+            ADD_SCALED(si + 1, va_dot16(vf_i8(b), vf_load(xe + 16)));
         }
     }
 #else
