@@ -91,28 +91,6 @@ static inline __m256i zx8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_lo
 static inline __m256 cvt8_i8(const uint8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 static inline __m256 cvt8_u8(const uint8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 
-static inline void widen32(__m256i q, int is_signed, vf *lo, vf *hi) {
-#ifdef WIDEN_MEM
-    uint8_t t[32] __attribute__((aligned(32)));
-    _mm_store_si128((__m128i *)t, _mm256_castsi256_si128(q));
-    _mm_store_si128((__m128i *)(t + 16), _mm256_extracti128_si256(q, 1));
-    if (is_signed) {
-        lo->a = cvt8_i8(t), lo->b = cvt8_i8(t + 8), hi->a = cvt8_i8(t + 16), hi->b = cvt8_i8(t + 24);
-    } else {
-        lo->a = cvt8_u8(t), lo->b = cvt8_u8(t + 8), hi->a = cvt8_u8(t + 16), hi->b = cvt8_u8(t + 24);
-    }
-#else
-    const __m128i l = _mm256_castsi256_si128(q), h = _mm256_extracti128_si256(q, 1);
-    if (is_signed) {
-        lo->a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(l)), lo->b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(l, l)));
-        hi->a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h)), hi->b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(h, h)));
-    } else {
-        lo->a = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(l)), lo->b = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(l, l)));
-        hi->a = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h)), hi->b = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(h, h)));
-    }
-#endif
-}
-
 /* Q4: dwords zero-extended straight from the packed bytes, as the AVX-512 build */
 static inline void quants_q4_0(const uint8_t *p, vf *lo, vf *hi) {
     const __m256i z0 = zx8(p + 2), z1 = zx8(p + 10), m15 = _mm256_set1_epi32(15), k8 = _mm256_set1_epi32(8);
@@ -128,13 +106,13 @@ static inline void quants_q4_1(const uint8_t *p, vf *lo, vf *hi) {
     hi->a = _mm256_cvtepi32_ps(_mm256_srli_epi32(z0, 4)), hi->b = _mm256_cvtepi32_ps(_mm256_srli_epi32(z1, 4));
 }
 
-/* q - 16 = the nibble with bits 4..7 set (as int8) where the fifth bit is clear */
-static inline void quants_q5_0(const uint8_t *p, vf *lo, vf *hi) {
-    widen32(_mm256_or_si256(nib32(p + 6), _mm256_andnot_si256(bits32(p + 2), _mm256_set1_epi8((char)0xf0))), 1, lo, hi);
+/* Q5_0's 32 quants as int8: q - 16 is the nibble with bits 4..7 set where the fifth bit is clear */
+static inline __m256i q5_0_bytes(const uint8_t *p) {
+    return _mm256_or_si256(nib32(p + 6), _mm256_andnot_si256(bits32(p + 2), _mm256_set1_epi8((char)0xf0)));
 }
 
-static inline void quants_q5_1(const uint8_t *p, vf *lo, vf *hi) {
-    widen32(_mm256_or_si256(nib32(p + 8), _mm256_and_si256(bits32(p + 4), _mm256_set1_epi8(16))), 0, lo, hi);
+static inline __m256i q5_1_bytes(const uint8_t *p) {
+    return _mm256_or_si256(nib32(p + 8), _mm256_and_si256(bits32(p + 4), _mm256_set1_epi8(16)));
 }
 #else
 static inline void quants_q4_0(const uint8_t *p, vf *lo, vf *hi) {
@@ -268,8 +246,55 @@ typedef float scale_t;
 
 BLOCK32_ROWS(q4_0_rows, quants_q4_0, 18, 0)
 BLOCK32_ROWS(q4_1_rows, quants_q4_1, 20, 1)
+#if DS4K_ISA == 1
+/* AVX2 Q5 rows: a block's 32 quant bytes are built in one ymm and stored, and read back
+ * Q5_AHEAD blocks later by vpmovsx/zxbd with a memory operand, 8 at a time (4 widening
+ * uops instead of 4 plus 3 lane extracts). Read back at once, the loads would wait on the
+ * store (75 -> 62 ns per 1000 weights only); 5 blocks ahead, 52 (Zen 5, one thread). */
+#define Q5_AHEAD 5
+#define Q5_ROWS(NAME, QBYTES, BYTES, HAS_M, CVT)                                              \
+    static void NAME(const uint8_t *w, int64_t nb, const float *x, const float *xs, float *y, \
+                     int64_t r0, int64_t r1) {                                                \
+        const int64_t rb = nb * (BYTES);                                                      \
+        (void)xs;                                                                             \
+        uint8_t buf[8][64] __attribute__((aligned(32)));                                      \
+        for (int64_t r = r0; r < r1; r += 2) {                                                \
+            const int two = r + 1 < r1;                                                       \
+            const uint8_t *p = w + r * rb, *q = two ? p + rb : p;                             \
+            va a0 = va_zero(), a1 = va_zero();                                                \
+            MINS_DECL;                                                                        \
+            const uint8_t *pf = p + PF_DIST;                                                  \
+            for (int64_t b = 0; b < Q5_AHEAD && b < nb; b++) {                                \
+                _mm256_store_si256((__m256i *)buf[b & 7], QBYTES(p + b * (BYTES)));           \
+                _mm256_store_si256((__m256i *)(buf[b & 7] + 32), QBYTES(q + b * (BYTES)));    \
+            }                                                                                 \
+            for (int64_t b = 0; b < nb; b++, p += (BYTES), q += (BYTES), pf += 2 * (BYTES)) { \
+                for (int k = 0; k < 2 * (BYTES); k += 64) __builtin_prefetch(pf + k);         \
+                if (b + Q5_AHEAD < nb) {                                                      \
+                    uint8_t *t = buf[(b + Q5_AHEAD) & 7];                                      \
+                    _mm256_store_si256((__m256i *)t, QBYTES(p + Q5_AHEAD * (BYTES)));          \
+                    _mm256_store_si256((__m256i *)(t + 32), QBYTES(q + Q5_AHEAD * (BYTES)));   \
+                }                                                                             \
+                const vf x0 = vf_load(x + 32 * b), x1 = vf_load(x + 32 * b + 16);             \
+                const f4 dm = f16x4(p, q);                                                    \
+                const scale_t dp = ROW_SCALE(dm, 0, p, HAS_M), dq = ROW_SCALE(dm, 2, q, HAS_M); \
+                const uint8_t *t = buf[b & 7];                                                \
+                vf lo = {CVT(t), CVT(t + 8)}, hi = {CVT(t + 16), CVT(t + 24)};                \
+                a0 = SCALE_ADD(dp, va_dot32(lo, hi, x0, x1), a0);                             \
+                vf lo2 = {CVT(t + 32), CVT(t + 40)}, hi2 = {CVT(t + 48), CVT(t + 56)};        \
+                a1 = SCALE_ADD(dq, va_dot32(lo2, hi2, x0, x1), a1);                           \
+                if (HAS_M) MINS_ADD(b);                                                       \
+            }                                                                                 \
+            y[r] = va_sum(a0) + (HAS_M ? MINS_ROW(0) : 0.0f);                                 \
+            if (two) y[r + 1] = va_sum(a1) + (HAS_M ? MINS_ROW(1) : 0.0f);                    \
+        }                                                                                     \
+    }
+Q5_ROWS(q5_0_rows, q5_0_bytes, 22, 0, cvt8_i8)
+Q5_ROWS(q5_1_rows, q5_1_bytes, 24, 1, cvt8_u8)
+#else
 BLOCK32_ROWS(q5_0_rows, quants_q5_0, 22, 0)
 BLOCK32_ROWS(q5_1_rows, quants_q5_1, 24, 1)
+#endif
 BLOCK32_ROWS(q8_0_rows, quants_q8_0, 34, 0)
 
 /* ---------------------------------------------------------------- 256-weight K-quant blocks
@@ -374,6 +399,66 @@ static inline void blk_q5_k(const uint8_t *p, const float *x, const float *xs, v
     blk_qk45(p, x, xs, acc, off, 1);
 }
 
+#if DS4K_ISA == 1
+/* AVX2 Q6_K, in two steps a superblock apart (as the Q5 rows, so that the widening loads
+ * find the bytes stored): q6_k_bytes stores the 256 quants as int8, two groups of 16 per
+ * ymm (ql's 32 bytes, low or high nibbles; qh's 32 bytes, bits 2s and 2s + 1 moved to
+ * bits 4 and 5 by one word shift; minus 32); q6_k_dot widens them 8 at a time from memory
+ * and scales each group by a broadcast load of its scaled scale. Same integers and float
+ * operations as the other builds' blk_q6_k per group. */
+static inline void q6_k_bytes(const uint8_t *p, uint8_t *out) {
+    const __m256i m0f = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = p + 64 * h, *qh = p + 128 + 32 * h;
+        const __m256i l01 = _mm256_loadu_si256((const __m256i *)ql), l23 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        const __m256i qhv = _mm256_loadu_si256((const __m256i *)qh);
+        for (int s = 0; s < 4; s++) {
+            const __m256i l = s & 1 ? l23 : l01;
+            const __m256i nib = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(l, 4) : l, m0f);
+            const __m256i hb = _mm256_and_si256(s == 0 ? _mm256_slli_epi16(qhv, 4) : s == 1 ? _mm256_slli_epi16(qhv, 2)
+                                                : s == 2 ? qhv : _mm256_srli_epi16(qhv, 2), m30);
+            _mm256_store_si256((__m256i *)(out + 128 * h + 32 * s), _mm256_sub_epi8(_mm256_or_si256(nib, hb), k32));
+        }
+    }
+}
+
+static inline void q6_k_dot(const uint8_t *p, const uint8_t *q8, const float *x, va *acc) {
+    const int8_t *sc = (const int8_t *)(p + 192);
+    const __m256 d = _mm256_set1_ps(h2f(p + 208));
+    float scm[16] __attribute__((aligned(32)));
+    _mm256_store_ps(scm, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc)))));
+    _mm256_store_ps(scm + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8))))));
+    for (int k = 0; k < 16; k++) {
+        const vf qv = {cvt8_i8(q8 + 16 * k), cvt8_i8(q8 + 16 * k + 8)};
+        *acc = _mm256_fmadd_ps(_mm256_broadcast_ss(scm + k), va_dot16(qv, vf_load(x + 16 * k)), *acc);
+    }
+}
+
+static void q6_k_rows(const uint8_t *w, int64_t nb, const float *x, const float *xs, float *y, int64_t r0, int64_t r1) {
+    (void)xs;
+    const int64_t rb = nb * 210;
+    uint8_t buf[2][2][256] __attribute__((aligned(32))); /* [superblock parity][row of the pair] */
+    for (int64_t r = r0; r < r1; r += 2) {
+        const int two = r + 1 < r1;
+        const uint8_t *p = w + r * rb, *q = p + rb;
+        va a0 = va_zero(), a1 = va_zero();
+        const uint8_t *pf = p + PF_DIST, *pf_end = pf;
+        q6_k_bytes(p, buf[0][0]);
+        if (two) q6_k_bytes(q, buf[0][1]);
+        for (int64_t b = 0; b < nb; b++, p += 210, q += 210) {
+            for (pf_end += 2 * 210; pf < pf_end; pf += 64) __builtin_prefetch(pf);
+            if (b + 1 < nb) {
+                q6_k_bytes(p + 210, buf[(b + 1) & 1][0]);
+                if (two) q6_k_bytes(q + 210, buf[(b + 1) & 1][1]);
+            }
+            q6_k_dot(p, buf[b & 1][0], x + 256 * b, &a0);
+            if (two) q6_k_dot(q, buf[b & 1][1], x + 256 * b, &a1);
+        }
+        y[r] = va_sum(a0);
+        if (two) y[r + 1] = va_sum(a1);
+    }
+}
+#else
 /* Q6_K: 16 groups of 16 with their own int8 scale (the vector builds scale all 16 at once
  * and pick each with a permute). */
 static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, va *acc, float *off) {
@@ -385,11 +470,6 @@ static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, v
                                                             _mm_loadu_si128((const __m128i *)sc))));
 #define SCALE_OF(k) _mm512_permutexvar_ps(_mm512_set1_epi32(k), scd)
 #define ADD_SCALED(k, dot) (*acc = _mm512_fmadd_ps(SCALE_OF(k), dot, *acc))
-#elif DS4K_ISA == 1
-    float scm[16] __attribute__((aligned(32))); /* scaled once, then a broadcast load per group */
-    _mm256_store_ps(scm, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc)))));
-    _mm256_store_ps(scm + 8, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8))))));
-#define ADD_SCALED(k, dot) (*acc = _mm256_fmadd_ps(_mm256_broadcast_ss(scm + (k)), dot, *acc))
 #else
 #define ADD_SCALED(k, dot) (*acc = va_scale_add(d * (float)sc[k], dot, *acc))
 #endif
@@ -410,27 +490,6 @@ static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, v
                 const __m512i q = _mm512_sub_epi32(_mm512_ternarylogic_epi32(nib, hb, m30, 0xf8), k32); /* nib | (hb & m30) */
                 ADD_SCALED(si + u, va_dot16(_mm512_cvtepi32_ps(q), vf_load(x + 128 * h + 32 * s + 16 * u)));
             }
-        }
-    }
-#elif DS4K_ISA == 1
-    /* both groups of a 32-weight step as one ymm of bytes: ql's 32 bytes (low or high
-     * nibbles), qh's 32 bytes (bits 2s, 2s + 1 moved to bits 4, 5 by one word shift), minus 32 */
-    const __m256i m0f = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
-    for (int h = 0; h < 2; h++) {
-        const uint8_t *ql = p + 64 * h, *qh = p + 128 + 32 * h;
-        const __m256i l01 = _mm256_loadu_si256((const __m256i *)ql), l23 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-        const __m256i qhv = _mm256_loadu_si256((const __m256i *)qh);
-        for (int s = 0; s < 4; s++) {
-            const __m256i l = s & 1 ? l23 : l01;
-            const __m256i nib = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(l, 4) : l, m0f);
-            const __m256i hb = _mm256_and_si256(s == 0 ? _mm256_slli_epi16(qhv, 4) : s == 1 ? _mm256_slli_epi16(qhv, 2)
-                                                : s == 2 ? qhv : _mm256_srli_epi16(qhv, 2), m30);
-            const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nib, hb), k32);
-            const __m128i a = _mm256_castsi256_si128(q), b = _mm256_extracti128_si256(q, 1);
-            const float *xe = x + 128 * h + 32 * s;
-            const int si = 8 * h + 2 * s;
-            ADD_SCALED(si, va_dot16(vf_i8(a), vf_load(xe)));
-            ADD_SCALED(si + 1, va_dot16(vf_i8(b), vf_load(xe + 16)));
         }
     }
 #else
@@ -454,6 +513,7 @@ static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, v
 #undef SCALE_OF
 #undef ADD_SCALED
 }
+#endif
 
 /* rows [r0, r1) of a matrix of nb 256-weight superblocks of BYTES bytes per row */
 #define BLOCK256_ROWS(NAME, BLK, BYTES)                                                       \
@@ -478,7 +538,9 @@ static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, v
 
 BLOCK256_ROWS(q4_k_rows, blk_q4_k, 144)
 BLOCK256_ROWS(q5_k_rows, blk_q5_k, 176)
+#if DS4K_ISA != 1
 BLOCK256_ROWS(q6_k_rows, blk_q6_k, 210)
+#endif
 
 /* ---------------------------------------------------------------- F32 / F16 / BF16 rows */
 
