@@ -67,10 +67,12 @@ static inline void quants_q5_1(const uint8_t *p, vf *lo, vf *hi) {
     *hi = _mm512_cvtepi32_ps(_mm512_mask_add_epi32(h, (__mmask16)(qh >> 16), h, k16));
 }
 #elif DS4K_ISA == 1
-/* AVX2: the 32 quants are built as bytes in one ymm (the 16 packed bytes in both lanes, the
- * high lane shifted right by 4: low nibbles = quants 0..15, high = 16..31; Q5's fifth bit
- * expanded for all 32 at once), stored, and widened 8 at a time straight from that copy
- * (vpmovsx/zxbd with a memory operand: no lane extracts). Same integers, so the same floats. */
+/* AVX2 runs at half the AVX-512 width and is bound by vector uops, so each quant type takes
+ * the path with the fewest: Q4 types zero-extend the packed bytes to dwords straight from
+ * memory (an and or a shift per 8 quants, as the AVX-512 build); Q5 builds its 32 quants as
+ * bytes in one ymm (the 16 packed bytes in both lanes, the high lane shifted right by 4: low
+ * nibbles = quants 0..15, high = 16..31; the fifth bits expanded for all 32 at once) for
+ * Q5_ROWS to widen. Same integers as the other builds, so the same floats. */
 static inline __m256i nib32(const uint8_t *p) {
     const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
     return _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(15));
@@ -171,7 +173,7 @@ static inline __m512 h2v(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_set1_
 static inline __m512 lane_of(f4 v, int k) { return _mm512_permutexvar_ps(_mm512_set1_epi32(k), _mm512_castps128_ps512(v)); }
 #define ROW_SCALE(dm, k, ptr, has_m) ((has_m) ? lane_of(dm, k) : h2v(ptr))
 #define SCALE_ADD(d, s, acc) _mm512_fmadd_ps(d, s, acc)
-#elif DS4K_ISA == 1 && !defined(OLD_SCALE)
+#elif DS4K_ISA == 1 /* a broadcast f16 load and one conversion per row, not a 4-lane gather */
 typedef __m256 scale_t;
 static inline __m256 h2v(const uint8_t *p) { return _mm256_cvtph_ps(_mm_set1_epi16((short)ds4k_rd16(p))); }
 #define ROW_SCALE(dm, k, ptr, has_m) ((has_m) ? _mm256_set1_ps(f4_at(dm, k)) : h2v(ptr))
@@ -249,8 +251,8 @@ BLOCK32_ROWS(q4_1_rows, quants_q4_1, 20, 1)
 #if DS4K_ISA == 1
 /* AVX2 Q5 rows: a block's 32 quant bytes are built in one ymm and stored, and read back
  * Q5_AHEAD blocks later by vpmovsx/zxbd with a memory operand, 8 at a time (4 widening
- * uops instead of 4 plus 3 lane extracts). Read back at once, the loads would wait on the
- * store (75 -> 62 ns per 1000 weights only); 5 blocks ahead, 52 (Zen 5, one thread). */
+ * uops instead of 4 plus 3 lane extracts). Read back at once, the loads wait on the store
+ * (Q5_0, Zen 5, 1 thread: 76 ns per 1000 weights, 63 with lane extracts); 5 blocks later, 52. */
 #define Q5_AHEAD 5
 #define Q5_ROWS(NAME, QBYTES, BYTES, HAS_M, CVT)                                              \
     static void NAME(const uint8_t *w, int64_t nb, const float *x, const float *xs, float *y, \
