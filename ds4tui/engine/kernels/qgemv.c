@@ -405,7 +405,7 @@ static inline void blk_q5_k(const uint8_t *p, const float *x, const float *xs, v
 /* AVX2 Q6_K, in two steps a superblock apart (as the Q5 rows, so that the widening loads
  * find the bytes stored): q6_k_bytes stores the 256 quants as int8, two groups of 16 per
  * ymm (ql's 32 bytes, low or high nibbles; qh's 32 bytes, bits 2s and 2s + 1 moved to
- * bits 4 and 5 by one word shift; minus 32); q6_k_dot widens them 8 at a time from memory
+ * bits 4 and 5 by one word shift; minus 32); q6_k_dot2 widens them 8 at a time from memory
  * and scales each group by a broadcast load of its scaled scale. Same integers and float
  * operations as the other builds' blk_q6_k per group. */
 static inline void q6_k_bytes(const uint8_t *p, uint8_t *out) {
@@ -424,15 +424,25 @@ static inline void q6_k_bytes(const uint8_t *p, uint8_t *out) {
     }
 }
 
-static inline void q6_k_dot(const uint8_t *p, const uint8_t *q8, const float *x, va *acc) {
+/* scm: a superblock's 16 scales times d */
+static inline void q6_k_scales(const uint8_t *p, float *scm) {
     const int8_t *sc = (const int8_t *)(p + 192);
     const __m256 d = _mm256_set1_ps(h2f(p + 208));
-    float scm[16] __attribute__((aligned(32)));
     _mm256_store_ps(scm, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc)))));
     _mm256_store_ps(scm + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8))))));
+}
+
+/* both rows of a pair group by group, so that their two accumulator chains overlap (Q6_K
+ * [3072, 512], 1 thread: 58 -> 53 ns per 1000 weights against one row after the other) */
+static inline void q6_k_dot2(const uint8_t *p, const uint8_t *q, const uint8_t *qp, const uint8_t *qq, const float *x,
+                             va *a0, va *a1) {
+    float sp[16] __attribute__((aligned(32))), sq[16] __attribute__((aligned(32)));
+    q6_k_scales(p, sp), q6_k_scales(q, sq);
     for (int k = 0; k < 16; k++) {
-        const vf qv = {cvt8_i8(q8 + 16 * k), cvt8_i8(q8 + 16 * k + 8)};
-        *acc = _mm256_fmadd_ps(_mm256_broadcast_ss(scm + k), va_dot16(qv, vf_load(x + 16 * k)), *acc);
+        const vf xk = vf_load(x + 16 * k);
+        const vf vp = {cvt8_i8(qp + 16 * k), cvt8_i8(qp + 16 * k + 8)}, vq = {cvt8_i8(qq + 16 * k), cvt8_i8(qq + 16 * k + 8)};
+        *a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(sp + k), va_dot16(vp, xk), *a0);
+        *a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(sq + k), va_dot16(vq, xk), *a1);
     }
 }
 
@@ -453,8 +463,7 @@ static void q6_k_rows(const uint8_t *w, int64_t nb, const float *x, const float 
                 q6_k_bytes(p + 210, buf[(b + 1) & 1][0]);
                 if (two) q6_k_bytes(q + 210, buf[(b + 1) & 1][1]);
             }
-            q6_k_dot(p, buf[b & 1][0], x + 256 * b, &a0);
-            if (two) q6_k_dot(q, buf[b & 1][1], x + 256 * b, &a1);
+            q6_k_dot2(p, two ? q : p, buf[b & 1][0], buf[b & 1][two], x + 256 * b, &a0, &a1);
         }
         y[r] = va_sum(a0);
         if (two) y[r + 1] = va_sum(a1);
