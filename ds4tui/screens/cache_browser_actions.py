@@ -18,6 +18,7 @@ from ds4tui.cache.entry import KvEntry
 from ds4tui.cache.eviction import EvictionPlan
 from ds4tui.chat.conversation import MAX_TITLE_CHARS
 from ds4tui.format.display import human_bytes, one_line
+from ds4tui.format.kvc import title_sha
 from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
 from ds4tui.screens.widgets.eviction_preview import EvictionPreview
 from ds4tui.screens.widgets.kv_format import safe_cell
@@ -96,12 +97,15 @@ class FileActions:
 
     @work(thread=True, group="io", description="rename a titled session")
     def _rename(self, e: KvEntry, title: str) -> None:
+        # The cursor's target is named before the file moves: a periodic scan may list the
+        # renamed file before this worker returns, and must already put the cursor on it.
+        self._select_next = title_sha(title.encode("utf-8"), e.header.created_at)
         try:
-            new_sha = self.store.rename_title(e.sha, title)
+            self.store.rename_title(e.sha, title)
         except (OSError, ValueError) as exc:
+            self._select_next = None
             self.app.call_from_thread(self.notify, f"Rename failed: {exc}", severity="error", markup=False)
             return
-        self._select_next = new_sha
         self.app.call_from_thread(self.notify, f"Renamed to “{one_line(title, 60)}”", markup=False)
         self.app.call_from_thread(self.rescan)
 

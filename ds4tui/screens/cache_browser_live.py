@@ -94,7 +94,8 @@ class LiveListing:
         visible = [e for e in self._scan.entries if self._matches(e)]
         table.show(visible, self._scan.now, select=self._select_next, names=self._names)
         self._show_sort(table.sort_description)
-        self._select_next = None
+        if self._select_next in table.shas:  # else still pending: the file may not be listed yet
+            self._select_next = None
         self._show_detail()
         self.post_message(self.Refreshed(tuple(table.shas)))
 
