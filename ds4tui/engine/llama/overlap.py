@@ -15,9 +15,14 @@ Nothing is committed here: the caller (session.py) keeps the forward's result on
 after the reader has read the whole payload and the checksum is verified. A failure
 of the reader (a checksum mismatch, a short file, NaN rows) stops the forward at its
 next layer and is raised on the calling thread as the reader raised it; a failure of
-the forward stops the reader before its next read. Either way the reader thread has
-ended when `read_while_forward` returns or raises: no thread writes into a buffer the
-session has handed on.
+the forward stops the reader before its next read. Either way the read has ended when
+`read_while_forward` returns or raises: no thread writes into a buffer the session has
+handed on.
+
+The reads run on one long-lived thread (`_ReadWorker`), started by the first restore and
+parked between restores: starting a thread, and handing it the GIL, cost a hit ~0.3 ms
+on its critical path (docs/perf.md, "The disk hit, now"). A restore that finds it busy
+(two sessions restoring at once) gets a thread of its own, as before.
 """
 
 from __future__ import annotations
@@ -83,30 +88,90 @@ def read_while_forward(read: Callable[[LayerGate], None], forward: Callable[[Cal
         finally:
             qgemv.reserve_threads(-1)
 
-    thread = threading.Thread(target=reader, name="ds4tui-kv-restore", daemon=True)
-    thread.start()
+    finished = _start(reader)
     try:
         result = forward(gate.wait)
     except ReadFailed:
         result = None  # the reader's error is raised below
     except BaseException:
         gate.stop()
-        _join(thread, gate)
+        _wait(finished, gate)
         raise
-    _join(thread, gate)
+    _wait(finished, gate)
     if gate.error is not None:
         raise gate.error
     return result  # type: ignore[return-value]
 
 
-def _join(thread: threading.Thread, gate: LayerGate) -> None:
-    """Wait for the reader to end, even through an interrupt (KeyboardInterrupt in the main
+class _ReadWorker:
+    """A parked thread that runs one read at a time; `try_run` hands it a task unless busy."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._task: Callable[[], None] | None = None
+        self._done: threading.Event | None = None
+        self._busy = False
+        self._thread: threading.Thread | None = None
+
+    def try_run(self, task: Callable[[], None]) -> threading.Event | None:
+        """An event set once `task` has returned; None when the worker is busy."""
+        with self._cond:
+            if self._busy:
+                return None
+            self._busy = True
+            done = threading.Event()
+            self._task, self._done = task, done
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="ds4tui-kv-restore", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return done
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._task is None:
+                    self._cond.wait()
+                task, done = self._task, self._done
+                self._task = None
+            try:
+                task()  # the reader hands its own errors to the gate
+            finally:
+                with self._cond:
+                    self._busy = False
+                if done is not None:
+                    done.set()
+
+
+_worker = _ReadWorker()
+
+
+def _start(reader: Callable[[], None]) -> threading.Event:
+    """Run `reader` on the parked worker, or on a thread of its own when that one is busy;
+    the event is set once it has returned."""
+    done = _worker.try_run(reader)
+    if done is not None:
+        return done
+    done = threading.Event()
+
+    def own() -> None:
+        try:
+            reader()
+        finally:
+            done.set()
+
+    threading.Thread(target=own, name="ds4tui-kv-restore", daemon=True).start()
+    return done
+
+
+def _wait(finished: threading.Event, gate: LayerGate) -> None:
+    """Wait for the read to end, even through an interrupt (KeyboardInterrupt in the main
     thread): the caller resets the session and hands its buffers on, so no read may land in
     them afterwards. The interrupt is raised once the reader has stopped."""
     interrupted: BaseException | None = None
-    while thread.is_alive():
+    while not finished.is_set():
         try:
-            thread.join()
+            finished.wait()
         except BaseException as exc:
             gate.stop()
             interrupted = exc
