@@ -38,7 +38,7 @@ from ds4tui.chat.turn import TurnPipeline
 from ds4tui.config import Config
 from ds4tui.engine.errors import EngineError
 from ds4tui.engine.model import Model, ModelInfo
-from ds4tui.engine.sampling import SamplingParams
+from ds4tui.engine.sampling import Sampler, SamplingParams
 
 EventFn = Callable[[ChatEvent], None]
 
@@ -121,6 +121,12 @@ class ChatController(OpenChats):
         if self.checkpoints is not None:
             self.checkpoints.prime(self.ctx_size())
         self.model.tokenizer.encode(self.model.chat.render([{"role": "user", "content": "Hi."}]))
+        # The sampler's first calls (numpy's generator set-up, the logits' view as an array)
+        # cost a first reply ~0.2 ms more than the next ones: paid here instead.
+        import torch  # loaded by now: the model is
+
+        for params in (SamplingParams(temperature=0.0), SamplingParams()):
+            Sampler(params)(torch.zeros(8))
 
     def live_count(self) -> int:
         return self.pool.live_count()

@@ -55,9 +55,16 @@ class Sampler:
 
     def __init__(self, params: SamplingParams | None = None) -> None:
         self.params = params or SamplingParams()
-        self._rng = np.random.default_rng(self.params.seed)  # seed None: fresh OS entropy
+        # Made at the first draw: greedy needs none, and seeding from the OS's entropy is
+        # ~0.1 ms of a reply's time to first token (docs/perf.md, "The disk hit: a parked
+        # reader thread"). The same seed gives the same stream either way.
+        self._rng: np.random.Generator | None = None
 
     def __call__(self, logits) -> int:
+        if self.params.temperature <= 0:
+            return sample(logits, self.params)
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.params.seed)  # seed None: fresh OS entropy
         return sample(logits, self.params, self._rng)
 
 
