@@ -7,6 +7,7 @@ engine and the cache are reached only through the controller.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,9 @@ from ds4tui.screens.terminal_watch import CHECK_EVERY_S, terminal_gone
 if TYPE_CHECKING:
     from ds4tui.chat.controller import ChatController
     from ds4tui.engine.model import Model
+
+
+APP_SWITCH_INTERVAL_S = 0.001
 
 
 class Ds4TuiApp(App[None]):
@@ -57,6 +61,15 @@ class Ds4TuiApp(App[None]):
 
     def on_mount(self) -> None:
         self.set_interval(CHECK_EVERY_S, self._check_terminal)
+        # The decode worker needs the GIL for a moment between tokens, and while this thread
+        # renders a streaming reply it waits out Python's switch interval (5 ms by default)
+        # for it: replies streamed at ~140 tok/s in the app against ~350 headless. With 1 ms
+        # they stream at ~185 (docs/perf.md, "Streaming in the app").
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(APP_SWITCH_INTERVAL_S)
+
+    def on_unmount(self) -> None:
+        sys.setswitchinterval(self._switch_interval)
 
     def _check_terminal(self) -> None:
         """A hung-up terminal (terminal_watch.py): save and quit as ctrl+q does."""

@@ -404,3 +404,19 @@ async def test_a_resumed_reply_cut_off_by_the_context_is_marked(tiny_llama):
             await pilot.pause()
             stats = _pane(app).query_one(AssistantMessage).query_one(".stats")
             assert str(stats.render()) == shown and stats.has_class("-empty") == (not shown)
+
+
+async def test_the_app_shortens_the_gil_switch_interval_while_it_runs(tiny_llama):
+    """A streaming reply's decode worker waits for the GIL while the UI renders: the app runs
+    with a 1 ms switch interval (5 ms is Python's default) and gives the old one back."""
+    import sys
+
+    from ds4tui.screens.app import APP_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    assert before != APP_SWITCH_INTERVAL_S  # else the test shows nothing
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SIZE):
+        await app.wait_for(ChatScreen.ModelReady)
+        assert sys.getswitchinterval() == APP_SWITCH_INTERVAL_S
+    assert sys.getswitchinterval() == before
