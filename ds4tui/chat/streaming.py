@@ -88,12 +88,16 @@ class EventBatcher:
 
     Token text can arrive hundreds of times a second and a Markdown redraw
     costs more than that; text is joined and released at most once per
-    `interval` (0.05 s: ~20 updates a second reads as smooth streaming).
+    `interval`. 0.1 s: ten updates a second. Each update redraws the reply's
+    last Markdown block whole (a growing list is one block), on the UI thread
+    that shares two cores and the GIL with the decode: at 0.05 s a list reply
+    streamed at ~150-190 tok/s in the app, at 0.1 s ~245 (docs/perf.md,
+    "Streaming in the app"). The first text goes out at once.
     Every other event (progress comes once per prefill chunk, so it needs no
     thinning) first flushes the pending text, so the UI sees the same order.
     """
 
-    def __init__(self, emit: Callable[[object], None], interval: float = 0.05,
+    def __init__(self, emit: Callable[[object], None], interval: float = 0.1,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._emit = emit
         self._interval = interval
