@@ -72,7 +72,7 @@ class Done:
     regenerated: bool = False  # the reply replaced an earlier one (kept as an alternative)
     forward_before_first_token: bool = True  # False: the first token came from kept logits
     sampled: bool | None = None  # True: drawn with temperature > 0; False: greedy; None: not known (remote)
-    sampler_ms: float = 0.0  # time spent choosing tokens from logits, within the decode time
+    sampler_ms: float = 0.0  # CPU time spent choosing tokens from logits, within the decode time
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,11 @@ def test_reply_speed_includes_the_time_spent_sampling(tiny_llama, tmp_path, monk
     real = sampling.Sampler.__call__
 
     def slow(self, logits):
-        time.sleep(PAUSE_S)
+        # CPU work, not a sleep: the reply counts the sampler's CPU time (its waits for the
+        # GIL while a UI renders are not the sampler's cost)
+        end = time.thread_time() + PAUSE_S
+        while time.thread_time() < end:
+            pass
         return real(self, logits)
 
     monkeypatch.setattr(sampling.Sampler, "__call__", slow)
@@ -33,6 +37,22 @@ def test_reply_speed_includes_the_time_spent_sampling(tiny_llama, tmp_path, monk
     line = stats_line(done)
     share = done.sampler_ms / (done.tokens / done.tok_s * 1000.0)
     assert share > 0.5 and f"tok/s sampled (sampler {share * 100:.0f}%)" in line
+
+
+def test_the_samplers_share_counts_its_cpu_not_its_waits(tiny_llama, tmp_path, monkeypatch, recorder):
+    """A sampler that waits (as it does for the GIL while the app's UI renders) slows the reply,
+    but the wait is not sampling: the stats line's share is the sampler's CPU time."""
+    real = sampling.Sampler.__call__
+
+    def waits(self, logits):
+        time.sleep(PAUSE_S)
+        return real(self, logits)
+
+    monkeypatch.setattr(sampling.Sampler, "__call__", waits)
+    ctl = make_controller(tiny_llama, tmp_path, temperature=0.7, seed=1, max_tokens=6, no_disk_cache=True)
+    done = ctl.send(ctl.new_conversation().key, "Hello there", recorder)
+    assert done is not None and done.tokens > 0 and done.tok_s <= 1.0 / PAUSE_S
+    assert done.sampler_ms < done.tokens * PAUSE_S * 1000.0 / 2
 
 
 def test_a_greedy_reply_says_so_on_its_stats_line(tiny_llama, tmp_path, recorder):
