@@ -9,8 +9,12 @@
  * scheduled yet (the machine is shared, 2 cores) never holds the caller up: the caller
  * just does its chunks. Claims carry the job's generation in the same 64-bit word
  * (gen << 32 | next chunk), so a worker that wakes late cannot claim a chunk of a job
- * that has already finished. Idle workers spin briefly, because decode posts the next
- * job within microseconds, then sleep on a condition variable: an idle app costs no CPU.
+ * that has already finished; and a finished job's word is closed (next chunk CLAIM_CLOSED)
+ * before the next job's fields are written, so a worker preempted between loading the word
+ * and its bounds check cannot claim a chunk by the next job's count (which ran a chunk of
+ * the next job early and twice, and let the caller return before it was done). Idle
+ * workers spin briefly, because decode posts the next job within microseconds, then sleep
+ * on a condition variable: an idle app costs no CPU.
  */
 
 #include <pthread.h>
@@ -22,6 +26,7 @@
 #include "ds4k.h"
 
 #define MAX_THREADS 64
+#define CLAIM_CLOSED 0xffffffffu /* next-chunk value of a finished job: above any chunk count */
 
 
 
@@ -168,6 +173,10 @@ void ds4k_run_chunks(ds4k_chunk_fn fn, void *ctx, int64_t nchunks, int nth) {
         atomic_store(&pool.caller_waits, 0);
         pthread_mutex_unlock(&pool.mu);
     }
+    /* Close the job before the next one's fields are written: a worker that loaded the last
+     * claim word and was preempted before its bounds check would otherwise compare it with
+     * the next job's chunk count and win its CAS on this job's word. */
+    atomic_store(&pool.claim, ((uint64_t)gen << 32) | CLAIM_CLOSED);
 }
 
 DS4K_EXPORT void ds4k_set_spin_ns(long ns) { atomic_store(&spin_ns, ns < 0 ? 0 : ns); }
