@@ -108,9 +108,8 @@ class _ReadWorker:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._task: Callable[[], None] | None = None
-        self._done: threading.Event | None = None
-        self._busy = False
+        self._job: tuple[Callable[[], None], threading.Event] | None = None  # handed over, not yet taken
+        self._busy = False  # from try_run until the task has returned
         self._thread: threading.Thread | None = None
 
     def try_run(self, task: Callable[[], None]) -> threading.Event | None:
@@ -120,7 +119,7 @@ class _ReadWorker:
                 return None
             self._busy = True
             done = threading.Event()
-            self._task, self._done = task, done
+            self._job = (task, done)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="ds4tui-kv-restore", daemon=True)
                 self._thread.start()
@@ -130,17 +129,15 @@ class _ReadWorker:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while self._task is None:
+                while self._job is None:
                     self._cond.wait()
-                task, done = self._task, self._done
-                self._task = None
+                (task, done), self._job = self._job, None
             try:
                 task()  # the reader hands its own errors to the gate
             finally:
                 with self._cond:
                     self._busy = False
-                if done is not None:
-                    done.set()
+                done.set()
 
 
 _worker = _ReadWorker()

@@ -4,6 +4,7 @@ a restore that finds it busy reads on a thread of its own; a failure reaches the
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -43,7 +44,7 @@ def test_a_restore_that_finds_the_thread_busy_gets_its_own():
     first = threading.Thread(target=_restore, args=(reads_on, 3, release))
     first.start()
     while not reads_on:  # the parked thread is now inside the first restore's read
-        threading.Event().wait(0.001)
+        time.sleep(0.001)
     assert _restore(reads_on) == [0, 1, 2]  # does not wait for the first one
     release.set()
     first.join(5)
