@@ -87,6 +87,8 @@ class ChatTurns:
         if pane is not None:
             pane.prefill.hide()
             conv = self._conversation(key)
+            if pane.reply is not None:
+                pane.reply.finish()  # the block it was writing becomes Markdown too
             if done is None and pane.reply is not None:
                 shown = len(pane.log.query("UserMessage"))
                 kept = sum(1 for m in conv.messages if m.get("role") == "user") if conv is not None else 0

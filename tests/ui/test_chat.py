@@ -6,7 +6,8 @@ from textual.widgets import Label
 
 from ds4tui.chat import events as ev
 from ds4tui.screens.chat import ChatScreen
-from ds4tui.screens.widgets.chat_log import AssistantMessage, UserMessage
+from ds4tui.format.display import safe_lines
+from ds4tui.screens.widgets.chat_log import AssistantMessage, ReplyMarkdown, UserMessage
 from ds4tui.screens.widgets.conversation_list import ChatItem, ConversationList
 from ds4tui.screens.widgets.prefill_bar import PrefillBar
 from ds4tui.screens.widgets.status_bar import StatusBar
@@ -28,6 +29,10 @@ async def test_send_streams_the_reply(tiny_llama):
         reply = pane.query_one(AssistantMessage)
         conv = app.chat.controller.get(ended.key)
         assert reply.text == "".join(e.text for e in app.events(ev.TokenText)) == conv.messages[-1]["content"]
+        await pilot.pause()
+        # the turn's end made the block being written Markdown too: no plain-text tail is left
+        assert reply.query_one(ReplyMarkdown).source == safe_lines(reply.text)
+        assert not reply.query_one(".tail").display
         user = pane.query_one(UserMessage)
         assert user.text == "Hello [b]there[/b]"  # shown verbatim, not as markup
         assert user.visual.plain == "Hello [b]there[/b]"  # type: ignore[union-attr]

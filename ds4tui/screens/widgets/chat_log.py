@@ -99,8 +99,40 @@ class ReplyMarkdown(Markdown):
     BLOCKS = {**Markdown.BLOCKS, "fence": ReplyFence, "code_block": ReplyFence}
 
 
+class FinishedBlocks:
+    """Where a streaming reply's finished Markdown blocks end: after a blank line, or after
+    the line that closes a code fence. Reads each line once (`end_of_finished` is called
+    with the whole reply after every append)."""
+
+    def __init__(self, start: int = 0) -> None:
+        self._next_line = start  # where the first line not yet read starts
+        self._fence = ""  # the open fence's marker ("```", "~~~"), "" outside one
+        self.end = start  # the finished blocks are text[:end]
+
+    def end_of_finished(self, text: str) -> int:
+        while (newline := text.find("\n", self._next_line)) >= 0:
+            line = text[self._next_line : newline]
+            self._next_line = newline + 1
+            marker = line.lstrip(" ")[:3] if len(line) - len(line.lstrip(" ")) <= 3 else ""
+            if self._fence:
+                if marker == self._fence:
+                    self._fence, self.end = "", self._next_line
+            elif marker in ("```", "~~~"):
+                self._fence = marker
+            elif not line.strip():
+                self.end = self._next_line
+        return self.end
+
+
 class AssistantMessage(SelectableMessage, Vertical):
-    """The model's reply: Markdown (code blocks highlighted) that grows as tokens stream in."""
+    """The model's reply: Markdown (code blocks highlighted) that grows as tokens stream in.
+
+    While it streams, finished blocks go to the Markdown widget and the block still being
+    written is shown as plain text below it (`.tail`), then as Markdown once a blank line or
+    a closing fence ends it, or the reply ends (`finish`). Why: Textual's `Markdown.append`
+    rebuilds the last block's widgets (a whole list, every item) and the screen's layout on
+    every append; at ten appends a second that kept one of the two cores busy and halved the
+    decode beside it in a long reply (docs/perf.md, "Streaming in the app")."""
 
     BINDINGS = [Binding("left", "ask('prev')", "Prev version"), Binding("right", "ask('next')", "Next version"),
                 Binding("f", "ask('fork')", "Fork here"), Binding("y", "ask('copy')", "Copy")]
@@ -114,6 +146,8 @@ class AssistantMessage(SelectableMessage, Vertical):
         &:focus { background: $boost; }
         margin: 1 0 0 0;
         & > ReplyMarkdown { margin: 0; padding: 0 1; }
+        & > .tail { padding: 0 1; height: auto; }
+        & > .tail.-empty { display: none; }
         & > .stats { color: $text-muted; padding: 0 1; height: auto; }
         & > .stats.-empty { display: none; }
     }
@@ -124,20 +158,43 @@ class AssistantMessage(SelectableMessage, Vertical):
         self._initial = text
         self._initial_stats = stats
         self.text = text
+        self._blocks = FinishedBlocks(len(text))
+        self._shown = len(text)  # text[:_shown] is in the Markdown widget
 
     def compose(self) -> ComposeResult:
         yield ReplyMarkdown(safe_lines(self._initial))
+        yield Static(Text(""), classes="tail -empty")
         yield Static(Text(self._initial_stats), classes="stats" if self._initial_stats else "stats -empty")
 
     def append(self, text: str) -> None:
         """Add streamed text (whole characters, as the controller sends them)."""
         self.text += text
-        self.query_one(ReplyMarkdown).append(safe_lines(text))
+        end = self._blocks.end_of_finished(self.text)
+        if end > self._shown:
+            self.query_one(ReplyMarkdown).append(safe_lines(self.text[self._shown : end]))
+            self._shown = end
+        self._show_tail(self.text[self._shown :].lstrip("\n"))
+
+    def finish(self) -> None:
+        """The reply is complete: its last block becomes Markdown too."""
+        if len(self.text) > self._shown:
+            self.query_one(ReplyMarkdown).append(safe_lines(self.text[self._shown :]))
+            self._shown = len(self.text)
+        self._blocks = FinishedBlocks(len(self.text))
+        self._show_tail("")
 
     def set_text(self, text: str) -> None:
         """Replace the whole reply (another version of it)."""
         self.text = text
         self.query_one(Markdown).update(safe_lines(text))
+        self._blocks = FinishedBlocks(len(text))
+        self._shown = len(text)
+        self._show_tail("")
+
+    def _show_tail(self, tail: str) -> None:
+        widget = self.query_one(".tail", Static)
+        widget.update(Text(safe_lines(tail)))
+        widget.set_class(not tail, "-empty")
 
     def set_stats(self, line: str) -> None:
         stats = self.query_one(".stats", Static)
