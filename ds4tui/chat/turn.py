@@ -26,6 +26,7 @@ from ds4tui.chat.conversation import Conversation
 from ds4tui.chat.events import (
     CacheReport, Cancelled, ChatEvent, Done, PrefillProgress, PrefillStarted, TokenText,
 )
+from ds4tui.chat.live_suffix import suffix_after_live
 from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.settings import Settings
 from ds4tui.chat.streaming import ReplyStream
@@ -141,6 +142,11 @@ class TurnPipeline:
         tok = self.model.tokenizer
         session = conv.session
         if session is not None and session.tokens:
+            # The check below without encoding the whole transcript, when that is certain to
+            # give its answer (live_suffix.py); else the check itself.
+            quick = suffix_after_live(tok, session.tokens, conv.session_text, prompt_bytes)
+            if quick is not None and (quick or session.logits is not None):
+                return Prefix(quick, "live")
             full = tok.encode(prompt)
             n = len(session.tokens)
             if full[:n] == session.tokens and (len(full) > n or session.logits is not None):

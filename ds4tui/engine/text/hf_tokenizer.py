@@ -49,9 +49,12 @@ class HFTokenizer:
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.byte_level = byte_level
-        self._special = {
-            tid: t.content for tid, t in tok.get_added_tokens_decoder().items() if t.special
-        }
+        added = tok.get_added_tokens_decoder()
+        self._special = {tid: t.content for tid, t in added.items() if t.special}
+        # Special tokens the text is split at before anything else, with nothing reaching
+        # across them (no strip or whole-word flags): text on either side encodes on its own.
+        self.boundary_ids = frozenset(tid for tid, t in added.items()
+                                      if t.special and not (t.lstrip or t.rstrip or t.single_word))
         self._bytes_cache: dict[int, bytes] = {}
         self._decoder_map = _byte_decoder() if byte_level and not spm else None
         self._encode_fast = getattr(tok, "encode_batch_fast", None)  # tokenizers >= 0.21
