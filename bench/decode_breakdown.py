@@ -54,6 +54,7 @@ def main() -> int:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     args = p.parse_args()
 
+    import numpy as np
     import torch
 
     from ds4tui.engine.kernels import qgemv
@@ -72,7 +73,7 @@ def main() -> int:
 
     def token():
         del s.tokens[args.ctx:]  # decode at the same position again
-        s.decode(int(torch.argmax(s.logits)))
+        s.decode(int(np.argmax(s.logits.numpy())))  # as the chat's greedy Sampler (torch.argmax: 0.14 ms at 262K)
 
     def step():
         fast.step(kv, 5, pos, True)
