@@ -138,7 +138,7 @@ typedef struct {
     float attn_scale;                   /* q times this before q.k; 0: 1/sqrt(D) */
     float softcap;                      /* logits -> softcap * tanh(logits / softcap); 0: none */
     int32_t act;                        /* DS4K_ACT_* */
-    int32_t reserved;
+    int32_t window;                     /* sliding layers' window W (their rings hold min(W, context) rows); 0: none */
     const float *embed;                 /* fp32 [vocab, H] */
     const float *norm;                  /* [H] */
     ds4k_mat head;                      /* [vocab, H] */

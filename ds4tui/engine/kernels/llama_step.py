@@ -46,7 +46,7 @@ class _Llama(ctypes.Structure):
         ("n_heads", ctypes.c_int32), ("n_kv_heads", ctypes.c_int32), ("head_dim", ctypes.c_int32),
         ("vocab", ctypes.c_int32), ("rope_rows", ctypes.c_int32),
         ("eps", ctypes.c_float), ("embed_scale", ctypes.c_float), ("attn_scale", ctypes.c_float),
-        ("softcap", ctypes.c_float), ("act", ctypes.c_int32), ("reserved", ctypes.c_int32),
+        ("softcap", ctypes.c_float), ("act", ctypes.c_int32), ("window", ctypes.c_int32),
         ("embed", ctypes.c_void_p), ("norm", ctypes.c_void_p), ("head", Mat),
         ("rope_cos", ctypes.c_void_p), ("rope_sin", ctypes.c_void_p),
         ("local_cos", ctypes.c_void_p), ("local_sin", ctypes.c_void_p),
@@ -165,7 +165,7 @@ class FastDecoder:
             cfg.head_dim, cfg.vocab_size, cos.shape[0], cfg.rms_norm_eps, cfg.embed_scale,
             # 0: the step's own 1/sqrtf(D), which a plain llama has always used
             cfg.attn_scale if cfg.query_pre_attn_scalar else 0.0,
-            cfg.final_logit_softcapping, ACTS[cfg.act], 0,
+            cfg.final_logit_softcapping, ACTS[cfg.act], cfg.sliding_window if cfg.sliding_layers else 0,
             ptr(tensors["embed"]), ptr(tensors["norm"]), head._mats[0], ptr(cos), ptr(sin),
             ptr(local_cos), ptr(local_sin), ctypes.cast(layers, ctypes.POINTER(_Layer)),
         )
@@ -186,37 +186,39 @@ class FastDecoder:
     def layer(self, kv: torch.Tensor, i: int, x: torch.Tensor, pos: int, flags: int,
               qk_norm: torch.Tensor | None, scale: float) -> None:
         """Layer i of the llama forward for the chunk x [S, H] (float32, contiguous, updated in
-        place) at positions pos..pos+S-1 of a session without sliding layers (kv: its one
-        [layers, 2, Hkv, ctx, D] buffer, whose layer-i rows pos.. are written): chunk.c's
-        llama_layer, the forward's per-layer steps in one call. flags: LAYER_*; qk_norm: the
-        forward's [Hq + Hkv, D] per-head norm weights or None; scale: the forward's query scale."""
+        place) at positions pos..pos+S-1: chunk.c's llama_layer, the forward's per-layer steps
+        in one call. kv: layer i's own buffer [2, Hkv, rows, D] (a global layer's context, whose
+        rows pos.. are written; a sliding layer's ring of min(window, ctx) rows). flags:
+        LAYER_*; qk_norm: the forward's [Hq + Hkv, D] per-head norm weights or None; scale: the
+        forward's query scale."""
         cfg = self.cfg
-        n, hkv, d = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
-        if (cfg.sliding_layers or kv.dim() != 5 or tuple(kv.shape[:3]) != (n, 2, hkv) or kv.shape[4] != d
+        hkv, d = cfg.num_kv_heads, cfg.head_dim
+        if not 0 <= i < cfg.num_layers:
+            raise ValueError(f"layer {i} outside 0..{cfg.num_layers - 1}")
+        if (kv.dim() != 4 or tuple(kv.shape[:2]) != (2, hkv) or kv.shape[3] != d or kv.shape[2] < 1
                 or kv.dtype not in (torch.float32, torch.float16) or not kv.is_contiguous()):
-            raise ValueError(f"kv must be a contiguous float32 or float16 ({n}, 2, {hkv}, ctx, {d}) buffer")
+            raise ValueError(f"kv must be a contiguous float32 or float16 (2, {hkv}, rows, {d}) buffer")
         s = x.shape[0] if x.dim() == 2 else 0
         if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != cfg.hidden_size or not x.is_contiguous() or not s:
             raise ValueError(f"x must be a contiguous float32 [S, {cfg.hidden_size}] tensor")
         if qk_norm is not None and (qk_norm.dtype != torch.float32 or not qk_norm.is_contiguous()
                                     or qk_norm.numel() != (cfg.num_heads + hkv) * d):
             raise ValueError("qk_norm must be contiguous float32 [Hq + Hkv, D]")
-        ctx = kv.shape[3]
-        layer_bytes = 2 * hkv * ctx * d * kv.element_size()
+        rows = kv.shape[2]
         with qgemv.kernel_lock:
             if s > self._layer_ws_rows:  # grows to the longest chunk seen, then stays
                 # At least LAYER_WS_ROWS rows, written through now: warm_up's short chunk then
                 # leaves room, already faulted in, for a message's chunk after a restore.
-                rows = max(s, LAYER_WS_ROWS)
-                count = self._lib.ds4k_llama_layer_workspace(ctypes.byref(self._table), rows)
-                self._layer_ws, self._layer_ws_rows = torch.zeros(count, dtype=torch.float32), rows
+                n = max(s, LAYER_WS_ROWS)
+                count = self._lib.ds4k_llama_layer_workspace(ctypes.byref(self._table), n)
+                self._layer_ws, self._layer_ws_rows = torch.zeros(count, dtype=torch.float32), n
             rc = self._lib.ds4k_llama_layer(
-                ctypes.byref(self._table), i, kv.data_ptr() + i * layer_bytes, ctx, int(kv.dtype == torch.float16),
+                ctypes.byref(self._table), i, kv.data_ptr(), rows, int(kv.dtype == torch.float16),
                 pos, s, x.data_ptr(), flags, None if qk_norm is None else qk_norm.data_ptr(), scale,
                 self._layer_ws.data_ptr(), qgemv.num_threads(),
             )
         if rc != 0:
-            raise RuntimeError(f"ds4k_llama_layer rejected layer {i}, {s} tokens at position {pos} of {ctx}")
+            raise RuntimeError(f"ds4k_llama_layer rejected layer {i}, {s} tokens at position {pos} ({rows} rows)")
 
     @property
     def weight_bytes(self) -> int:

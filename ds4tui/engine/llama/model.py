@@ -263,8 +263,8 @@ class LlamaModel(Model):
     def _table_matches_blocks(self) -> bool:
         """Whether the C step's table holds, for every layer, the same parts as the layers'
         Linear.blocks (same blocks, types and rows): then chunk.c's layer computes exactly what
-        the forward's per-layer steps compute. Not for sliding layers (rings, windows)."""
-        if self.fast is None or self.cfg.sliding_layers:
+        the forward's per-layer steps compute."""
+        if self.fast is None:
             return False
         for i, layer in enumerate(self.layers):
             held = self.fast.layer_mats(i)
@@ -310,8 +310,7 @@ class LlamaModel(Model):
         x = F.embedding(torch.tensor(tokens, dtype=torch.long), self.embed)  # [S, H]
         if cfg.embed_scale != 1.0:
             x = x * torch.tensor(cfg.embed_scale, dtype=torch.float32)
-        if (small and self.use_c_layers and self.fast is not None and self._c_kernels and not frozen_global
-                and isinstance(kv, torch.Tensor)):
+        if small and self.use_c_layers and self.fast is not None and self._c_kernels and not frozen_global:
             # The same steps as the loop below, each layer in one C call (kernels/chunk.c).
             x = x.contiguous()
             last = len(self.layers) - 1
@@ -319,7 +318,7 @@ class LlamaModel(Model):
                 if before_layer is not None:
                     before_layer(i)
                 flags = 0 if i < last else LAYER_LAST_ROW if want_logits else LAYER_KV_ONLY
-                self.fast.layer(kv, i, x, pos, flags, layer.qk_norm, scale)
+                self.fast.layer(kv[i], i, x, pos, flags, layer.qk_norm, scale)
             return self._logits(x[-1:]) if want_logits else None
         ropes = {False: (self.cos[pos:end], self.sin[pos:end]),  # [S, D/2]
                  True: (self.local_cos[pos:end], self.local_sin[pos:end])}

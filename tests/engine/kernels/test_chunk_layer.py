@@ -1,8 +1,10 @@
 """chunk.c's layer (a chunk's llama layer in one C call) against the forward's per-layer steps
 in Python: the same kernels in the same order, so bit-identical logits and K/V rows, for every
-architecture it takes (Llama 3, Qwen 2's biases, Qwen 3's q/k norms), f32 and f16 K/V, every
-kernel variant, and the last layer's two endings (no logits: K/V rows only; logits: one row);
-Gemma 3's post norms and GeGLU on a variant of it without sliding layers."""
+architecture it takes (Llama 3, Qwen 2's biases, Qwen 3's q/k norms, Gemma 3's post norms,
+GeGLU and sliding layers, and a Gemma 3 variant with global layers only), f32 and f16 K/V, every
+kernel variant, the last layer's two endings (no logits: K/V rows only; logits: one row), and
+sliding layers' rings: wrapped by a later chunk, overrun by a chunk longer than the ring, and
+shorter than the window (a context below it)."""
 
 from __future__ import annotations
 
@@ -18,9 +20,13 @@ from tests.engine.kernels.test_llama_step_archs import (  # noqa: F401 (tiny: a 
 
 VARIANTS = qgemv.variants()
 # Gemma 3's fields (embedding scale, q/k norms, post norms, GeGLU, query scale) on global
-# layers only: what the C layer takes of it (its sliding layers keep the Python steps).
+# layers only: the plain buffer of a model without rings.
 GLOBAL_GEMMA = dict(CONFIGS["gemma3"], layer_types=(FULL,) * 4, sliding_window=0)
-C_ARCHS = [a for a in CONFIGS if a != "gemma3"] + ["gemma3-global"]
+C_ARCHS = list(CONFIGS) + ["gemma3-global"]
+# (start, tokens, logits wanted) per chunk: a prefill in chunks (the last layer writes K/V only),
+# then a short message with logits at depth (the split attention; Gemma's rings wrap at WINDOW),
+# then a two-token chunk
+CHUNKS = [(0, 64, False), (64, 200, False), (264, 23, True), (287, 2, True)]
 _GLOBAL: dict = {}
 
 
@@ -36,12 +42,19 @@ def _model(tiny, arch: str) -> LlamaModel:
     return _GLOBAL["m"]
 
 
-def _run(model, use_c: bool, kv_dtype: str, chunks: list[tuple[int, int, bool]], variant: str, seen: list[int]):
-    """A session's K/V and the logits of each chunk (start, length, want_logits), the layers
-    run in C or in Python; `seen` collects the before_layer calls."""
+def _layers(kv) -> list[torch.Tensor]:
+    """A session's K/V per layer: views of its one buffer, or its per-layer buffers (rings)."""
+    return list(kv.unbind(0)) if isinstance(kv, torch.Tensor) else list(kv)
+
+
+def _run(model, use_c: bool, kv_dtype: str, chunks: list[tuple[int, int, bool]], variant: str, seen: list[int],
+         ctx: int = CTX):
+    """A session's K/V (per layer) and the logits of each chunk (start, length, want_logits),
+    the layers run in C or in Python; `seen` collects the before_layer calls."""
     gen = torch.Generator().manual_seed(5)
-    session = model.new_session(CTX, kv_dtype=kv_dtype)
-    session.kv.zero_()
+    session = model.new_session(ctx, kv_dtype=kv_dtype)
+    for t in _layers(session.kv):
+        t.zero_()
     model.use_c_layers = use_c
     out = []
     try:
@@ -51,7 +64,24 @@ def _run(model, use_c: bool, kv_dtype: str, chunks: list[tuple[int, int, bool]],
                 out.append(model.forward(session.kv, tokens, start, want, before_layer=seen.append))
     finally:
         model.use_c_layers = True
-    return session.kv.clone(), out
+    return [t.clone() for t in _layers(session.kv)], out
+
+
+def _same(model, kv_dtype, variant, chunks, ctx: int = CTX) -> list[torch.Tensor]:
+    """Runs both paths; asserts equal K/V, logits and hooks; returns the K/V."""
+    seen_c: list[int] = []
+    seen_py: list[int] = []
+    kv_c, logits_c = _run(model, True, kv_dtype, chunks, variant, seen_c, ctx)
+    kv_py, logits_py = _run(model, False, kv_dtype, chunks, variant, seen_py, ctx)
+    for i, (a, b) in enumerate(zip(kv_c, kv_py)):
+        assert torch.equal(a, b), f"layer {i} K/V"
+    for a, b in zip(logits_c, logits_py):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert torch.isfinite(a).all() and torch.equal(a, b)
+    # the restore's hook runs before every layer, in order, on both paths
+    assert seen_c == seen_py == list(range(model.cfg.num_layers)) * len(chunks)
+    return kv_c
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -60,28 +90,32 @@ def _run(model, use_c: bool, kv_dtype: str, chunks: list[tuple[int, int, bool]],
 def test_c_layers_equal_the_python_steps(tiny, arch, kv_dtype, variant):
     model = _model(tiny, arch)
     assert model.use_c_layers
-    # a prefill in chunks (the last layer writes K/V only), then a short message with logits
-    # at depth (the split attention), then a two-token chunk
-    chunks = [(0, 64, False), (64, 200, False), (264, 23, True), (287, 2, True)]
-    seen_c: list[int] = []
-    seen_py: list[int] = []
-    kv_c, logits_c = _run(model, True, kv_dtype, chunks, variant, seen_c)
-    kv_py, logits_py = _run(model, False, kv_dtype, chunks, variant, seen_py)
-    assert torch.equal(kv_c, kv_py)
-    assert kv_c[:, :, :, :289].abs().sum() > 0 and not kv_c[:, :, :, 289:].any()
-    for a, b in zip(logits_c, logits_py):
-        assert (a is None) == (b is None)
-        if a is not None:
-            assert torch.isfinite(a).all() and torch.equal(a, b)
-    # the restore's hook runs before every layer, in order, on both paths
-    assert seen_c == seen_py == list(range(model.cfg.num_layers)) * len(chunks)
+    kv = _same(model, kv_dtype, variant, CHUNKS)
+    end = CHUNKS[-1][0] + CHUNKS[-1][1]
+    for i, t in enumerate(kv):
+        if model.cfg.is_sliding(i):  # a ring: every slot written once the positions passed it
+            assert t.shape[2] == min(model.cfg.sliding_window, CTX) and t.abs().sum(dim=(0, 1, 3)).all()
+        else:
+            assert t[:, :, :end].abs().sum() > 0 and not t[:, :, end:].any()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+def test_c_layers_on_rings_overrun_and_shorter_than_the_window(tiny, kv_dtype, variant):
+    """A chunk longer than a sliding layer's ring (only its last rows stay), and a context
+    shorter than the window (the ring is the context)."""
+    model = _model(tiny, "gemma3")
+    window = model.cfg.sliding_window
+    _same(model, kv_dtype, variant, [(0, window + 20, False), (window + 20, 9, True)])
+    short = window - 64
+    kv = _same(model, kv_dtype, variant, [(0, 100, False), (100, short - 100, True)], ctx=short)
+    assert kv[0].shape[2] == short
 
 
 def test_c_layers_only_where_they_compute_the_same(tiny):
-    """Sliding layers (rings, windows) and layers without blocks (fp32 weights: the forward
-    multiplies in torch) keep the Python steps; so does a table whose parts are not the
-    layers' blocks."""
-    assert not arch_model(tiny, "gemma3", "mix").use_c_layers
+    """Layers without blocks (fp32 weights: the forward multiplies in torch) keep the Python
+    steps; so does a table whose parts are not the layers' blocks."""
+    assert arch_model(tiny, "gemma3", "mix").use_c_layers
     assert not arch_model(tiny, "llama3", "f32").use_c_layers
     model = arch_model(tiny, "qwen3", "mix")
     assert model._table_matches_blocks()
