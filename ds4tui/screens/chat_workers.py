@@ -11,6 +11,7 @@ Leaves to `ChatScreen` and its other mixins what the messages do on screen.
 
 from __future__ import annotations
 
+import gc
 from typing import TYPE_CHECKING
 
 from textual import work
@@ -51,6 +52,11 @@ class EngineWorkers:
                 last[0] = percent
                 self.post_message(self.Preparing(what, fraction))
 
+        # No garbage collection while torch and the model load: they make ~200k objects that
+        # live for the whole run, and the full collections they triggered scanned them again
+        # and again (~0.2 s of the load). Once the model is ready the app freezes them out of
+        # the collector's reach (app.py, _freeze_heap).
+        gc.disable()
         try:
             model = load_model(spec, progress=progress)
             self._make_controller(model)
@@ -64,6 +70,8 @@ class EngineWorkers:
             self.post_message(self.ModelFailed(f"{type(exc).__name__}: {exc}"))
         else:
             self.post_message(self.ModelReady())
+        finally:
+            gc.enable()
 
     def _make_controller(self, model: Model) -> None:
         from ds4tui.chat.controller import ChatController

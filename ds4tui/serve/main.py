@@ -8,6 +8,7 @@ can run), building the app, and the shutdown that saves every live session
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 import sys
 from dataclasses import dataclass
@@ -67,6 +68,9 @@ def run(config: Config, options: ServeOptions) -> int:
     controller = ChatController(model, config)
     engine = EngineQueue(StatelessChats(controller), options.queue_size)
     engine.run_sync(controller.warm_up)
+    # Out of the collector's reach: a full collection over the model's and the server's startup
+    # objects held the GIL for ~100 ms in the middle of a request (screens/app.py, _freeze_heap).
+    gc.freeze()
 
     def shutdown() -> None:
         engine.cancel_all()
