@@ -49,6 +49,7 @@ faults on first write add their cost (docs/perf.md, "First-use costs and warm_up
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -308,6 +309,7 @@ def _measure_side(side: str, spec: dict, page_cache: str = "hot") -> dict:
     t0 = time.perf_counter()
     ctl.warm_up()  # what the app's model-loading worker does before the first message
     warm_up_ms = (time.perf_counter() - t0) * 1000.0
+    gc.freeze()  # and what the app does at model-ready (screens/app.py): no full collection mid-hit
     conv = ctl.new_conversation()
     conv.messages = list(spec["messages"])
     resident = None
