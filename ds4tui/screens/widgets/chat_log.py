@@ -158,8 +158,7 @@ class AssistantMessage(SelectableMessage, Vertical):
         self._initial = text
         self._initial_stats = stats
         self.text = text
-        self._blocks = FinishedBlocks(len(text))
-        self._shown = len(text)  # text[:_shown] is in the Markdown widget
+        self._blocks = FinishedBlocks(len(text))  # text[:_blocks.end] is in the Markdown widget
 
     def compose(self) -> ComposeResult:
         yield ReplyMarkdown(safe_lines(self._initial))
@@ -169,17 +168,16 @@ class AssistantMessage(SelectableMessage, Vertical):
     def append(self, text: str) -> None:
         """Add streamed text (whole characters, as the controller sends them)."""
         self.text += text
+        shown = self._blocks.end
         end = self._blocks.end_of_finished(self.text)
-        if end > self._shown:
-            self.query_one(ReplyMarkdown).append(safe_lines(self.text[self._shown : end]))
-            self._shown = end
-        self._show_tail(self.text[self._shown :].lstrip("\n"))
+        if end > shown:
+            self.query_one(ReplyMarkdown).append(safe_lines(self.text[shown:end]))
+        self._show_tail(self.text[end:].lstrip("\n"))
 
     def finish(self) -> None:
         """The reply is complete: its last block becomes Markdown too."""
-        if len(self.text) > self._shown:
-            self.query_one(ReplyMarkdown).append(safe_lines(self.text[self._shown :]))
-            self._shown = len(self.text)
+        if len(self.text) > self._blocks.end:
+            self.query_one(ReplyMarkdown).append(safe_lines(self.text[self._blocks.end :]))
         self._blocks = FinishedBlocks(len(self.text))
         self._show_tail("")
 
@@ -188,7 +186,6 @@ class AssistantMessage(SelectableMessage, Vertical):
         self.text = text
         self.query_one(Markdown).update(safe_lines(text))
         self._blocks = FinishedBlocks(len(text))
-        self._shown = len(text)
         self._show_tail("")
 
     def _show_tail(self, tail: str) -> None:
