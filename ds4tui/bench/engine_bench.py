@@ -8,8 +8,8 @@ must then hold the same logits. A third session, prefilled the same way,
 decodes as many tokens through the chat's sampler at its default settings
 (temperature 0.7, top-p 0.95, min-p 0.05), token by token in turn with the
 greedy one, so a busy machine slows both alike. Reported numbers are medians over --repeats runs after one untimed
-warm-up (first-call allocations and lazy imports are not the engine's steady
-state). Save/load go through the page cache (no fsync): they measure the
+warm-up of the same prompt length (first-call allocations, a chunk's scratch and lazy
+imports are not the engine's steady state; llama-bench warms up the same way). Save/load go through the page cache (no fsync): they measure the
 engine's serialization, not the disk.
 
 --chat-tokens N also times whole replies through the chat controller, the
@@ -134,7 +134,7 @@ def measure_engine(
     ctx = ctx or prompt_tokens + decode_tokens
     runs = []
     with tempfile.TemporaryDirectory(prefix="ds4tui-bench-") as tmpdir:
-        _one_run(model, prompt[: min(64, prompt_tokens)], min(2, decode_tokens), ctx, tmpdir, kv_dtype)  # warm-up
+        _one_run(model, prompt, min(2, decode_tokens), ctx, tmpdir, kv_dtype)  # warm-up
         for _ in range(repeats):
             runs.append(_one_run(model, prompt, decode_tokens, ctx, tmpdir, kv_dtype))
     chat = None

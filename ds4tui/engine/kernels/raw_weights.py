@@ -20,6 +20,7 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
+from ds4tui.engine.kernels.huge_pages import read_into_huge_pages
 from ds4tui.engine.kernels.qgemv import MAX_PARTS, Part
 from ds4tui.engine.kernels.quants import BLOCK_TYPES, QuantMix, from_gguf, quant_mix, row_bytes
 
@@ -104,3 +105,14 @@ def split_raw(tensors: dict[str, torch.Tensor], types: Mapping[str, list[str]]) 
         if all(kind in BLOCK_TYPES and t is not None and t.dtype == torch.uint8 and t.dim() == 2 for kind, t in parts):
             raw[name] = parts
     return raw
+
+
+
+def raw_in_huge_pages(raw: dict[str, list[Part]], path) -> dict[str, list[Part]]:
+    """split_raw's blocks read again from the converted copy at `path` into huge pages
+    (huge_pages.py: decode streams them every token); the same blocks where that is not to
+    be had."""
+    flat = {f"{PREFIX}{name}.{k}": blocks for name, parts in raw.items() for k, (_, blocks) in enumerate(parts)}
+    moved = read_into_huge_pages(path, flat)
+    return {name: [(kind, moved[f"{PREFIX}{name}.{k}"]) for k, (kind, _) in enumerate(parts)]
+            for name, parts in raw.items()}

@@ -220,3 +220,39 @@ def test_conversion_reports_its_progress_once(env):
     heard.clear()
     load_llama_gguf(path, "tiny-gguf", progress=lambda what, f: heard.append((what, f)))
     assert heard == []
+
+
+def _mapped_file(address: int) -> str:
+    """The path of the mapping holding `address` ('' for anonymous memory), from /proc/self/maps."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= address < hi:
+                return fields[5] if len(fields) > 5 else ""
+    raise AssertionError(f"{address:#x} is not mapped")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc")
+def test_raw_blocks_read_into_huge_pages_change_no_logit(env, monkeypatch):
+    from ds4tui.engine.kernels import huge_pages
+
+    _, ggufs = env
+    monkeypatch.setenv("DS4TUI_HUGE_PAGES", "off")
+    mapped = load_llama_gguf(ggufs[Q.Q4_1], "tiny-gguf")
+    monkeypatch.delenv("DS4TUI_HUGE_PAGES")
+    monkeypatch.setattr(huge_pages, "huge_pages_wanted", lambda: True)  # whatever this system's THP setting
+    moved = load_llama_gguf(ggufs[Q.Q4_1], "tiny-gguf")
+    for model, where in ((mapped, "model.safetensors"), (moved, "")):
+        for lin in (model.layers[0].w13, model.layers[1].wqkv, model.lm_head):
+            assert lin.blocks is not None
+            path = _mapped_file(lin.blocks.parts[0][1].data_ptr())
+            assert path.endswith(where) if where else path == "", (where, path)
+    prompt = moved.tokenizer.encode(moved.chat.render([{"role": "user", "content": "Hi there"}]))
+    a, b = mapped.new_session(64), moved.new_session(64)
+    a.prefill(prompt)
+    b.prefill(prompt)
+    assert torch.equal(a.logits, b.logits)
+    for _ in range(4):  # decode steps: the fused C step reads the blocks
+        tok = int(a.logits.argmax())
+        assert torch.equal(a.decode(tok), b.decode(tok))
