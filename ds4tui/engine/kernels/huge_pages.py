@@ -108,7 +108,7 @@ def _placed(f, tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, int]
         if not isinstance(entry, dict) or DTYPES.get(entry.get("dtype")) != t.dtype:
             continue
         shape, offsets = entry.get("shape"), entry.get("data_offsets")
-        if not isinstance(shape, list) or [int(d) for d in shape if isinstance(d, int)] != list(t.shape):
+        if shape != list(t.shape):
             continue
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
             continue
