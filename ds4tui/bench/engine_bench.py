@@ -130,6 +130,8 @@ def measure_engine(
     t0 = time.perf_counter()
     model = load_model(spec)
     load_s = time.perf_counter() - t0
+    if getattr(model, "huge_pages", None) is not None:
+        model.huge_pages.wait()  # measure the steady state: weights in huge pages where they go
     prompt = bench_tokens(model, prompt_tokens)
     ctx = ctx or prompt_tokens + decode_tokens
     runs = []

@@ -1,47 +1,60 @@
-"""The weight blocks the kernels stream, read into transparent huge pages.
+"""The weight blocks the kernels stream, moved into transparent huge pages where they lie.
 
-Owns: `read_into_huge_pages(path, tensors)`: copies of tensors of a safetensors file, read
-with plain reads straight from the file into one private anonymous mapping, 2 MiB aligned
-and advised MADV_HUGEPAGE, each copy 64-byte aligned; and `huge_pages_wanted()`.
+Owns: `move_into_huge_pages(path, tensors)`, which replaces the pages under tensors that are
+views of a mapping of a safetensors file (what safetensors' `load_file` returns) with
+anonymous memory advised MADV_HUGEPAGE holding the same bytes, at the same addresses;
+`MoveInBackground`, which does that on a thread once the model is ready; and
+`huge_pages_wanted()`.
 
 Why: a decode step reads every weight block once per token (94 MB for SmolLM2-135M, 240 MB
-for Gemma 3 270M). Left in the file's mapping they sit in 4 KiB pages: tens of thousands of
-TLB misses a token, page walks the streaming prefetchers cannot hide. In 2 MiB pages decode
-runs ~5% faster (docs/perf.md, "Weights in huge pages"). Reading beats copying out of the
-mapping too: faulting in 240 MB of mapped pages took ~300 ms on the reference VM, reading
-them ~30 ms.
+for Gemma 3 270M). In 4 KiB pages that is tens of thousands of TLB misses a token, page
+walks the streaming prefetchers cannot hide; in 2 MiB pages decode runs ~5% faster
+(docs/perf.md, "Weights in huge pages"). Anonymous memory also stays resident: a file's
+page cache is reclaimed while a chat sits idle (proactive reclaim, memory pressure), and the
+next message would read the weights from disk again. The bytes are read (plain reads, ~15
+ms for 100 MB from the page cache, ~200 ms from disk) into a region aligned like the target
+(address congruent modulo 2 MiB, so whole huge pages line up), then `mremap` moves that
+region over the mapped range in one step. Addresses do not change, so every pointer the C
+kernels hold (the step's table, each QuantMatrix) stays valid without a swap, and a forward
+running meanwhile reads the file's bytes or their copy, the same bytes either way: the
+kernel holds the address space's lock for the whole move, so a concurrent access waits for
+it and never finds a hole. Hence it can run after the model is ready, off the start-up path.
 
-Where huge pages are not wanted (not Linux, THP set to `never`, DS4TUI_HUGE_PAGES=off for
-A/B runs) the tensors are returned as they are. So is any tensor the file's header does not
-describe exactly as loaded (name, dtype, shape, offsets inside the file), and all of them if
-the mapping or a read fails: the caller then reads the file's mapping as before.
+Nothing moves where huge pages are not wanted (not Linux, THP `never`, DS4TUI_HUGE_PAGES=off
+for A/B runs), for a tensor the file's header does not describe exactly (name, dtype, shape,
+offsets inside the file), or for a range /proc/self/maps does not show as this file mapped
+at the offsets the header gives. A failed read or move leaves the mapping as it was.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import mmap
 import os
 import struct
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 HUGE_PAGE = 2 << 20
-ALIGN = 64  # a cache line
+PAGE = mmap.PAGESIZE
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
 DTYPES = {"U8": torch.uint8, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
+MREMAP_MAYMOVE, MREMAP_FIXED = 1, 2
+MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 def huge_pages_wanted() -> bool:
-    """True where a private anonymous mapping advised MADV_HUGEPAGE gets huge pages (Linux,
-    THP `always` or `madvise`) and DS4TUI_HUGE_PAGES is not `off`."""
+    """True where anonymous memory advised MADV_HUGEPAGE gets huge pages (Linux, THP `always`
+    or `madvise`) and DS4TUI_HUGE_PAGES is not `off`."""
     if os.environ.get("DS4TUI_HUGE_PAGES", "").strip().lower() in ("off", "0", "no"):
         return False
-    if not hasattr(mmap, "MADV_HUGEPAGE"):
+    if not hasattr(mmap, "MADV_HUGEPAGE") or not hasattr(os, "preadv"):
         return False
     try:
         setting = THP_SETTING.read_text()
@@ -50,40 +63,138 @@ def huge_pages_wanted() -> bool:
     return "[always]" in setting or "[madvise]" in setting
 
 
-def read_into_huge_pages(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`tensors` (loaded from the safetensors file at `path`, named as in it) with each one
-    the header places exactly replaced by a copy read from the file into huge pages; the
-    copies live as long as any of them does."""
-    out = dict(tensors)
+def move_into_huge_pages(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]) -> int:
+    """Moves the pages under `tensors` (views of a mapping of the safetensors file at `path`,
+    named as in it) into anonymous huge pages holding the same bytes; returns the bytes moved
+    (0 where nothing was)."""
     if not tensors or not huge_pages_wanted():
-        return out
+        return 0
     try:
+        libc = _libc()
         with open(path, "rb") as f:
-            placed = _placed(f, tensors)
-            if not placed:
-                return out
-            total = sum(_aligned(end - start) for start, end in placed.values())
-            # MAP_PRIVATE: Python's default anonymous map is shared memory, which THP's
-            # `enabled` setting does not cover.
-            area = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            area.madvise(mmap.MADV_HUGEPAGE)
-            arena = torch.frombuffer(area, dtype=torch.uint8)  # holds a reference to `area`
-            view = memoryview(area)
-            offset = (-arena.data_ptr()) % HUGE_PAGE  # start on a huge page boundary
-            copies = {}
-            for name, (start, end) in sorted(placed.items(), key=lambda kv: kv[1][0]):  # file order
-                n = end - start
-                f.seek(start)
-                if f.readinto(view[offset: offset + n]) != n:
-                    return out  # the file shrank under us: keep the mapping's tensors
-                t = tensors[name]
-                copies[name] = arena[offset: offset + n].view(t.dtype).view(t.shape)
-                offset += _aligned(n)
-            view.release()
-    except (OSError, ValueError, OverflowError):
-        return out
-    out.update(copies)
+            size = os.fstat(f.fileno()).st_size
+            spans = _spans(_mapped_ranges(f, tensors), size)
+            return sum(_move(libc, f.fileno(), base, lo, hi, size) for base, lo, hi in spans)
+    except (OSError, ValueError, OverflowError, AttributeError):
+        return 0
+
+
+class MoveInBackground:
+    """`move_into_huge_pages(path, tensors)` on a daemon thread; `wait()` returns its bytes."""
+
+    def __init__(self, path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.moved = 0
+        self._thread: threading.Thread | None = None
+        if tensors and huge_pages_wanted():  # decided now, not whenever the thread runs
+            self._thread = threading.Thread(target=self._run, args=(path, dict(tensors)),
+                                            name="ds4tui-huge-pages", daemon=True)
+            self._thread.start()
+
+    def _run(self, path, tensors) -> None:
+        self.moved = move_into_huge_pages(path, tensors)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.moved
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.mremap.restype = ctypes.c_void_p
+    libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    return libc
+
+
+def _move(libc, fd: int, base: int, lo: int, hi: int, size: int) -> int:
+    """Addresses [lo, hi) (page aligned; file offset = address - base) -> anonymous huge pages."""
+    n = hi - lo
+    reserve = libc.mmap(None, n + HUGE_PAGE, mmap.PROT_READ | mmap.PROT_WRITE,
+                        mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    if reserve in (None, MAP_FAILED):
+        return 0
+    dest = reserve + (lo - reserve) % HUGE_PAGE  # congruent with lo: huge pages line up
+    moved = False
+    try:
+        libc.madvise(dest, n, mmap.MADV_HUGEPAGE)
+        want = min(n, size - (lo - base))  # past the file's end the mapping reads zeros, as does fresh memory
+        view = memoryview((ctypes.c_char * want).from_address(dest)).cast("B")
+        done = 0
+        while done < want:
+            got = os.preadv(fd, [view[done:]], lo - base + done)
+            if got <= 0:
+                return 0  # the file shrank under us: keep the mapping
+            done += got
+        view.release()
+        moved = libc.mremap(dest, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, lo) == lo
+        return n if moved else 0
+    finally:
+        # what is left of the reservation: its slack, and the region itself if it did not move
+        if moved:
+            for a, b in ((reserve, dest), (dest + n, reserve + n + HUGE_PAGE)):
+                if b > a:
+                    libc.munmap(a, b - a)
+        else:
+            libc.munmap(reserve, n + HUGE_PAGE)
+
+
+def _mapped_ranges(f, tensors: Mapping[str, torch.Tensor]) -> list[tuple[int, int, int]]:
+    """(mapping base, start, end) addresses of the tensors that sit in a mapping of this file
+    exactly where the header places them (base: the address of the file's byte 0)."""
+    placed = _placed(f, tensors)
+    st = os.fstat(f.fileno())
+    maps = _file_maps(st.st_ino, os.major(st.st_dev), os.minor(st.st_dev))
+    out = []
+    for name, (start, end) in placed.items():
+        addr = tensors[name].data_ptr()
+        base = addr - start
+        lo, hi = addr // PAGE * PAGE, -(-(addr + end - start) // PAGE) * PAGE
+        if _covered(maps, base, lo, hi):
+            out.append((base, lo, hi))
     return out
+
+
+def _spans(ranges: list[tuple[int, int, int]], size: int) -> list[tuple[int, int, int]]:
+    """Page ranges of one mapping merged where they touch or nearly do (a gap under a huge
+    page moves with them: the same file bytes, so nothing else changes)."""
+    out: list[list[int]] = []
+    for base, lo, hi in sorted(ranges, key=lambda r: r[1]):
+        if out and out[-1][0] == base and lo - out[-1][2] < HUGE_PAGE:
+            out[-1][2] = max(out[-1][2], hi)
+        else:
+            out.append([base, lo, hi])
+    return [(b, lo, hi) for b, lo, hi in out if lo - b < size]
+
+
+def _file_maps(ino: int, major: int, minor: int) -> list[tuple[int, int, int]]:
+    """(start, end, file offset) of this process's mappings of the file with that inode."""
+    out = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) < 5 or int(fields[4]) != ino:
+                continue
+            dev_major, dev_minor = (int(x, 16) for x in fields[3].split(":"))
+            if (dev_major, dev_minor) != (major, minor):
+                continue
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            out.append((lo, hi, int(fields[2], 16)))
+    return out
+
+
+def _covered(maps: list[tuple[int, int, int]], base: int, lo: int, hi: int) -> bool:
+    """[lo, hi) lies wholly in mappings of the file whose byte 0 sits at `base`."""
+    at = lo
+    for start, end, offset in sorted(maps):
+        if start <= at < end and start - offset == base:
+            at = end
+            if at >= hi:
+                return True
+    return False
 
 
 def _placed(f, tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, int]]:
@@ -105,7 +216,7 @@ def _placed(f, tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, int]
     base, placed = 8 + n, {}
     for name, t in tensors.items():
         entry = header.get(name)
-        if not isinstance(entry, dict) or DTYPES.get(entry.get("dtype")) != t.dtype:
+        if not isinstance(entry, dict) or DTYPES.get(entry.get("dtype")) != t.dtype or not t.is_contiguous():
             continue
         shape, offsets = entry.get("shape"), entry.get("data_offsets")
         if shape != list(t.shape):
@@ -117,7 +228,3 @@ def _placed(f, tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, int]
             continue
         placed[name] = (start, end)
     return placed
-
-
-def _aligned(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN

@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
-from ds4tui.engine.kernels.huge_pages import read_into_huge_pages
+from ds4tui.engine.kernels.huge_pages import MoveInBackground
 from ds4tui.engine.kernels.qgemv import MAX_PARTS, Part
 from ds4tui.engine.kernels.quants import BLOCK_TYPES, QuantMix, from_gguf, quant_mix, row_bytes
 
@@ -107,12 +107,9 @@ def split_raw(tensors: dict[str, torch.Tensor], types: Mapping[str, list[str]]) 
     return raw
 
 
-
-def raw_in_huge_pages(raw: dict[str, list[Part]], path) -> dict[str, list[Part]]:
-    """split_raw's blocks read again from the converted copy at `path` into huge pages
-    (huge_pages.py: decode streams them every token); the same blocks where that is not to
-    be had."""
-    flat = {f"{PREFIX}{name}.{k}": blocks for name, parts in raw.items() for k, (_, blocks) in enumerate(parts)}
-    moved = read_into_huge_pages(path, flat)
-    return {name: [(kind, moved[f"{PREFIX}{name}.{k}"]) for k, (kind, _) in enumerate(parts)]
-            for name, parts in raw.items()}
+def move_raw_into_huge_pages(raw: dict[str, list[Part]], path) -> MoveInBackground:
+    """Starts moving split_raw's blocks, views of the converted copy at `path`, into huge pages
+    where they lie (huge_pages.py: decode streams them every token; addresses do not change,
+    so nothing that points at them needs to know)."""
+    return MoveInBackground(path, {f"{PREFIX}{name}.{k}": blocks
+                                   for name, parts in raw.items() for k, (_, blocks) in enumerate(parts)})

@@ -37,7 +37,7 @@ from ds4tui.engine.text.chat_formats import chat_template_for
 from ds4tui.engine.text.gguf_vocab import build_gguf_tokenizer
 from ds4tui.engine.text.hf_tokenizer import HFTokenizer
 from ds4tui.engine.kernels.quants import BLOCK_TYPES, QuantMix, gguf_name
-from ds4tui.engine.kernels.raw_weights import gguf_quant_mix, gguf_raw_blocks, raw_in_huge_pages, split_raw
+from ds4tui.engine.kernels.raw_weights import gguf_quant_mix, gguf_raw_blocks, move_raw_into_huge_pages, split_raw
 from ds4tui.engine.llama.arch import GGUF_LAYER_NORMS, gguf_permutes_qk, parse_gguf_metadata
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
 from ds4tui.engine.llama.model import LlamaModel
@@ -111,9 +111,11 @@ def load_converted(out: Path, meta: dict, name: str) -> LlamaModel:
     tokenizer = HFTokenizer(tok, meta["eos_ids"], byte_level=meta.get("vocab_kind", "gpt2") == "gpt2",
                             spm=meta.get("vocab_kind") == "llama")
     chat, chat_line = _chat(meta.get("chat_template"), tokenizer, cfg.arch, specials, str(out))
-    # The kernels read the file's blocks, from huge pages where the system has them.
-    raw = raw_in_huge_pages(split_raw(tensors, meta.get("raw_types") or {}), out / "model.safetensors")
+    raw = split_raw(tensors, meta.get("raw_types") or {})
     model = LlamaModel(cfg, tensors, info, tokenizer, chat, str(out), raw=raw)
+    # The kernels read the file's blocks; once the model is ready they move into huge pages
+    # where the system has them (same addresses, same bytes: nothing waits for it).
+    model.huge_pages = move_raw_into_huge_pages(raw, out / "model.safetensors")
     model.quant_mix = QuantMix.from_dict(meta.get("quant_mix"))  # for the info line and `bench engine`
     model.details = {"chat": chat_line}
     return model

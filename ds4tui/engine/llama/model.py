@@ -154,6 +154,9 @@ class LlamaModel(Model):
         # the torch kernel backend or for shapes the step does not take, and tests may set it
         # to None to force the torch path.
         self.fast = make_fast_decoder(cfg, tensors, (self.cos, self.sin), raw, (self.local_cos, self.local_sin))
+        # The GGUF loader's move of the raw blocks into huge pages (kernels/huge_pages.py), which
+        # runs behind the ready model; None where nothing moves.
+        self.huge_pages = None
         # Block products (short forwards) wherever the kernels read a matrix's type (the rest
         # multiply by the fp32 copy); see _block_products for when they are used.
         self.use_blocks = False

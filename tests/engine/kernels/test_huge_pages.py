@@ -1,18 +1,22 @@
-"""Weight blocks read into huge pages (kernels/huge_pages.py): exact copies, read from the
-file's own bytes, in huge pages where the system has them, and the mapping's tensors kept
-whenever the file does not describe a tensor exactly."""
+"""Weight blocks moved into huge pages (kernels/huge_pages.py): the same addresses and bytes,
+anonymous memory in huge pages where the system has them, and nothing moved unless the file
+mapped there is the one whose header places the tensor exactly."""
 
 from __future__ import annotations
 
 import json
+import os
 import struct
+import threading
 
 import pytest
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc")
 import torch
 from safetensors.torch import load_file, save_file
 
 from ds4tui.engine.kernels import huge_pages
-from ds4tui.engine.kernels.huge_pages import huge_pages_wanted, read_into_huge_pages
+from ds4tui.engine.kernels.huge_pages import MoveInBackground, huge_pages_wanted, move_into_huge_pages
 
 MB = 1 << 20
 
@@ -36,43 +40,68 @@ def wanted(monkeypatch):
     monkeypatch.setattr(huge_pages, "huge_pages_wanted", lambda: True)
 
 
-def _inside(t: torch.Tensor, other: torch.Tensor) -> bool:
-    start = other.untyped_storage().data_ptr()
-    return start <= t.data_ptr() < start + other.untyped_storage().nbytes()
+def _mapping_of(address: int) -> tuple[str, int]:
+    """(path, AnonHugePages kB) of the mapping holding `address` ('' for anonymous memory)."""
+    found = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            head = fields[0]
+            if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                if found is not None:
+                    break
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                if lo <= address < hi:
+                    found = [fields[5] if len(fields) > 5 else "", 0]
+            elif found is not None and line.startswith("AnonHugePages:"):
+                found[1] = int(fields[1])
+    assert found is not None, f"{address:#x} is not mapped"
+    return found[0], found[1]
 
 
-def test_copies_are_exact_aligned_and_not_the_mapping(file, wanted):
+def test_blocks_move_in_place_with_their_bytes(file, wanted):
     path, want = file
     loaded = load_file(str(path))
-    got = read_into_huge_pages(path, loaded)
-    assert set(got) == set(loaded)
-    for name, t in got.items():
-        assert t.dtype == want[name].dtype and t.shape == want[name].shape and t.is_contiguous()
+    where = {name: t.data_ptr() for name, t in loaded.items()}
+    assert all(_mapping_of(p)[0] == str(path) for p in where.values())  # load_file maps the file
+    raw = {k: t for k, t in loaded.items() if k.startswith("raw.")}
+    moved = move_into_huge_pages(path, raw)
+    assert moved >= sum(t.numel() for t in raw.values())
+    for name, t in loaded.items():
+        assert t.data_ptr() == where[name], f"{name} changed address"
         assert torch.equal(t, want[name]), name
-        assert t.data_ptr() % 64 == 0, name
-        assert not _inside(t, loaded[name]), f"{name} still reads the file's mapping"
-    # one arena, starting on a huge page boundary, in the file's order
-    first = min(t.data_ptr() for t in got.values())
-    assert first % (2 * MB) == 0
+    for name in raw:
+        assert _mapping_of(where[name])[0] == "", f"{name} still reads the file's mapping"
 
 
-def test_a_tensor_the_header_does_not_describe_is_kept_as_loaded(file, wanted):
+def test_a_tensor_the_header_does_not_describe_stays_in_the_mapping(file, wanted):
     path, want = file
     loaded = load_file(str(path))
     odd = {
-        "raw.a.0": loaded["raw.a.0"],
         "raw.b.0": loaded["raw.b.0"].view(2000, 2200),  # another shape than the file says
-        "missing": torch.zeros(4, 4, dtype=torch.uint8),  # not in the file
-        "norm": loaded["norm"].to(torch.float16),  # another dtype
+        "raw.a.0": loaded["raw.a.0"][1:],  # another size
+        "norm": loaded["norm"].view(torch.int32),  # another dtype
+        "missing": loaded["raw.b.1"],  # a name the file does not have
     }
-    got = read_into_huge_pages(path, odd)
-    assert not _inside(got["raw.a.0"], loaded["raw.a.0"]) and torch.equal(got["raw.a.0"], want["raw.a.0"])
-    for name in ("raw.b.0", "missing", "norm"):
-        assert got[name] is odd[name], name
+    assert move_into_huge_pages(path, odd) == 0
+    for name, t in odd.items():
+        assert _mapping_of(t.data_ptr())[0] == str(path), name
+    assert torch.equal(loaded["raw.b.0"], want["raw.b.0"])
+
+
+def test_tensors_not_mapped_from_that_file_stay(file, wanted, tmp_path):
+    path, want = file
+    loaded = load_file(str(path))
+    copies = {name: t.clone() for name, t in loaded.items()}  # right shapes, but not the file's pages
+    assert move_into_huge_pages(path, copies) == 0
+    other = tmp_path / "other.safetensors"  # the same bytes in another file: its header, not its pages
+    other.write_bytes(path.read_bytes())
+    assert move_into_huge_pages(other, loaded) == 0
+    assert all(_mapping_of(t.data_ptr())[0] == str(path) for t in loaded.values())
 
 
 @pytest.mark.parametrize("damage", ["header_past_end", "offsets_past_end", "not_json", "short_file"])
-def test_a_damaged_file_leaves_the_mapping_tensors(file, wanted, damage):
+def test_a_replaced_or_damaged_file_moves_nothing(file, wanted, damage):
     path, want = file
     loaded = load_file(str(path))
     data = bytearray(path.read_bytes())
@@ -89,17 +118,12 @@ def test_a_damaged_file_leaves_the_mapping_tensors(file, wanted, damage):
         data[8: 8 + n] = b"{" * n
     else:
         del data[len(data) // 2:]
-    path.unlink()  # a new file: `loaded` keeps mapping the old one
+    path.unlink()  # a new file: `loaded` keeps mapping the old one, which is not this file
     path.write_bytes(bytes(data))
-    got = read_into_huge_pages(path, loaded)
-    kept = set(loaded) if damage in ("header_past_end", "not_json") else {"raw.b.0"}
+    assert move_into_huge_pages(path, loaded) == 0
     for name, t in loaded.items():
-        if name in kept:
-            assert got[name] is t, name
-        elif got[name] is not t:  # a tensor the damage missed may be read; it must be exact
-            assert torch.equal(got[name], want[name]), name
-    if damage == "offsets_past_end":
-        assert got["raw.a.0"] is not loaded["raw.a.0"]  # the others are still read
+        assert torch.equal(t, want[name]), name
+        assert _mapping_of(t.data_ptr())[0] != "", name
 
 
 def test_switched_off_by_the_environment(file, monkeypatch):
@@ -107,26 +131,36 @@ def test_switched_off_by_the_environment(file, monkeypatch):
     monkeypatch.setenv("DS4TUI_HUGE_PAGES", "off")
     assert not huge_pages_wanted()
     loaded = load_file(str(path))
-    got = read_into_huge_pages(path, loaded)
-    assert all(got[k] is loaded[k] for k in loaded)
+    assert move_into_huge_pages(path, loaded) == 0
+    assert all(_mapping_of(t.data_ptr())[0] == str(path) for t in loaded.values())
 
 
-def _anon_huge_kb(address: int) -> int:
-    """AnonHugePages of the mapping holding `address` (/proc/self/smaps)."""
-    inside = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and all(c in "0123456789abcdef-" for c in head):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= address < hi
-            elif inside and line.startswith("AnonHugePages:"):
-                return int(line.split()[1])
-    return 0
+def test_readers_see_the_same_bytes_while_the_blocks_move(file, wanted):
+    """The move runs behind a ready model: a reader never finds a hole or other bytes."""
+    path, want = file
+    loaded = load_file(str(path))
+    big, expected = loaded["raw.b.0"], int(want["raw.b.0"].sum())
+    sums, stop = [], threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            sums.append(int(big.sum()))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        move = MoveInBackground(path, {"raw.b.0": big})
+        assert move.wait(timeout=30) > 0
+    finally:
+        stop.set()
+        reader.join()
+    assert sums and all(s == expected for s in sums)
+    assert _mapping_of(big.data_ptr())[0] == ""
 
 
 @pytest.mark.skipif(not huge_pages_wanted(), reason="this system gives no transparent huge pages (THP never, or not Linux)")
-def test_the_copies_sit_in_huge_pages(file):
+def test_the_moved_blocks_sit_in_huge_pages(file):
     path, _ = file
-    got = read_into_huge_pages(path, load_file(str(path)))
-    assert _anon_huge_kb(got["raw.b.0"].data_ptr()) >= 2048
+    loaded = load_file(str(path))
+    assert move_into_huge_pages(path, {"raw.b.0": loaded["raw.b.0"]}) > 0
+    assert _mapping_of(loaded["raw.b.0"].data_ptr())[1] >= 2048

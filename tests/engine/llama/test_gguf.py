@@ -234,7 +234,7 @@ def _mapped_file(address: int) -> str:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc")
-def test_raw_blocks_read_into_huge_pages_change_no_logit(env, monkeypatch):
+def test_raw_blocks_moved_into_huge_pages_change_no_logit(env, monkeypatch):
     from ds4tui.engine.kernels import huge_pages
 
     _, ggufs = env
@@ -243,6 +243,8 @@ def test_raw_blocks_read_into_huge_pages_change_no_logit(env, monkeypatch):
     monkeypatch.delenv("DS4TUI_HUGE_PAGES")
     monkeypatch.setattr(huge_pages, "huge_pages_wanted", lambda: True)  # whatever this system's THP setting
     moved = load_llama_gguf(ggufs[Q.Q4_1], "tiny-gguf")
+    assert mapped.huge_pages.wait() == 0
+    assert moved.huge_pages.wait() > 0  # the move runs behind the ready model
     for model, where in ((mapped, "model.safetensors"), (moved, "")):
         for lin in (model.layers[0].w13, model.layers[1].wqkv, model.lm_head):
             assert lin.blocks is not None
