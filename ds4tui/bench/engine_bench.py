@@ -239,6 +239,10 @@ def run(args: argparse.Namespace) -> int:
 def _kernels(model, variant: str) -> str:
     """The C kernel variant and what runs on it: the fused decode step, or only the block
     products of the torch forward (shapes the step does not take); "torch" when neither."""
+    from ds4tui.engine.kernels import qgemv
+
+    if getattr(model, "use_blocks", False) and qgemv.bf16_products():
+        variant += " (prefill products in bf16)"
     if getattr(model, "fast", None) is not None:
         return f"{variant}, fused C decode step"
     if getattr(model, "use_blocks", False):

@@ -35,11 +35,23 @@ static const ds4k_ops *table(int isa) {
     return &ds4k_ops_scalar;
 }
 
+static int cpu_has_bf16(void) {
+#if defined(__x86_64__) && DS4K_HAVE_BF16
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
+int ds4k_bf16_products = -1; /* -1: not decided yet (on where the CPU has it) */
+
 static int active = -1;
 DS4K_EXPORT int ds4k_best_isa(void);
 
 static const ds4k_ops *ops(void) {
     if (active < 0) active = ds4k_best_isa();
+    if (ds4k_bf16_products < 0) ds4k_bf16_products = cpu_has_bf16();
     return table(active);
 }
 
@@ -57,13 +69,30 @@ DS4K_EXPORT int ds4k_set_isa(int isa) {
     return 0;
 }
 
+/* Long products in bf16 (1) or fp32 (0) from now on (the AVX-512 variant only); -1 and no
+ * change when asked for bf16 on a CPU (or compiler) without AVX512_BF16. */
+DS4K_EXPORT int ds4k_set_bf16(int on) {
+    if (on && !cpu_has_bf16()) return -1;
+    ds4k_bf16_products = on ? 1 : 0;
+    return 0;
+}
+
+/* 1 when the CPU (and the compiler that built this library) has AVX512_BF16. */
+DS4K_EXPORT int ds4k_cpu_bf16(void) { return cpu_has_bf16(); }
+
+/* 1 when bf16 is on (long products take the bf16 tiles while the AVX-512 variant is active). */
+DS4K_EXPORT int ds4k_bf16(void) {
+    (void)ops();
+    return ds4k_bf16_products == 1;
+}
+
 DS4K_EXPORT int ds4k_isa(void) {
     (void)ops();
     return active;
 }
 
 /* Bumped when an entry point changes signature or meaning; qgemv.py checks it. */
-DS4K_EXPORT int ds4k_abi(void) { return 6; }
+DS4K_EXPORT int ds4k_abi(void) { return 7; }
 
 DS4K_EXPORT int ds4k_row_bytes_of(int type, int64_t cols) { return (int)ds4k_row_bytes(type, cols); }
 

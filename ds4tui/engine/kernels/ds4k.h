@@ -106,6 +106,16 @@ static inline float ds4k_h2f(const uint8_t *p) { return ds4k_f16_to_f32(ds4k_rd1
 #define DS4K_HIDDEN __attribute__((visibility("hidden")))
 #define DS4K_EXPORT __attribute__((visibility("default")))
 
+/* Long products (prefill chunks) in bf16 where the CPU has AVX512_BF16 (qgemm.c); set by
+ * dispatch.c, read by the AVX-512 build's gemm. Compilers without the intrinsics build no
+ * such path. */
+DS4K_HIDDEN extern int ds4k_bf16_products;
+#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
+#define DS4K_HAVE_BF16 1
+#else
+#define DS4K_HAVE_BF16 0
+#endif
+
 /* Runs fn(ctx, c) for every c in [0, nchunks) on up to nth threads (the caller included).
  * Which thread runs a chunk never changes a result: callers split work into chunks whose
  * bounds depend only on the problem size, so outputs are bit-identical for any nth. */

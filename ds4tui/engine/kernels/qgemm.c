@@ -23,9 +23,15 @@
  *   separate dequantization pass (docs/perf.md, "Short products without a dequantization
  *   pass").
  *
+ * - many rows on a CPU with AVX512_BF16, unless switched off (ds4k_set_bf16): the wide tiles
+ *   with weights and activations rounded to bf16 (round to nearest even) and summed in fp32
+ *   by vdpbf16ps, two columns per instruction: twice the fp32 FMA rate (docs/perf.md,
+ *   "Prefill products in bf16").
+ *
  * Results equal dequantize(W) @ x up to float summation order (the same values as the fp32
- * copy, which is the dequantized file). Chunk bounds and the path taken depend on the shape
- * only, so results never depend on the thread count (ds4k.h).
+ * copy, which is the dequantized file), or on the bf16 path bf16(dequantize(W)) @ bf16(x)
+ * summed in fp32. Chunk bounds and the path taken depend on the shape and that switch only,
+ * so results never depend on the thread count (ds4k.h).
  */
 
 #define TILE_ROWS 4
@@ -236,6 +242,118 @@ static void wide_chunk(const float *wt, const float *x, int64_t n, int64_t cols,
 }
 #endif
 
+#if DS4K_ISA >= 2 && DS4K_HAVE_BF16
+/* The wide tiles in bf16 (AVX512_BF16): wb[c / 2][32] holds, per output o, the pair of
+ * columns (2c', 2c' + 1) as two bf16 in one dword, and xb the activations' column pairs the
+ * same way (a row of x in bf16 is already that: consecutive columns are adjacent), so one
+ * vdpbf16ps adds two columns' products of 16 outputs. Same tiles, panels and carried sums
+ * as wide_tile; pairs instead of columns. */
+#define BF16_TARGET __attribute__((target("avx512bf16")))
+
+/* wt[cols][32] (fp32, as dequant_rows_t32 leaves it) -> the pair layout, in place: pair p is
+ * written over bytes the loads of pairs <= p have already read. cols is even. */
+static BF16_TARGET void wt_to_bf16_pairs(float *wt, int64_t cols) {
+    static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i idx = _mm512_loadu_si512(order);
+    uint32_t *wb = (uint32_t *)wt;
+    for (int64_t c = 0; c < cols; c += 2) {
+        const __m512 a0 = _mm512_loadu_ps(wt + c * 32), a1 = _mm512_loadu_ps(wt + c * 32 + 16);
+        const __m512 b0 = _mm512_loadu_ps(wt + (c + 1) * 32), b1 = _mm512_loadu_ps(wt + (c + 1) * 32 + 16);
+        const __m512i p0 = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b0, a0)); /* a0 low, b0 high */
+        const __m512i p1 = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b1, a1));
+        _mm512_storeu_si512(wb + (c / 2) * 32, p0);
+        _mm512_storeu_si512(wb + (c / 2) * 32 + 16, p1);
+    }
+}
+
+/* x [n, cols] fp32 -> xb [n, cols] bf16 (rounded to nearest even) */
+static BF16_TARGET void x_to_bf16(const float *x, int64_t n, int64_t cols, uint16_t *xb) {
+    for (int64_t t = 0; t < n; t++) {
+        const float *r = x + t * cols;
+        uint16_t *o = xb + t * cols;
+        for (int64_t c = 0; c < cols; c += 32) {
+            const int64_t left = cols - c;
+            const __mmask16 k0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+            const __mmask16 k1 = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+            const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(k1, r + c + 16), _mm512_maskz_loadu_ps(k0, r + c));
+            _mm512_mask_storeu_epi16(o + c, ((__mmask32)k1 << 16) | k0, v);
+        }
+    }
+}
+
+/* wide_tile over len2 column pairs: x rows are ldx2 dwords apart (pairs of bf16). */
+static inline BF16_TARGET __attribute__((always_inline)) void wide_tile_bf16(const uint32_t *wb, const uint32_t *x,
+                                                                            int64_t ldx2, int64_t len2, const float *ybuf,
+                                                                            int first, float *out, int64_t ldo, int nout,
+                                                                            const int na) {
+    const uint32_t *p[WIDE_ACTS / 3];
+    for (int k = 0; k < WIDE_ACTS / 3; k++) p[k] = x + 3 * k * ldx2;
+    const int64_t s2 = 2 * ldx2;
+    __m512 acc[WIDE_ACTS][2];
+    for (int a = 0; a < na; a++) {
+        acc[a][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ybuf + a * 32);
+        acc[a][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ybuf + a * 32 + 16);
+    }
+    for (int64_t c = 0; c < len2; c++) {
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wb + c * 32), w1 = (__m512bh)_mm512_loadu_si512(wb + c * 32 + 16);
+        for (int a = 0; a < na; a++) {
+            const uint32_t *xr = p[a / 3];
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)(a % 3 == 0 ? xr[0] : a % 3 == 1 ? xr[ldx2] : xr[s2]));
+            acc[a][0] = _mm512_dpbf16_ps(acc[a][0], w0, xv);
+            acc[a][1] = _mm512_dpbf16_ps(acc[a][1], w1, xv);
+        }
+        for (int k = 0; k < WIDE_ACTS / 3; k++) p[k]++;
+    }
+    const __mmask16 m0 = nout >= 16 ? 0xffff : (__mmask16)((1u << nout) - 1);
+    const __mmask16 m1 = nout >= 32 ? 0xffff : nout <= 16 ? 0 : (__mmask16)((1u << (nout - 16)) - 1);
+    for (int a = 0; a < na; a++) {
+        _mm512_mask_storeu_ps(out + a * ldo, m0, acc[a][0]);
+        _mm512_mask_storeu_ps(out + a * ldo + 16, m1, acc[a][1]);
+    }
+}
+
+/* wide_chunk on the pair layout: xb [n, cols] bf16, wb from wt_to_bf16_pairs. Panels are
+ * whole pairs. */
+static BF16_TARGET void wide_chunk_bf16(const uint32_t *wb, const uint16_t *xb, int64_t n, int64_t cols, float *y,
+                                        int64_t ldy, int nr) {
+    float ybuf[WIDE_BLOCK * 32] __attribute__((aligned(64)));
+    const int64_t pairs = cols / 2, ldx2 = cols / 2;
+    const int64_t npanel = (cols + 2 * WIDE_PANEL - 1) / (2 * WIDE_PANEL), panel = (pairs + npanel - 1) / npanel;
+    const uint32_t *x = (const uint32_t *)xb;
+    for (int64_t t0 = 0; t0 < n; t0 += WIDE_BLOCK) {
+        const int64_t nt = n - t0 < WIDE_BLOCK ? n - t0 : WIDE_BLOCK;
+        for (int64_t k0 = 0; k0 < pairs; k0 += panel) {
+            const int64_t len = pairs - k0 < panel ? pairs - k0 : panel;
+            const int first = k0 == 0, last = k0 + len == pairs;
+            for (int h = 0; h < nr; h += WIDE_OUTS)
+                for (int64_t a = 0; a < nt; a += WIDE_ACTS) {
+                    const uint32_t *xa = x + (t0 + a) * ldx2 + k0;
+                    float *yb = ybuf + a * 32 + h, *out = last ? y + (t0 + a) * ldy + h : yb;
+                    const int64_t ldo = last ? ldy : 32;
+                    const int nout = last && nr - h < WIDE_OUTS ? nr - h : WIDE_OUTS;
+#define WIDE_TILE(na) wide_tile_bf16(wb + k0 * 32 + h, xa, ldx2, len, yb, first, out, ldo, nout, na)
+                    switch (nt - a < WIDE_ACTS ? nt - a : WIDE_ACTS) {
+                    case 12: WIDE_TILE(12); break;
+                    case 11: WIDE_TILE(11); break;
+                    case 10: WIDE_TILE(10); break;
+                    case 9: WIDE_TILE(9); break;
+                    case 8: WIDE_TILE(8); break;
+                    case 7: WIDE_TILE(7); break;
+                    case 6: WIDE_TILE(6); break;
+                    case 5: WIDE_TILE(5); break;
+                    case 4: WIDE_TILE(4); break;
+                    case 3: WIDE_TILE(3); break;
+                    case 2: WIDE_TILE(2); break;
+                    default: WIDE_TILE(1); break;
+                    }
+#undef WIDE_TILE
+                }
+        }
+    }
+}
+#endif
+
 #if DS4K_ISA >= 2
 /* Q4_1 products (up to 2048 columns; AVX-512) on the wide tiles with no separate
  * dequantization pass. The chunk's blocks are regrouped once into bytes (q4_1_bytes32: a
@@ -367,6 +485,7 @@ typedef struct {
     int64_t first[DS4K_MAX_PARTS + 1]; /* first global chunk of each part */
     int64_t row0[DS4K_MAX_PARTS];      /* first output column of each part */
     const float *x;
+    const uint16_t *xb; /* x in bf16 when the chunks take the bf16 tiles, else NULL */
     float *y;
     int64_t rows, cols, n;
     int64_t nth; /* threads on the job: only for prefetch hints */
@@ -387,6 +506,14 @@ static void gemm_chunk(void *ctx, int64_t c) {
     if (r1 > m->rows) r1 = m->rows;
 #if DS4K_ISA >= 1
     const uint8_t *wq = (const uint8_t *)m->w + r0 * rb;
+#if DS4K_ISA >= 2 && DS4K_HAVE_BF16
+    if (j->xb) { /* gemm checked the shape */
+        dequant_rows_t32(m->type, wq, rb, (int)(r1 - r0), j->cols, tiles);
+        wt_to_bf16_pairs(tiles, j->cols);
+        wide_chunk_bf16((const uint32_t *)tiles, j->xb, j->n, j->cols, j->y + j->row0[k] + r0, j->rows, (int)(r1 - r0));
+        return;
+    }
+#endif
 #if DS4K_ISA >= 2
     if (m->type == DS4K_Q4_1 && CHUNK_ROWS * j->cols <= GROUP_FLOATS) {
         q4_1_bytes prep[GROUP_FLOATS / CHUNK_ROWS / 32] __attribute__((aligned(64))); /* 80 KB at 2048 columns */
@@ -452,6 +579,15 @@ static int gemm(const ds4k_mat *parts, int nparts, const float *x, float *y, int
         job.rows += parts[k].rows;
         job.first[k + 1] = job.first[k] + (parts[k].rows + CHUNK_ROWS - 1) / CHUNK_ROWS;
     }
+    uint16_t *xb = NULL;
+#if DS4K_ISA >= 2 && DS4K_HAVE_BF16
+    if (ds4k_bf16_products == 1 && n >= WIDE_MIN_ROWS && cols % 2 == 0 && CHUNK_ROWS * cols <= GROUP_FLOATS) {
+        xb = (uint16_t *)aligned_alloc(64, ((size_t)(n * cols) * 2 + 63) / 64 * 64);
+        if (xb) x_to_bf16(x, n, cols, xb); /* no memory: the fp32 tiles, same shape rules */
+    }
+#endif
+    job.xb = xb;
     ds4k_run_chunks(gemm_chunk, &job, job.first[nparts], nth);
+    free(xb);
     return 0;
 }

@@ -14,6 +14,11 @@ Variants (`backend()` names the active one):
 - "torch": no compiler or the build failed: dequantize once (gguf), then fp32 `mv`.
 All compute the same numbers up to float summation order; `variants()` lists those this CPU
 runs and `use_variant(name)` switches for a block of code (tests compare each to scalar).
+One exception, on purpose: where the CPU has AVX512_BF16, the AVX-512 variant multiplies
+products of 96 rows and more (prefill chunks) with weights and activations rounded to bf16,
+summed in fp32, at twice the fp32 FMA rate (qgemm.c); decode and short products stay fp32.
+`DS4TUI_BF16=auto|on|off` chooses (`on` on a CPU without it: the torch backend, with the
+reason), `bf16_products()` tells, `use_bf16(on)` switches for a block of code.
 
 The library is compiled with the system C compiler (`$CC`, else `cc`) on first use
 (objects in parallel; docs/perf.md, "Backends") into `data_dir()/kernels/<hash of sources, flags, compiler>/`,
@@ -45,7 +50,7 @@ from ds4tui import paths
 from ds4tui.engine.kernels import quants
 from ds4tui.engine.kernels.quants import TYPE_IDS, dequantize, quantize, row_bytes  # noqa: F401 (re-exported)
 
-ABI = 6  # must equal ds4k_abi() in dispatch.c
+ABI = 7  # must equal ds4k_abi() in dispatch.c
 ISAS = ("scalar", "avx2", "avx512")  # index = the C side's ISA number
 
 _DIR = Path(__file__).parent
@@ -152,6 +157,12 @@ def _load(lib_path: Path) -> ctypes.CDLL:
         raise RuntimeError(f"{lib_path}: ABI {lib.ds4k_abi()} != {ABI}")
     lib.ds4k_set_isa.argtypes = [ctypes.c_int]
     lib.ds4k_set_isa.restype = ctypes.c_int
+    lib.ds4k_set_bf16.argtypes = [ctypes.c_int]
+    lib.ds4k_set_bf16.restype = ctypes.c_int
+    lib.ds4k_bf16.argtypes = []
+    lib.ds4k_bf16.restype = ctypes.c_int
+    lib.ds4k_cpu_bf16.argtypes = []
+    lib.ds4k_cpu_bf16.restype = ctypes.c_int
     lib.ds4k_gemv.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                               ctypes.c_int]
     lib.ds4k_gemv.restype = ctypes.c_int
@@ -203,6 +214,14 @@ def _init() -> None:
     if forced != "auto" and lib.ds4k_set_isa(ISAS.index(forced)) != 0:
         _backend, _why = "torch", f"DS4TUI_KERNELS={forced}: this CPU runs only {', '.join(ISAS[: best + 1])}"
         return
+    bf16 = os.environ.get("DS4TUI_BF16", "auto").strip().lower() or "auto"
+    if bf16 not in ("auto", "on", "off"):
+        raise ValueError(f"DS4TUI_BF16={bf16!r}: expected auto, on or off")
+    if bf16 == "off" or lib.ds4k_set_bf16(1) != 0:
+        lib.ds4k_set_bf16(0)
+        if bf16 == "on":
+            _backend, _why = "torch", "DS4TUI_BF16=on: this CPU (or compiler) has no AVX512_BF16"
+            return
     _lib, _backend = lib, ISAS[lib.ds4k_isa()]
     _why = f"{_backend} kernels ({'forced by DS4TUI_KERNELS' if forced != 'auto' else 'the widest this CPU runs'})"
 
@@ -256,6 +275,36 @@ def use_variant(name: str) -> Iterator[None]:
         with kernel_lock:
             lib.ds4k_set_isa(ISAS.index(before))
             _backend = before
+
+
+def bf16_products() -> bool:
+    """Whether long products (prefill chunks of 96 rows and more) run on the bf16 tiles:
+    AVX512_BF16 on the CPU, the AVX-512 variant active and DS4TUI_BF16 not `off`."""
+    lib = library()
+    return lib is not None and _backend == "avx512" and bool(lib.ds4k_bf16())
+
+
+def bf16_available() -> bool:
+    """Whether this CPU runs the AVX-512 variant and has AVX512_BF16 (bf16 products possible)."""
+    lib = library()
+    return lib is not None and "avx512" in variants() and bool(lib.ds4k_cpu_bf16())
+
+
+@contextlib.contextmanager
+def use_bf16(on: bool) -> Iterator[None]:
+    """Long products in bf16 (True) or fp32 (False) inside the block (tests, A/B benches)."""
+    lib = library()
+    if lib is None:
+        raise ValueError("the C kernels are not available (torch backend)")
+    before = lib.ds4k_bf16()
+    with kernel_lock:
+        if lib.ds4k_set_bf16(int(on)) != 0:
+            raise ValueError("bf16 products need a CPU with AVX512_BF16")
+    try:
+        yield
+    finally:
+        with kernel_lock:
+            lib.ds4k_set_bf16(int(before))
 
 
 def set_spin_us(us: int) -> None:

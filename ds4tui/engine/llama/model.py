@@ -193,6 +193,8 @@ class LlamaModel(Model):
             parts.append(f"weights {self.details['weights']}")
         parts.append(cfg.swa_layout())
         parts.append("decode: fused C step" if self.fast is not None else "decode: torch")
+        if self.use_blocks and qgemv.bf16_products():
+            parts.append("prefill products: bf16")
         if self.details.get("chat"):
             parts.append(f"chat: {self.details['chat']}")
         return "; ".join(parts)

@@ -446,7 +446,8 @@ def test_smollm2_decodes_through_the_file_blocks(kv_dtype):
     from ds4tui.bench.engine_bench import measure_engine
 
     r = measure_engine(DEFAULT_MODEL, prompt_tokens=4, decode_tokens=2, repeats=1)
-    assert (r.weights, r.kernels) == ("Q4_1 x210, Q8_0 x1 (C kernels)", f"{qgemv.backend()}, fused C decode step")
+    bf16 = " (prefill products in bf16)" if qgemv.bf16_products() else ""
+    assert (r.weights, r.kernels) == ("Q4_1 x210, Q8_0 x1 (C kernels)", f"{qgemv.backend()}{bf16}, fused C decode step")
     text = model.chat.render([{"role": "user", "content": "What is the capital of France?"}])
     a = model.new_session(128, kv_dtype=kv_dtype)
     a.prefill(model.tokenizer.encode(text))

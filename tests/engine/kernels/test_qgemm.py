@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -25,7 +30,17 @@ def test_gemm_equals_the_dequantized_matmul(qtype, rows, cols, n):
     assert ((got.double() - want).abs().max() / scale).item() < 1e-6
 
 
-@pytest.mark.parametrize("variant", qgemv.variants())
+def bf16(t: torch.Tensor) -> torch.Tensor:
+    """t rounded to bfloat16 (to nearest even, as vcvtne2ps2bf16), back in fp32."""
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+# (variant, precision of long products): every variant in fp32, and the AVX-512 variant's bf16
+# tiles where the CPU has AVX512_BF16.
+VARIANT_PRECISIONS = [(v, "fp32") for v in qgemv.variants()] + [("avx512", "bf16")] * qgemv.bf16_available()
+
+
+@pytest.mark.parametrize("variant,precision", VARIANT_PRECISIONS)
 @pytest.mark.parametrize("qtype,rows,cols,n", [
     ("q4_1", 37, 1536, 30),    # AVX-512 short tiles over two column panels
     ("q4_k", 70, 512, 100),    # long product: transposed 32-row chunks, a partial last chunk
@@ -34,33 +49,40 @@ def test_gemm_equals_the_dequantized_matmul(qtype, rows, cols, n):
     ("q4_1", 45, 576, 130),    # SmolLM2's width: 256-column dequantization passes and a 64-column rest
     ("bf16", 20, 328, 97),     # a rest of 72 columns: the transposed tile's 8-column masked end
 ])
-def test_long_and_wide_products_equal_the_dequantized_matmul(variant, qtype, rows, cols, n):
-    """The paths qgemm.c takes for many activation rows or wide rows, in every variant."""
+def test_long_and_wide_products_equal_the_dequantized_matmul(variant, qtype, rows, cols, n, precision):
+    """The paths qgemm.c takes for many activation rows or wide rows, in every variant; with
+    bf16 on, products of 96 rows and more equal bf16(W) @ bf16(x) summed in fp32."""
     blocks = random_blocks(qtype, rows, cols, seed=n)
     w = qgemv.dequantize(blocks, qtype, cols)
     x = torch.randn(n, cols, generator=torch.Generator().manual_seed(rows))
-    with qgemv.use_variant(variant):
+    with qgemv.use_variant(variant), qgemv.use_bf16(precision == "bf16"):
         got = qgemm.make_blocks((qtype, blocks), w).matmul(x)
-    want = x.double() @ w.double().T
+    rounded = precision == "bf16" and n >= 96  # shorter products keep fp32 tiles
+    wr, xr = (bf16(w), bf16(x)) if rounded else (w, x)
+    want = xr.double() @ wr.double().T
     scale = (x.abs().double() @ w.abs().double().T).max()
     assert ((got.double() - want).abs().max() / scale).item() < 1e-6
+    if rounded:  # and it is not the fp32 product: bf16 rounding shows at this tolerance
+        exact = x.double() @ w.double().T
+        assert ((got.double() - exact).abs().max() / scale).item() > 1e-5
 
 
-@pytest.mark.parametrize("variant", qgemv.variants())
+@pytest.mark.parametrize("variant,precision", VARIANT_PRECISIONS)
 @pytest.mark.parametrize("qtype", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("n", [7, 23, 576])
-def test_one_hot_products_are_the_dequantized_weights(variant, qtype, n):
+def test_one_hot_products_are_the_dequantized_weights(variant, qtype, n, precision):
     """x = unit rows: each output is one weight times 1 plus zeros, so the product must
     return gguf's dequantized weights exactly, whatever tile or in-register dequantization
-    (AVX-512 Q4_1: from regrouped quant bytes, inside the first tile) the path uses."""
+    (AVX-512 Q4_1: from regrouped quant bytes, inside the first tile) the path uses; on the
+    bf16 tiles, those weights rounded to bf16 (1 and 0 are exact in bf16)."""
     rows, cols = 45, 576  # a partial second 32-row chunk: padding rows
     blocks = random_blocks(qtype, rows, cols, seed=n)
     w = qgemv.dequantize(blocks, qtype, cols)
     m = qgemm.make_blocks((qtype, blocks), w)
     eye = torch.eye(cols)
-    with qgemv.use_variant(variant):
+    with qgemv.use_variant(variant), qgemv.use_bf16(precision == "bf16"):
         got = torch.cat([m.matmul(eye[c0:c0 + n]) for c0 in range(0, cols, n)])
-    assert torch.equal(got, w.T)
+    assert torch.equal(got, bf16(w).T if precision == "bf16" and n >= 96 else w.T)
 
 
 @pytest.mark.skipif("avx512" not in qgemv.variants(), reason="needs a CPU with AVX-512")
@@ -71,9 +93,22 @@ def test_avx512_q4_1_rows_do_not_depend_on_how_many_are_multiplied():
     blocks = random_blocks("q4_1", 70, 1536, seed=3)
     m = qgemm.make_blocks(("q4_1", blocks), torch.empty(70, 1536))
     x = torch.randn(300, 1536, generator=torch.Generator().manual_seed(5))
-    with qgemv.use_variant("avx512"):
+    with qgemv.use_variant("avx512"), qgemv.use_bf16(False):
         full = m.matmul(x)
         for n in (2, 12, 23, 48):
+            assert torch.equal(m.matmul(x[:n]), full[:n])
+
+
+@pytest.mark.skipif(not qgemv.bf16_available(), reason="needs a CPU with AVX-512 and AVX512_BF16")
+def test_bf16_rows_do_not_depend_on_how_many_are_multiplied():
+    """On the bf16 tiles (96 rows and more) each output is one sequential sum over the column
+    pairs, whatever the number of rows, activation blocks or panels: the same bits."""
+    blocks = random_blocks("q4_k", 70, 2048, seed=4)
+    m = qgemm.make_blocks(("q4_k", blocks), torch.empty(70, 2048))
+    x = torch.randn(500, 2048, generator=torch.Generator().manual_seed(6))
+    with qgemv.use_variant("avx512"), qgemv.use_bf16(True):
+        full = m.matmul(x)
+        for n in (96, 131, 241):
             assert torch.equal(m.matmul(x[:n]), full[:n])
 
 
@@ -123,3 +158,43 @@ def test_short_prefill_through_the_blocks_matches_fp32(qtype):
         model.fast = fast
     assert ((got - want).abs().max() / want.abs().max()).item() < 2e-5
     assert torch.allclose(kv[..., 40:60, :], ref.kv[..., 40:60, :], atol=1e-4, rtol=1e-4)
+
+
+BF16_SCRIPT = """
+import torch
+from ds4tui.engine.kernels import qgemm, qgemv
+from tests.engine.kernels.test_kernels import random_blocks
+m = qgemm.make_blocks(("q8_0", random_blocks("q8_0", 40, 512, seed=1)), torch.empty(40, 512))
+x = torch.randn(128, 512, generator=torch.Generator().manual_seed(2))
+w = m.dequantize()
+exact = (m.matmul(x).double() - x.double() @ w.double().T).abs().max() < 1e-6 * (x.abs() @ w.abs().T).max()
+print(qgemv.bf16_products(), bool(exact))
+"""
+
+
+@pytest.mark.parametrize("setting", ["", "off", "on"])
+def test_the_environment_sets_bf16_products(setting):
+    """DS4TUI_BF16: unset (auto) takes bf16 where the CPU has it, off keeps fp32 everywhere,
+    on insists (no AVX512_BF16: the kernels are not used at all, and the reason says why)."""
+    env = dict(os.environ, DS4TUI_BF16=setting)
+    root = str(Path(__file__).resolve().parents[3])  # the repository: `tests` importable
+    script = BF16_SCRIPT if setting != "on" or qgemv.bf16_available() else (
+        "from ds4tui.engine.kernels import qgemv; print(qgemv.backend(), qgemv.backend_reason())")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    if setting == "on" and not qgemv.bf16_available():
+        assert proc.stdout.startswith("torch") and "AVX512_BF16" in proc.stdout
+        return
+    bf16 = qgemv.bf16_available() and setting != "off"
+    assert proc.stdout.split() == [str(bf16), str(not bf16)]
+
+
+def test_a_bad_bf16_setting_is_refused(monkeypatch):
+    monkeypatch.setenv("DS4TUI_BF16", "maybe")
+    monkeypatch.setattr(qgemv, "_backend", None)
+    monkeypatch.setattr(qgemv, "_lib", None)
+    with pytest.raises(ValueError, match="DS4TUI_BF16"):
+        qgemv.backend()
+    monkeypatch.undo()
+    assert qgemv.backend() != "torch" or qgemv._compiler() is None
