@@ -3,7 +3,7 @@
 Owns: `move_into_huge_pages(path, tensors)`, which replaces the pages under tensors that are
 views of a mapping of a safetensors file (what safetensors' `load_file` returns) with
 anonymous memory advised MADV_HUGEPAGE holding the same bytes, at the same addresses;
-`MoveInBackground`, which does that on a thread once the model is ready; and
+`MoveInBackground`, which does that on a thread once the model is warm; and
 `huge_pages_wanted()`.
 
 Why: a decode step reads every weight block once per token (94 MB for SmolLM2-135M, 240 MB
@@ -72,28 +72,44 @@ def move_into_huge_pages(path: str | os.PathLike, tensors: Mapping[str, torch.Te
     try:
         libc = _libc()
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            spans = _spans(_mapped_ranges(f, tensors), size)
-            return sum(_move(libc, f.fileno(), base, lo, hi, size) for base, lo, hi in spans)
+            st = os.fstat(f.fileno())
+            maps = _file_maps(st.st_ino, os.major(st.st_dev), os.minor(st.st_dev))
+            spans = _spans(_mapped_ranges(f, tensors, maps), st.st_size)
+            return sum(_move(libc, f.fileno(), base, lo, hi, st.st_size) for base, lo, hi in spans
+                       if _covered(maps, base, lo, hi))  # a merged span's gaps are this file's too
     except (OSError, ValueError, OverflowError, AttributeError):
         return 0
 
 
 class MoveInBackground:
-    """`move_into_huge_pages(path, tensors)` on a daemon thread; `wait()` returns its bytes."""
+    """`move_into_huge_pages(path, tensors)` on a daemon thread, from `start()` on (the model's
+    warm_up calls it last: started earlier, the move's read and the warm-up's first forward
+    share the two cores and model-ready comes ~50 ms later). `wait()` starts it if need be and
+    returns the bytes moved."""
 
-    def __init__(self, path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]) -> None:
+    def __init__(self, path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], *, start: bool = True) -> None:
         self.moved = 0
         self._thread: threading.Thread | None = None
-        if tensors and huge_pages_wanted():  # decided now, not whenever the thread runs
-            self._thread = threading.Thread(target=self._run, args=(path, dict(tensors)),
-                                            name="ds4tui-huge-pages", daemon=True)
-            self._thread.start()
+        self._lock = threading.Lock()
+        self._job = (path, dict(tensors)) if tensors and huge_pages_wanted() else None  # decided now
+        if start:
+            self.start()
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._job is not None and self._thread is None:
+                self._thread = threading.Thread(target=self._run, args=self._job, name="ds4tui-huge-pages", daemon=True)
+                self._thread.start()
 
     def _run(self, path, tensors) -> None:
         self.moved = move_into_huge_pages(path, tensors)
 
     def wait(self, timeout: float | None = None) -> int:
+        self.start()
         if self._thread is not None:
             self._thread.join(timeout)
         return self.moved
@@ -142,12 +158,11 @@ def _move(libc, fd: int, base: int, lo: int, hi: int, size: int) -> int:
             libc.munmap(reserve, n + HUGE_PAGE)
 
 
-def _mapped_ranges(f, tensors: Mapping[str, torch.Tensor]) -> list[tuple[int, int, int]]:
-    """(mapping base, start, end) addresses of the tensors that sit in a mapping of this file
-    exactly where the header places them (base: the address of the file's byte 0)."""
+def _mapped_ranges(f, tensors: Mapping[str, torch.Tensor],
+                   maps: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """(mapping base, start, end) page-rounded addresses of the tensors that sit in a mapping
+    of this file (`maps`) exactly where the header places them (base: where byte 0 is)."""
     placed = _placed(f, tensors)
-    st = os.fstat(f.fileno())
-    maps = _file_maps(st.st_ino, os.major(st.st_dev), os.minor(st.st_dev))
     out = []
     for name, (start, end) in placed.items():
         addr = tensors[name].data_ptr()

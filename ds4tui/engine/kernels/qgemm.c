@@ -267,9 +267,9 @@ static BF16_TARGET void wt_to_bf16_pairs(float *wt, int64_t cols) {
     }
 }
 
-/* x [n, cols] fp32 -> xb [n, cols] bf16 (rounded to nearest even) */
-static BF16_TARGET void x_to_bf16(const float *x, int64_t n, int64_t cols, uint16_t *xb) {
-    for (int64_t t = 0; t < n; t++) {
+/* rows [t0, t1) of x [n, cols] fp32 -> xb [n, cols] bf16 (rounded to nearest even) */
+static BF16_TARGET void x_to_bf16(const float *x, int64_t t0, int64_t t1, int64_t cols, uint16_t *xb) {
+    for (int64_t t = t0; t < t1; t++) {
         const float *r = x + t * cols;
         uint16_t *o = xb + t * cols;
         for (int64_t c = 0; c < cols; c += 32) {
@@ -280,6 +280,19 @@ static BF16_TARGET void x_to_bf16(const float *x, int64_t n, int64_t cols, uint1
             _mm512_mask_storeu_epi16(o + c, ((__mmask32)k1 << 16) | k0, v);
         }
     }
+}
+
+#define X_BF16_ROWS 32 /* activation rows per pool chunk of the conversion */
+typedef struct {
+    const float *x;
+    uint16_t *xb;
+    int64_t n, cols;
+} x_bf16_job;
+
+static void x_bf16_chunk(void *ctx, int64_t c) {
+    const x_bf16_job *j = (const x_bf16_job *)ctx;
+    const int64_t t0 = c * X_BF16_ROWS, t1 = t0 + X_BF16_ROWS < j->n ? t0 + X_BF16_ROWS : j->n;
+    x_to_bf16(j->x, t0, t1, j->cols, j->xb);
 }
 
 /* wide_tile over len2 column pairs: x rows are ldx2 dwords apart (pairs of bf16). */
@@ -583,7 +596,10 @@ static int gemm(const ds4k_mat *parts, int nparts, const float *x, float *y, int
 #if DS4K_ISA >= 2 && DS4K_HAVE_BF16
     if (ds4k_bf16_products == 1 && n >= WIDE_MIN_ROWS && cols % 2 == 0 && CHUNK_ROWS * cols <= GROUP_FLOATS) {
         xb = (uint16_t *)aligned_alloc(64, ((size_t)(n * cols) * 2 + 63) / 64 * 64);
-        if (xb) x_to_bf16(x, n, cols, xb); /* no memory: the fp32 tiles, same shape rules */
+        if (xb) { /* no memory: the fp32 tiles, same shape rules */
+            x_bf16_job xj = {x, xb, n, cols};
+            ds4k_run_chunks(x_bf16_chunk, &xj, (n + X_BF16_ROWS - 1) / X_BF16_ROWS, nth);
+        }
     }
 #endif
     job.xb = xb;

@@ -108,8 +108,9 @@ def split_raw(tensors: dict[str, torch.Tensor], types: Mapping[str, list[str]]) 
 
 
 def move_raw_into_huge_pages(raw: dict[str, list[Part]], path) -> MoveInBackground:
-    """Starts moving split_raw's blocks, views of the converted copy at `path`, into huge pages
+    """The move of split_raw's blocks, views of the converted copy at `path`, into huge pages
     where they lie (huge_pages.py: decode streams them every token; addresses do not change,
-    so nothing that points at them needs to know)."""
+    so nothing that points at them needs to know), ready to start."""
     return MoveInBackground(path, {f"{PREFIX}{name}.{k}": blocks
-                                   for name, parts in raw.items() for k, (_, blocks) in enumerate(parts)})
+                                   for name, parts in raw.items() for k, (_, blocks) in enumerate(parts)},
+                            start=False)

@@ -113,8 +113,9 @@ def load_converted(out: Path, meta: dict, name: str) -> LlamaModel:
     chat, chat_line = _chat(meta.get("chat_template"), tokenizer, cfg.arch, specials, str(out))
     raw = split_raw(tensors, meta.get("raw_types") or {})
     model = LlamaModel(cfg, tensors, info, tokenizer, chat, str(out), raw=raw)
-    # The kernels read the file's blocks; once the model is ready they move into huge pages
-    # where the system has them (same addresses, same bytes: nothing waits for it).
+    # The kernels read the file's blocks; once the model is warm (warm_up starts it) they
+    # move into huge pages where the system has them (same addresses, same bytes: nothing
+    # waits for it).
     model.huge_pages = move_raw_into_huge_pages(raw, out / "model.safetensors")
     model.quant_mix = QuantMix.from_dict(meta.get("quant_mix"))  # for the info line and `bench engine`
     model.details = {"chat": chat_line}

@@ -155,7 +155,7 @@ class LlamaModel(Model):
         # to None to force the torch path.
         self.fast = make_fast_decoder(cfg, tensors, (self.cos, self.sin), raw, (self.local_cos, self.local_sin))
         # The GGUF loader's move of the raw blocks into huge pages (kernels/huge_pages.py), which
-        # runs behind the ready model; None where nothing moves.
+        # warm_up starts last; None where nothing moves.
         self.huge_pages = None
         # Block products (short forwards) wherever the kernels read a matrix's type (the rest
         # multiply by the fp32 copy); see _block_products for when they are used.
@@ -226,7 +226,8 @@ class LlamaModel(Model):
         or a prefill); docs/perf.md, "First-use costs and warm_up", has the measurements. So:
         one short chunked forward and one decode step (every fp32 weight page, every raw block
         page, the C step's workspace and thread pool) in a session of `ctx_size`, whose buffer
-        is then written through and kept for the next new_session of that size.
+        is then written through and kept for the next new_session of that size. Last, it starts
+        the move of the raw blocks into huge pages, which runs on behind the ready model.
         """
         ctx = self._ctx(ctx_size)
         session = self.new_session(ctx, kv_dtype=kv_dtype)
@@ -242,6 +243,8 @@ class LlamaModel(Model):
             t.numpy().fill(0.0)  # one thread: torch's fill would split over OpenMP threads
         with self._spare_lock:
             self._spare = session.kv
+        if self.huge_pages is not None:  # now, not alongside the forwards above
+            self.huge_pages.start()
 
     @staticmethod
     def _warm_restore(session: LlamaSession, tokens: list[int]) -> None:

@@ -244,7 +244,10 @@ def test_raw_blocks_moved_into_huge_pages_change_no_logit(env, monkeypatch):
     monkeypatch.setattr(huge_pages, "huge_pages_wanted", lambda: True)  # whatever this system's THP setting
     moved = load_llama_gguf(ggufs[Q.Q4_1], "tiny-gguf")
     assert mapped.huge_pages.wait() == 0
-    assert moved.huge_pages.wait() > 0  # the move runs behind the ready model
+    assert not moved.huge_pages.started  # nothing competes with the load and the warm-up
+    moved.warm_up(64)
+    assert moved.huge_pages.started  # warm_up's last step
+    assert moved.huge_pages.wait() > 0
     for model, where in ((mapped, "model.safetensors"), (moved, "")):
         for lin in (model.layers[0].w13, model.layers[1].wqkv, model.lm_head):
             assert lin.blocks is not None
