@@ -202,46 +202,6 @@ static inline __attribute__((always_inline)) void wide_tile(const float *wt, con
 #endif
 }
 
-/* y[t][i] (rows ldy floats apart) for every activation row t and the nr (<= 32) rows
- * dequantized in wt. */
-static void wide_chunk(const float *wt, const float *x, int64_t n, int64_t cols, float *y, int64_t ldy, int nr) {
-    float ybuf[WIDE_BLOCK * 32] __attribute__((aligned(64)));
-    const int64_t npanel = (cols + WIDE_PANEL - 1) / WIDE_PANEL, panel = (cols + npanel - 1) / npanel;
-    for (int64_t t0 = 0; t0 < n; t0 += WIDE_BLOCK) {
-        const int64_t nt = n - t0 < WIDE_BLOCK ? n - t0 : WIDE_BLOCK;
-        for (int64_t k0 = 0; k0 < cols; k0 += panel) {
-            const int64_t len = cols - k0 < panel ? cols - k0 : panel;
-            const int first = k0 == 0, last = k0 + len == cols;
-            for (int h = 0; h < nr; h += WIDE_OUTS) /* the outputs of one micro-tile width */
-                for (int64_t a = 0; a < nt; a += WIDE_ACTS) {
-                    const float *xa = x + (t0 + a) * cols + k0;
-                    float *yb = ybuf + a * 32 + h, *out = last ? y + (t0 + a) * ldy + h : yb;
-                    const int64_t ldo = last ? ldy : 32;
-                    const int nout = last && nr - h < WIDE_OUTS ? nr - h : WIDE_OUTS;
-#define WIDE_TILE(na) wide_tile(wt + k0 * 32 + h, xa, cols, len, yb, first, out, ldo, nout, na)
-                    switch (nt - a < WIDE_ACTS ? nt - a : WIDE_ACTS) {
-#if DS4K_ISA >= 2
-                    case 12: WIDE_TILE(12); break;
-                    case 11: WIDE_TILE(11); break;
-                    case 10: WIDE_TILE(10); break;
-                    case 9: WIDE_TILE(9); break;
-                    case 8: WIDE_TILE(8); break;
-                    case 7: WIDE_TILE(7); break;
-#endif
-                    case 6: WIDE_TILE(6); break;
-                    case 5: WIDE_TILE(5); break;
-                    case 4: WIDE_TILE(4); break;
-                    case 3: WIDE_TILE(3); break;
-                    case 2: WIDE_TILE(2); break;
-                    default: WIDE_TILE(1); break;
-                    }
-#undef WIDE_TILE
-                }
-        }
-    }
-}
-#endif
-
 #if DS4K_ISA >= 2 && DS4K_HAVE_BF16
 /* The wide tiles in bf16 (AVX512_BF16): wb[c / 2][32] holds, per output o, the pair of
  * columns (2c', 2c' + 1) as two bf16 in one dword, and xb the activations' column pairs the
@@ -325,34 +285,50 @@ static inline BF16_TARGET __attribute__((always_inline)) void wide_tile_bf16(con
         _mm512_mask_storeu_ps(out + a * ldo + 16, m1, acc[a][1]);
     }
 }
+#endif
 
-/* wide_chunk on the pair layout: xb [n, cols] bf16, wb from wt_to_bf16_pairs. Panels are
- * whole pairs. */
-static BF16_TARGET void wide_chunk_bf16(const uint32_t *wb, const uint16_t *xb, int64_t n, int64_t cols, float *y,
-                                        int64_t ldy, int nr) {
+#if DS4K_ISA >= 2 && DS4K_HAVE_BF16
+#define WIDE_TARGET BF16_TARGET /* may call the bf16 tile; runs no bf16 instruction otherwise */
+#else
+#define WIDE_TARGET
+#endif
+
+/* y[t][i] (rows ldy floats apart) for every activation row t and the nr (<= 32) rows
+ * dequantized in wt, over `units` columns of x [n, units]; with bf16 (AVX512_BF16 builds),
+ * wt and x hold bf16 column pairs instead (wt_to_bf16_pairs, x_to_bf16), `units` pairs per
+ * row: the same 4-byte units, tiles, panels and carried sums. */
+static WIDE_TARGET void wide_chunk(const float *wt, const float *x, int64_t n, int64_t units, float *y, int64_t ldy,
+                                   int nr, int bf16) {
     float ybuf[WIDE_BLOCK * 32] __attribute__((aligned(64)));
-    const int64_t pairs = cols / 2, ldx2 = cols / 2;
-    const int64_t npanel = (cols + 2 * WIDE_PANEL - 1) / (2 * WIDE_PANEL), panel = (pairs + npanel - 1) / npanel;
-    const uint32_t *x = (const uint32_t *)xb;
+    const int64_t npanel = (units + WIDE_PANEL - 1) / WIDE_PANEL, panel = (units + npanel - 1) / npanel;
     for (int64_t t0 = 0; t0 < n; t0 += WIDE_BLOCK) {
         const int64_t nt = n - t0 < WIDE_BLOCK ? n - t0 : WIDE_BLOCK;
-        for (int64_t k0 = 0; k0 < pairs; k0 += panel) {
-            const int64_t len = pairs - k0 < panel ? pairs - k0 : panel;
-            const int first = k0 == 0, last = k0 + len == pairs;
-            for (int h = 0; h < nr; h += WIDE_OUTS)
+        for (int64_t k0 = 0; k0 < units; k0 += panel) {
+            const int64_t len = units - k0 < panel ? units - k0 : panel;
+            const int first = k0 == 0, last = k0 + len == units;
+            for (int h = 0; h < nr; h += WIDE_OUTS) /* the outputs of one micro-tile width */
                 for (int64_t a = 0; a < nt; a += WIDE_ACTS) {
-                    const uint32_t *xa = x + (t0 + a) * ldx2 + k0;
+                    const float *xa = x + (t0 + a) * units + k0;
                     float *yb = ybuf + a * 32 + h, *out = last ? y + (t0 + a) * ldy + h : yb;
                     const int64_t ldo = last ? ldy : 32;
                     const int nout = last && nr - h < WIDE_OUTS ? nr - h : WIDE_OUTS;
-#define WIDE_TILE(na) wide_tile_bf16(wb + k0 * 32 + h, xa, ldx2, len, yb, first, out, ldo, nout, na)
+#if DS4K_ISA >= 2 && DS4K_HAVE_BF16
+#define WIDE_TILE(na)                                                                                           \
+    (bf16 ? wide_tile_bf16((const uint32_t *)wt + k0 * 32 + h, (const uint32_t *)xa, units, len, yb, first, out, \
+                           ldo, nout, na)                                                                       \
+          : wide_tile(wt + k0 * 32 + h, xa, units, len, yb, first, out, ldo, nout, na))
+#else
+#define WIDE_TILE(na) ((void)bf16, wide_tile(wt + k0 * 32 + h, xa, units, len, yb, first, out, ldo, nout, na))
+#endif
                     switch (nt - a < WIDE_ACTS ? nt - a : WIDE_ACTS) {
+#if DS4K_ISA >= 2
                     case 12: WIDE_TILE(12); break;
                     case 11: WIDE_TILE(11); break;
                     case 10: WIDE_TILE(10); break;
                     case 9: WIDE_TILE(9); break;
                     case 8: WIDE_TILE(8); break;
                     case 7: WIDE_TILE(7); break;
+#endif
                     case 6: WIDE_TILE(6); break;
                     case 5: WIDE_TILE(5); break;
                     case 4: WIDE_TILE(4); break;
@@ -418,7 +394,7 @@ static void q4_1_fused_chunk(const uint8_t *wq, int64_t rb, int nr, const float 
     q4_1_bytes32(wq, rb, nr, nb, prep);
     if (n > WIDE_ACTS) {
         q4_1_first_tile(prep, nb, x, cols, y, ldy, nr, wt, WIDE_ACTS);
-        wide_chunk(wt, x + WIDE_ACTS * cols, n - WIDE_ACTS, cols, y + WIDE_ACTS * ldy, ldy, nr);
+        wide_chunk(wt, x + WIDE_ACTS * cols, n - WIDE_ACTS, cols, y + WIDE_ACTS * ldy, ldy, nr, 0);
         return;
     }
 #define FIRST_TILE(na) q4_1_first_tile(prep, nb, x, cols, y, ldy, nr, NULL, na)
@@ -523,7 +499,7 @@ static void gemm_chunk(void *ctx, int64_t c) {
     if (j->xb) { /* gemm checked the shape */
         dequant_rows_t32(m->type, wq, rb, (int)(r1 - r0), j->cols, tiles);
         wt_to_bf16_pairs(tiles, j->cols);
-        wide_chunk_bf16((const uint32_t *)tiles, j->xb, j->n, j->cols, j->y + j->row0[k] + r0, j->rows, (int)(r1 - r0));
+        wide_chunk(tiles, (const float *)j->xb, j->n, j->cols / 2, j->y + j->row0[k] + r0, j->rows, (int)(r1 - r0), 1);
         return;
     }
 #endif
@@ -543,7 +519,7 @@ static void gemm_chunk(void *ctx, int64_t c) {
     if (j->n >= WIDE_MIN_ROWS && CHUNK_ROWS * j->cols <= GROUP_FLOATS) {
         /* wt's column-major layout (padding rows 0) */
         dequant_rows_t32(m->type, wq, rb, (int)(r1 - r0), j->cols, tiles);
-        wide_chunk(tiles, j->x, j->n, j->cols, j->y + j->row0[k] + r0, j->rows, (int)(r1 - r0));
+        wide_chunk(tiles, j->x, j->n, j->cols, j->y + j->row0[k] + r0, j->rows, (int)(r1 - r0), 0);
         return;
     }
 #endif
