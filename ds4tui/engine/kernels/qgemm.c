@@ -23,10 +23,12 @@
  *   separate dequantization pass (docs/perf.md, "Short products without a dequantization
  *   pass").
  *
- * - many rows on a CPU with AVX512_BF16, unless switched off (ds4k_set_bf16): the wide tiles
- *   with weights and activations rounded to bf16 (round to nearest even) and summed in fp32
- *   by vdpbf16ps, two columns per instruction: twice the fp32 FMA rate (docs/perf.md,
- *   "Prefill products in bf16").
+ * - on a CPU with AVX512_BF16, unless switched off (ds4k_set_bf16), products of 96 rows and
+ *   more, and Q4_1 products of any length (its first tile dequantizes pairs of columns in
+ *   registers, so a short product gains too; other types' short ones pay a dequantization
+ *   pass that bf16 does not shorten): the wide tiles with weights and activations rounded to
+ *   bf16 (to nearest even) and summed in fp32 by vdpbf16ps, two columns per instruction,
+ *   twice the fp32 FMA rate (docs/perf.md, "Prefill products in bf16").
  *
  * Results equal dequantize(W) @ x up to float summation order (the same values as the fp32
  * copy, which is the dequantized file), or on the bf16 path bf16(dequantize(W)) @ bf16(x)
@@ -386,12 +388,90 @@ static inline __attribute__((always_inline)) void q4_1_first_tile(const q4_1_byt
     }
 }
 
+#if DS4K_HAVE_BF16
+/* q4_1_first_tile on the bf16 tiles: each pair of columns is dequantized in registers
+ * (q4_1_bytes_col16: dequant_row's bits), rounded to a bf16 pair (as wt_to_bf16_pairs
+ * rounds the same floats) and multiplied by the activations' bf16 pairs (x, ldx2 dwords a
+ * row); stored into wb for wide_chunk when more activations follow. Each output is the same
+ * sequential sum over the pairs as wide_tile_bf16's, so the results are the bf16 wide path's
+ * bits: a short product pays neither a dequantization pass nor fp32 FMAs. */
+static inline BF16_TARGET __attribute__((always_inline)) void q4_1_first_tile_bf16(
+    const q4_1_bytes *prep, int64_t nb, const uint32_t *x, int64_t ldx2, float *out, int64_t ldo, int nout,
+    uint32_t *wb, const int na) {
+    static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i idx = _mm512_loadu_si512(order);
+    const uint32_t *p[WIDE_ACTS / 3];
+    for (int k = 0; k < WIDE_ACTS / 3; k++) p[k] = x + 3 * k * ldx2;
+    const int64_t s2 = 2 * ldx2;
+    __m512 acc[WIDE_ACTS][2];
+    for (int a = 0; a < na; a++) acc[a][0] = acc[a][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const q4_1_bytes *q = prep + b;
+        for (int j = 0; j < 32; j += 2) {
+            const __m512bh w0 = (__m512bh)_mm512_permutexvar_epi16(
+                idx, (__m512i)_mm512_cvtne2ps_pbh(q4_1_bytes_col16(q, 0, j + 1), q4_1_bytes_col16(q, 0, j)));
+            const __m512bh w1 = (__m512bh)_mm512_permutexvar_epi16(
+                idx, (__m512i)_mm512_cvtne2ps_pbh(q4_1_bytes_col16(q, 1, j + 1), q4_1_bytes_col16(q, 1, j)));
+            if (wb) {
+                _mm512_storeu_si512(wb + (b * 16 + j / 2) * 32, (__m512i)w0);
+                _mm512_storeu_si512(wb + (b * 16 + j / 2) * 32 + 16, (__m512i)w1);
+            }
+            for (int a = 0; a < na; a++) {
+                const uint32_t *xr = p[a / 3] + j / 2;
+                const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)(a % 3 == 0 ? xr[0] : a % 3 == 1 ? xr[ldx2] : xr[s2]));
+                acc[a][0] = _mm512_dpbf16_ps(acc[a][0], w0, xv);
+                acc[a][1] = _mm512_dpbf16_ps(acc[a][1], w1, xv);
+            }
+        }
+        for (int k = 0; k < WIDE_ACTS / 3; k++) p[k] += 16;
+    }
+    const __mmask16 m0 = nout >= 16 ? 0xffff : (__mmask16)((1u << nout) - 1);
+    const __mmask16 m1 = nout >= 32 ? 0xffff : nout <= 16 ? 0 : (__mmask16)((1u << (nout - 16)) - 1);
+    for (int a = 0; a < na; a++) {
+        _mm512_mask_storeu_ps(out + a * ldo, m0, acc[a][0]);
+        _mm512_mask_storeu_ps(out + a * ldo + 16, m1, acc[a][1]);
+    }
+}
+#endif
+
 /* y[t][i] (rows ldy floats apart) for every activation row t and the nr (<= 32) Q4_1 rows at
- * wq (rb bytes apart); wt has room for 32 x cols floats, prep for cols / 32 q4_1_bytes. */
-static void q4_1_fused_chunk(const uint8_t *wq, int64_t rb, int nr, const float *x, int64_t n, int64_t cols, float *y,
-                             int64_t ldy, float *wt, q4_1_bytes *prep) {
+ * wq (rb bytes apart); wt has room for 32 x cols floats, prep for cols / 32 q4_1_bytes. With
+ * xb (bf16 builds, bf16 on), on the bf16 tiles: x is then unused and xb its bf16 copy. */
+static WIDE_TARGET void q4_1_fused_chunk(const uint8_t *wq, int64_t rb, int nr, const float *x, const uint16_t *xb,
+                                         int64_t n, int64_t cols, float *y, int64_t ldy, float *wt, q4_1_bytes *prep) {
     const int64_t nb = cols / 32;
     q4_1_bytes32(wq, rb, nr, nb, prep);
+#if DS4K_HAVE_BF16
+    if (xb) {
+        const uint32_t *x2 = (const uint32_t *)xb;
+        const int64_t ld2 = cols / 2;
+        if (n > WIDE_ACTS) {
+            q4_1_first_tile_bf16(prep, nb, x2, ld2, y, ldy, nr, (uint32_t *)wt, WIDE_ACTS);
+            wide_chunk(wt, (const float *)(x2 + WIDE_ACTS * ld2), n - WIDE_ACTS, ld2, y + WIDE_ACTS * ldy, ldy, nr, 1);
+            return;
+        }
+#define FIRST_TILE(na) q4_1_first_tile_bf16(prep, nb, x2, ld2, y, ldy, nr, NULL, na)
+        switch (n) {
+        case 12: FIRST_TILE(12); break;
+        case 11: FIRST_TILE(11); break;
+        case 10: FIRST_TILE(10); break;
+        case 9: FIRST_TILE(9); break;
+        case 8: FIRST_TILE(8); break;
+        case 7: FIRST_TILE(7); break;
+        case 6: FIRST_TILE(6); break;
+        case 5: FIRST_TILE(5); break;
+        case 4: FIRST_TILE(4); break;
+        case 3: FIRST_TILE(3); break;
+        case 2: FIRST_TILE(2); break;
+        default: FIRST_TILE(1); break;
+        }
+#undef FIRST_TILE
+        return;
+    }
+#else
+    (void)xb;
+#endif
     if (n > WIDE_ACTS) {
         q4_1_first_tile(prep, nb, x, cols, y, ldy, nr, wt, WIDE_ACTS);
         wide_chunk(wt, x + WIDE_ACTS * cols, n - WIDE_ACTS, cols, y + WIDE_ACTS * ldy, ldy, nr, 0);
@@ -496,7 +576,7 @@ static void gemm_chunk(void *ctx, int64_t c) {
 #if DS4K_ISA >= 1
     const uint8_t *wq = (const uint8_t *)m->w + r0 * rb;
 #if DS4K_ISA >= 2 && DS4K_HAVE_BF16
-    if (j->xb) { /* gemm checked the shape */
+    if (j->xb && m->type != DS4K_Q4_1 && j->n >= WIDE_MIN_ROWS) { /* gemm checked the shape */
         dequant_rows_t32(m->type, wq, rb, (int)(r1 - r0), j->cols, tiles);
         wt_to_bf16_pairs(tiles, j->cols);
         wide_chunk(tiles, (const float *)j->xb, j->n, j->cols / 2, j->y + j->row0[k] + r0, j->rows, (int)(r1 - r0), 1);
@@ -512,7 +592,8 @@ static void gemm_chunk(void *ctx, int64_t c) {
          * before the misses of its first loads would resolve (a hint: no result depends on it). */
         const int64_t n0 = r0 + j->nth * CHUNK_ROWS, n1 = n0 + CHUNK_ROWS < m->rows ? n0 + CHUNK_ROWS : m->rows;
         for (int64_t off = (n0 - r0) * rb; off < (n1 - r0) * rb; off += 64) _mm_prefetch((const char *)wq + off, _MM_HINT_T1);
-        q4_1_fused_chunk(wq, rb, (int)(r1 - r0), j->x, j->n, j->cols, j->y + j->row0[k] + r0, j->rows, tiles, prep);
+        q4_1_fused_chunk(wq, rb, (int)(r1 - r0), j->x, j->xb, j->n, j->cols, j->y + j->row0[k] + r0, j->rows, tiles,
+                         prep);
         return;
     }
 #endif
@@ -570,7 +651,12 @@ static int gemm(const ds4k_mat *parts, int nparts, const float *x, float *y, int
     }
     uint16_t *xb = NULL;
 #if DS4K_ISA >= 2 && DS4K_HAVE_BF16
-    if (ds4k_bf16_products == 1 && n >= WIDE_MIN_ROWS && cols % 2 == 0 && CHUNK_ROWS * cols <= GROUP_FLOATS) {
+    /* bf16 for long products, and for Q4_1 ones of any length: its fused tile dequantizes in
+     * registers, so even a few rows gain (other types' short products pay a dequantization
+     * pass that bf16 does not shorten: no gain measured at 18 rows). */
+    int q4_1 = 0;
+    for (int k = 0; k < nparts; k++) q4_1 |= parts[k].type == DS4K_Q4_1;
+    if (ds4k_bf16_products == 1 && (n >= WIDE_MIN_ROWS || q4_1) && cols % 2 == 0 && CHUNK_ROWS * cols <= GROUP_FLOATS) {
         xb = (uint16_t *)aligned_alloc(64, ((size_t)(n * cols) * 2 + 63) / 64 * 64);
         if (xb) { /* no memory: the fp32 tiles, same shape rules */
             x_bf16_job xj = {x, xb, n, cols};

@@ -4,8 +4,9 @@ Owns: `make_blocks`, which turns a raw-weights entry into the `QuantMatrix` that
 `engine/llama/model.py`'s `Linear` uses for products of up to 256 rows (a short prefill, the 1-row head).
 Leaves to the caller: keeping the fp32 weight for everything else and choosing when to
 call. Results equal `dequantize(blocks) @ x` up to float summation order (qgemm.c
-dequantizes tiles bit-exactly, then multiplies in fp32), except products of 96 rows and more
-on a CPU with AVX512_BF16, which multiply bf16-rounded tiles (qgemv.bf16_products()).
+dequantizes tiles bit-exactly, then multiplies in fp32), except on a CPU with AVX512_BF16
+products of 96 rows and more, and Q4_1 ones of 2 and more, which multiply bf16-rounded tiles
+(qgemv.bf16_products()).
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ Variants (`backend()` names the active one):
 All compute the same numbers up to float summation order; `variants()` lists those this CPU
 runs and `use_variant(name)` switches for a block of code (tests compare each to scalar).
 One exception, on purpose: where the CPU has AVX512_BF16, the AVX-512 variant multiplies
-products of 96 rows and more (prefill chunks) with weights and activations rounded to bf16,
-summed in fp32, at twice the fp32 FMA rate (qgemm.c); decode and short products stay fp32.
+products of 96 rows and more (prefill chunks), and Q4_1 products of 2 rows and more, with
+weights and activations rounded to bf16, summed in fp32, at twice the fp32 FMA rate
+(qgemm.c); decode (1 row) and other types' short products stay fp32.
 `DS4TUI_BF16=auto|on|off` chooses (`on` on a CPU without it: the torch backend, with the
 reason), `bf16_products()` tells, `use_bf16(on)` switches for a block of code.
 
@@ -278,8 +279,8 @@ def use_variant(name: str) -> Iterator[None]:
 
 
 def bf16_products() -> bool:
-    """Whether long products (prefill chunks of 96 rows and more) run on the bf16 tiles:
-    AVX512_BF16 on the CPU, the AVX-512 variant active and DS4TUI_BF16 not `off`."""
+    """Whether products of 96 rows and more (and Q4_1 ones of 2 and more) run on the bf16
+    tiles: AVX512_BF16 on the CPU, the AVX-512 variant active and DS4TUI_BF16 not `off`."""
     lib = library()
     return lib is not None and _backend == "avx512" and bool(lib.ds4k_bf16())
 
@@ -295,7 +296,10 @@ def use_bf16(on: bool) -> Iterator[None]:
     """Long products in bf16 (True) or fp32 (False) inside the block (tests, A/B benches)."""
     lib = library()
     if lib is None:
-        raise ValueError("the C kernels are not available (torch backend)")
+        if on:
+            raise ValueError("the C kernels are not available (torch backend)")
+        yield  # fp32 everywhere already
+        return
     before = lib.ds4k_bf16()
     with kernel_lock:
         if lib.ds4k_set_bf16(int(on)) != 0:

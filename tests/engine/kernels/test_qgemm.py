@@ -20,10 +20,12 @@ pytestmark = pytest.mark.skipif(qgemv.library() is None, reason="needs the compi
 @pytest.mark.parametrize("qtype", ["q4_1", "q8_0", "q4_k", "bf16"])
 @pytest.mark.parametrize("rows,cols,n", [(37, 256, 1), (37, 256, 5), (130, 768, 23), (4, 256, 7)])
 def test_gemm_equals_the_dequantized_matmul(qtype, rows, cols, n):
+    """The fp32 tiles (the bf16 ones: test_long_and_wide_..., test_one_hot_...)."""
     blocks = random_blocks(qtype, rows, cols, seed=rows + n)
     w = qgemv.dequantize(blocks, qtype, cols)
     x = torch.randn(n, cols, generator=torch.Generator().manual_seed(n))
-    got = qgemm.make_blocks((qtype, blocks), w).matmul(x)
+    with qgemv.use_bf16(False):
+        got = qgemm.make_blocks((qtype, blocks), w).matmul(x)
     want = x.double() @ w.double().T
     scale = (x.abs().double() @ w.abs().double().T).max()  # magnitude of the summed terms
     assert got.shape == (n, rows)
@@ -33,6 +35,11 @@ def test_gemm_equals_the_dequantized_matmul(qtype, rows, cols, n):
 def bf16(t: torch.Tensor) -> torch.Tensor:
     """t rounded to bfloat16 (to nearest even, as vcvtne2ps2bf16), back in fp32."""
     return t.to(torch.bfloat16).to(torch.float32)
+
+
+def bf16_tiles(qtype: str, n: int) -> bool:
+    """Whether a product of n rows takes the bf16 tiles when they are on (qgemm.c's rule)."""
+    return n >= 96 or (qtype == "q4_1" and n >= 2)
 
 
 # (variant, precision of long products): every variant in fp32, and the AVX-512 variant's bf16
@@ -51,13 +58,13 @@ VARIANT_PRECISIONS = [(v, "fp32") for v in qgemv.variants()] + [("avx512", "bf16
 ])
 def test_long_and_wide_products_equal_the_dequantized_matmul(variant, qtype, rows, cols, n, precision):
     """The paths qgemm.c takes for many activation rows or wide rows, in every variant; with
-    bf16 on, products of 96 rows and more equal bf16(W) @ bf16(x) summed in fp32."""
+    bf16 on, products on the bf16 tiles equal bf16(W) @ bf16(x) summed in fp32."""
     blocks = random_blocks(qtype, rows, cols, seed=n)
     w = qgemv.dequantize(blocks, qtype, cols)
     x = torch.randn(n, cols, generator=torch.Generator().manual_seed(rows))
     with qgemv.use_variant(variant), qgemv.use_bf16(precision == "bf16"):
         got = qgemm.make_blocks((qtype, blocks), w).matmul(x)
-    rounded = precision == "bf16" and n >= 96  # shorter products keep fp32 tiles
+    rounded = precision == "bf16" and bf16_tiles(qtype, n)
     wr, xr = (bf16(w), bf16(x)) if rounded else (w, x)
     want = xr.double() @ wr.double().T
     scale = (x.abs().double() @ w.abs().double().T).max()
@@ -82,7 +89,9 @@ def test_one_hot_products_are_the_dequantized_weights(variant, qtype, n, precisi
     eye = torch.eye(cols)
     with qgemv.use_variant(variant), qgemv.use_bf16(precision == "bf16"):
         got = torch.cat([m.matmul(eye[c0:c0 + n]) for c0 in range(0, cols, n)])
-    assert torch.equal(got, bf16(w).T if precision == "bf16" and n >= 96 else w.T)
+    want = torch.cat([bf16(w).T[c0:c0 + n] if precision == "bf16" and bf16_tiles(qtype, min(n, cols - c0))
+                      else w.T[c0:c0 + n] for c0 in range(0, cols, n)])  # a 1-row rest is a GEMV: fp32
+    assert torch.equal(got, want)
 
 
 @pytest.mark.skipif("avx512" not in qgemv.variants(), reason="needs a CPU with AVX-512")
@@ -100,16 +109,18 @@ def test_avx512_q4_1_rows_do_not_depend_on_how_many_are_multiplied():
 
 
 @pytest.mark.skipif(not qgemv.bf16_available(), reason="needs a CPU with AVX-512 and AVX512_BF16")
-def test_bf16_rows_do_not_depend_on_how_many_are_multiplied():
-    """On the bf16 tiles (96 rows and more) each output is one sequential sum over the column
-    pairs, whatever the number of rows, activation blocks or panels: the same bits."""
-    blocks = random_blocks("q4_k", 70, 2048, seed=4)
-    m = qgemm.make_blocks(("q4_k", blocks), torch.empty(70, 2048))
+@pytest.mark.parametrize("qtype", ["q4_k", "q4_1"])
+def test_bf16_rows_do_not_depend_on_how_many_are_multiplied(qtype):
+    """On the bf16 tiles each output is one sequential sum over the column pairs, whatever
+    the number of rows, activation blocks or panels, and (Q4_1) whether the first tile
+    dequantizes in registers alone or also feeds the tiles after it: the same bits."""
+    blocks = random_blocks(qtype, 70, 2048, seed=4)
+    m = qgemm.make_blocks((qtype, blocks), torch.empty(70, 2048))
     x = torch.randn(500, 2048, generator=torch.Generator().manual_seed(6))
     with qgemv.use_variant("avx512"), qgemv.use_bf16(True):
         full = m.matmul(x)
-        for n in (96, 131, 241):
-            assert torch.equal(m.matmul(x[:n]), full[:n])
+        for n in (96, 131, 241) + ((2, 12, 13, 18, 95) if qtype == "q4_1" else ()):
+            assert torch.equal(m.matmul(x[:n]), full[:n]), n
 
 
 @pytest.mark.parametrize("variant", qgemv.variants())
@@ -149,9 +160,10 @@ def test_short_prefill_through_the_blocks_matches_fp32(qtype):
     assert all(getattr(layer, n).blocks is not None for layer in model.layers for n in ("wqkv", "wo", "w13", "w2"))
     tokens = torch.randint(0, model.cfg.vocab_size, (60,), generator=torch.Generator().manual_seed(3)).tolist()
     ref = model.new_session(128, kv_dtype="f32")  # f32 rows: the products alone are compared
-    ref.prefill(tokens[:40])  # 40 rows: the block path
+    with qgemv.use_bf16(False):  # the fp32 tiles (Q4_1 would take bf16 ones on such a CPU)
+        ref.prefill(tokens[:40])  # 40 rows: the block path
     kv = ref.kv.clone()
-    with torch.inference_mode():
+    with torch.inference_mode(), qgemv.use_bf16(False):
         got = model.forward(kv, tokens[40:], 40, True)  # 20 rows through the blocks
         fast, model.fast = model.fast, None  # all-torch fp32, same weight values
         want = model.forward(ref.kv, tokens[40:], 40, True)
