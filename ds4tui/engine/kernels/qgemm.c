@@ -136,6 +136,19 @@ static void tiles_times_x16(const float *tiles, int ntile, const float *x, int64
 #define WIDE_BLOCK 240    /* activation rows per pass (a multiple of WIDE_ACTS): ybuf is 30 KB */
 #define WIDE_MIN_ROWS 96  /* products with fewer activation rows take the short tiles */
 
+#if DS4K_ISA >= 2
+/* The first nout (<= 32) outputs of a tile's na activation rows, rows ldo floats apart. */
+static inline __attribute__((always_inline)) void store_tile32(__m512 acc[][2], const int na, float *out, int64_t ldo,
+                                                               int nout) {
+    const __mmask16 m0 = nout >= 16 ? 0xffff : (__mmask16)((1u << nout) - 1);
+    const __mmask16 m1 = nout >= 32 ? 0xffff : nout <= 16 ? 0 : (__mmask16)((1u << (nout - 16)) - 1);
+    for (int a = 0; a < na; a++) {
+        _mm512_mask_storeu_ps(out + a * ldo, m0, acc[a][0]);
+        _mm512_mask_storeu_ps(out + a * ldo + 16, m1, acc[a][1]);
+    }
+}
+#endif
+
 /* Adds x[a] . wt over len columns to the WIDE_OUTS sums of ybuf[a * 32] (or starts them from
  * 0 when first) for a < na, then stores the first nout of them to out[a * ldo]: the running
  * sums back into ybuf between column panels, the outputs straight into Y after the last one
@@ -165,12 +178,7 @@ static inline __attribute__((always_inline)) void wide_tile(const float *wt, con
         }
         for (int k = 0; k < WIDE_ACTS / 3; k++) p[k]++;
     }
-    const __mmask16 m0 = nout >= 16 ? 0xffff : (__mmask16)((1u << nout) - 1);
-    const __mmask16 m1 = nout >= 32 ? 0xffff : nout <= 16 ? 0 : (__mmask16)((1u << (nout - 16)) - 1);
-    for (int a = 0; a < na; a++) {
-        _mm512_mask_storeu_ps(out + a * ldo, m0, acc[a][0]);
-        _mm512_mask_storeu_ps(out + a * ldo + 16, m1, acc[a][1]);
-    }
+    store_tile32(acc, na, out, ldo, nout);
 #else
     __m256 acc[WIDE_ACTS][2];
     for (int a = 0; a < na; a++) {
@@ -280,12 +288,7 @@ static inline BF16_TARGET __attribute__((always_inline)) void wide_tile_bf16(con
         }
         for (int k = 0; k < WIDE_ACTS / 3; k++) p[k]++;
     }
-    const __mmask16 m0 = nout >= 16 ? 0xffff : (__mmask16)((1u << nout) - 1);
-    const __mmask16 m1 = nout >= 32 ? 0xffff : nout <= 16 ? 0 : (__mmask16)((1u << (nout - 16)) - 1);
-    for (int a = 0; a < na; a++) {
-        _mm512_mask_storeu_ps(out + a * ldo, m0, acc[a][0]);
-        _mm512_mask_storeu_ps(out + a * ldo + 16, m1, acc[a][1]);
-    }
+    store_tile32(acc, na, out, ldo, nout);
 }
 #endif
 
@@ -380,12 +383,7 @@ static inline __attribute__((always_inline)) void q4_1_first_tile(const q4_1_byt
         }
         for (int k = 0; k < WIDE_ACTS / 3; k++) p[k] += 32;
     }
-    const __mmask16 m0 = nout >= 16 ? 0xffff : (__mmask16)((1u << nout) - 1);
-    const __mmask16 m1 = nout >= 32 ? 0xffff : nout <= 16 ? 0 : (__mmask16)((1u << (nout - 16)) - 1);
-    for (int a = 0; a < na; a++) {
-        _mm512_mask_storeu_ps(out + a * ldo, m0, acc[a][0]);
-        _mm512_mask_storeu_ps(out + a * ldo + 16, m1, acc[a][1]);
-    }
+    store_tile32(acc, na, out, ldo, nout);
 }
 
 #if DS4K_HAVE_BF16
@@ -426,12 +424,7 @@ static inline BF16_TARGET __attribute__((always_inline)) void q4_1_first_tile_bf
         }
         for (int k = 0; k < WIDE_ACTS / 3; k++) p[k] += 16;
     }
-    const __mmask16 m0 = nout >= 16 ? 0xffff : (__mmask16)((1u << nout) - 1);
-    const __mmask16 m1 = nout >= 32 ? 0xffff : nout <= 16 ? 0 : (__mmask16)((1u << (nout - 16)) - 1);
-    for (int a = 0; a < na; a++) {
-        _mm512_mask_storeu_ps(out + a * ldo, m0, acc[a][0]);
-        _mm512_mask_storeu_ps(out + a * ldo + 16, m1, acc[a][1]);
-    }
+    store_tile32(acc, na, out, ldo, nout);
 }
 #endif
 
@@ -443,54 +436,39 @@ static WIDE_TARGET void q4_1_fused_chunk(const uint8_t *wq, int64_t rb, int nr, 
     const int64_t nb = cols / 32;
     q4_1_bytes32(wq, rb, nr, nb, prep);
 #if DS4K_HAVE_BF16
-    if (xb) {
-        const uint32_t *x2 = (const uint32_t *)xb;
-        const int64_t ld2 = cols / 2;
-        if (n > WIDE_ACTS) {
-            q4_1_first_tile_bf16(prep, nb, x2, ld2, y, ldy, nr, (uint32_t *)wt, WIDE_ACTS);
+    const uint32_t *x2 = (const uint32_t *)xb; /* the activations' bf16 pairs, or NULL: fp32 tiles */
+    const int64_t ld2 = cols / 2;
+#define FIRST_TILE(na, out_wt)                                                                \
+    (x2 ? q4_1_first_tile_bf16(prep, nb, x2, ld2, y, ldy, nr, (uint32_t *)(out_wt), na)      \
+        : q4_1_first_tile(prep, nb, x, cols, y, ldy, nr, (out_wt), na))
+#else
+    (void)xb;
+#define FIRST_TILE(na, out_wt) q4_1_first_tile(prep, nb, x, cols, y, ldy, nr, (out_wt), na)
+#endif
+    if (n > WIDE_ACTS) {
+        FIRST_TILE(WIDE_ACTS, wt);
+#if DS4K_HAVE_BF16
+        if (x2) {
             wide_chunk(wt, (const float *)(x2 + WIDE_ACTS * ld2), n - WIDE_ACTS, ld2, y + WIDE_ACTS * ldy, ldy, nr, 1);
             return;
         }
-#define FIRST_TILE(na) q4_1_first_tile_bf16(prep, nb, x2, ld2, y, ldy, nr, NULL, na)
-        switch (n) {
-        case 12: FIRST_TILE(12); break;
-        case 11: FIRST_TILE(11); break;
-        case 10: FIRST_TILE(10); break;
-        case 9: FIRST_TILE(9); break;
-        case 8: FIRST_TILE(8); break;
-        case 7: FIRST_TILE(7); break;
-        case 6: FIRST_TILE(6); break;
-        case 5: FIRST_TILE(5); break;
-        case 4: FIRST_TILE(4); break;
-        case 3: FIRST_TILE(3); break;
-        case 2: FIRST_TILE(2); break;
-        default: FIRST_TILE(1); break;
-        }
-#undef FIRST_TILE
-        return;
-    }
-#else
-    (void)xb;
 #endif
-    if (n > WIDE_ACTS) {
-        q4_1_first_tile(prep, nb, x, cols, y, ldy, nr, wt, WIDE_ACTS);
         wide_chunk(wt, x + WIDE_ACTS * cols, n - WIDE_ACTS, cols, y + WIDE_ACTS * ldy, ldy, nr, 0);
         return;
     }
-#define FIRST_TILE(na) q4_1_first_tile(prep, nb, x, cols, y, ldy, nr, NULL, na)
     switch (n) {
-    case 12: FIRST_TILE(12); break;
-    case 11: FIRST_TILE(11); break;
-    case 10: FIRST_TILE(10); break;
-    case 9: FIRST_TILE(9); break;
-    case 8: FIRST_TILE(8); break;
-    case 7: FIRST_TILE(7); break;
-    case 6: FIRST_TILE(6); break;
-    case 5: FIRST_TILE(5); break;
-    case 4: FIRST_TILE(4); break;
-    case 3: FIRST_TILE(3); break;
-    case 2: FIRST_TILE(2); break;
-    default: FIRST_TILE(1); break;
+    case 12: FIRST_TILE(12, NULL); break;
+    case 11: FIRST_TILE(11, NULL); break;
+    case 10: FIRST_TILE(10, NULL); break;
+    case 9: FIRST_TILE(9, NULL); break;
+    case 8: FIRST_TILE(8, NULL); break;
+    case 7: FIRST_TILE(7, NULL); break;
+    case 6: FIRST_TILE(6, NULL); break;
+    case 5: FIRST_TILE(5, NULL); break;
+    case 4: FIRST_TILE(4, NULL); break;
+    case 3: FIRST_TILE(3, NULL); break;
+    case 2: FIRST_TILE(2, NULL); break;
+    default: FIRST_TILE(1, NULL); break;
     }
 #undef FIRST_TILE
 }
