@@ -220,20 +220,24 @@ static inline __attribute__((always_inline)) void wide_tile(const float *wt, con
  * as wide_tile; pairs instead of columns. */
 #define BF16_TARGET __attribute__((target("avx512bf16")))
 
+/* Lanes i of a and b (16 outputs of two adjacent columns) rounded to bf16 and interleaved:
+ * dword i = (a[i], b[i]), the pair one vdpbf16ps lane multiplies. */
+static inline BF16_TARGET __attribute__((always_inline)) __m512i bf16_pairs16(__m512 a, __m512 b) {
+    static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    /* cvtne2ps gives a in the low 16 words, b in the high ones */
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512(order), (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
 /* wt[cols][32] (fp32, as dequant_rows_t32 leaves it) -> the pair layout, in place: pair p is
  * written over bytes the loads of pairs <= p have already read. cols is even. */
 static BF16_TARGET void wt_to_bf16_pairs(float *wt, int64_t cols) {
-    static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i idx = _mm512_loadu_si512(order);
     uint32_t *wb = (uint32_t *)wt;
     for (int64_t c = 0; c < cols; c += 2) {
         const __m512 a0 = _mm512_loadu_ps(wt + c * 32), a1 = _mm512_loadu_ps(wt + c * 32 + 16);
         const __m512 b0 = _mm512_loadu_ps(wt + (c + 1) * 32), b1 = _mm512_loadu_ps(wt + (c + 1) * 32 + 16);
-        const __m512i p0 = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b0, a0)); /* a0 low, b0 high */
-        const __m512i p1 = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b1, a1));
-        _mm512_storeu_si512(wb + (c / 2) * 32, p0);
-        _mm512_storeu_si512(wb + (c / 2) * 32 + 16, p1);
+        _mm512_storeu_si512(wb + (c / 2) * 32, bf16_pairs16(a0, b0));
+        _mm512_storeu_si512(wb + (c / 2) * 32 + 16, bf16_pairs16(a1, b1));
     }
 }
 
@@ -396,9 +400,6 @@ static inline __attribute__((always_inline)) void q4_1_first_tile(const q4_1_byt
 static inline BF16_TARGET __attribute__((always_inline)) void q4_1_first_tile_bf16(
     const q4_1_bytes *prep, int64_t nb, const uint32_t *x, int64_t ldx2, float *out, int64_t ldo, int nout,
     uint32_t *wb, const int na) {
-    static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i idx = _mm512_loadu_si512(order);
     const uint32_t *p[WIDE_ACTS / 3];
     for (int k = 0; k < WIDE_ACTS / 3; k++) p[k] = x + 3 * k * ldx2;
     const int64_t s2 = 2 * ldx2;
@@ -407,10 +408,8 @@ static inline BF16_TARGET __attribute__((always_inline)) void q4_1_first_tile_bf
     for (int64_t b = 0; b < nb; b++) {
         const q4_1_bytes *q = prep + b;
         for (int j = 0; j < 32; j += 2) {
-            const __m512bh w0 = (__m512bh)_mm512_permutexvar_epi16(
-                idx, (__m512i)_mm512_cvtne2ps_pbh(q4_1_bytes_col16(q, 0, j + 1), q4_1_bytes_col16(q, 0, j)));
-            const __m512bh w1 = (__m512bh)_mm512_permutexvar_epi16(
-                idx, (__m512i)_mm512_cvtne2ps_pbh(q4_1_bytes_col16(q, 1, j + 1), q4_1_bytes_col16(q, 1, j)));
+            const __m512bh w0 = (__m512bh)bf16_pairs16(q4_1_bytes_col16(q, 0, j), q4_1_bytes_col16(q, 0, j + 1));
+            const __m512bh w1 = (__m512bh)bf16_pairs16(q4_1_bytes_col16(q, 1, j), q4_1_bytes_col16(q, 1, j + 1));
             if (wb) {
                 _mm512_storeu_si512(wb + (b * 16 + j / 2) * 32, (__m512i)w0);
                 _mm512_storeu_si512(wb + (b * 16 + j / 2) * 32 + 16, (__m512i)w1);
