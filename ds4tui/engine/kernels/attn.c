@@ -29,6 +29,16 @@
  * keys are split into spans whose (max, sum, output) are merged afterwards in span order.
  * Chunk and span bounds depend only on the shape, so results never depend on the thread
  * count, and a replayed chunk computes exactly what the live one did.
+ *
+ * bf16 at depth: where the CPU has AVX512_BF16 and bf16 products are on (ds4k_set_bf16,
+ * DS4TUI_BF16), a call whose query blocks see ATTN_BF16_MIN_KEYS keys or more (a message
+ * after a long restored conversation, the late chunks of a long prefill) computes both
+ * products on bf16 pairs with vdpbf16ps, summed in fp32, at twice the fp32 FMA rate: q
+ * (scaled) and K rounded to bf16 for the scores, the softmax weights P and V rounded to
+ * bf16 for the output. The softmax itself (max, exponentials, sums, rescaling) stays fp32.
+ * Shorter calls stay fp32: attention is a small share of their time there, and short
+ * conversations keep exactly the results they had. The choice depends on the shape and the
+ * switch only (docs/perf.md, "bf16 attention at depth").
  */
 
 #define ATTN_QB 192        /* query rows per block: a short chunk's G*S rows fit one; each converted key block serves this many */
@@ -169,6 +179,17 @@ static inline av av_exp2(av x) { return exp2f(x); }
 #define ATTN_DC (ADV * AW) /* dims per output tile */
 _Static_assert(ATTN_NK % ATTN_KC == 0 && ATTN_NK % 8 == 0, "key blocks must be whole score tiles");
 
+/* The bf16 path exists in the AVX-512 build only (BF16_TARGET, bf16_pairs16: qgemm.c). The
+ * functions that may run it carry the target; they run no bf16 instruction on the fp32 path. */
+#if DS4K_ISA >= 2 && DS4K_HAVE_BF16
+#define ATTN_BF16 1
+#define ATTN_TARGET BF16_TARGET
+#else
+#define ATTN_BF16 0
+#define ATTN_TARGET
+#endif
+#define ATTN_BF16_MIN_KEYS 1024 /* a call's widest query block sees this many keys: bf16 products */
+
 /* ---------------------------------------------------------------- the job */
 
 typedef struct {
@@ -178,6 +199,7 @@ typedef struct {
     const void *kn, *vn;      /* new rows: head h, row i at (h * hsn + i * rsn) elements (vn: hsv, rsv) */
     int64_t ldq, ldo, hs, cap, hsn, rsn, hsv, rsv, s, qpos0, kbase, window;
     int g, d, dp, f16, nqb, qb, nsplit;
+    int bf16;                 /* q.k and p.v on bf16 pairs (kt, vf, the Q rows hold pairs) */
     float scale;
     float *part;              /* nsplit > 1: per chunk, max[qb], sum[qb], O[qb][dp] */
     int64_t part_stride;
@@ -332,6 +354,79 @@ static void attn_load_kt(const attn_job *j, const void *const *kr, int nk, float
 #endif
 }
 
+#if ATTN_BF16
+/* 16 elements of a K/V row from column i, as floats */
+static inline __m512 attn_ld16(const void *src, int f16, int i) {
+    return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)src + i)))
+               : _mm512_loadu_ps((const float *)src + i);
+}
+
+/* Keys [ta, tb) (multiples of 16) of the nk rows kr as bf16 column pairs, transposed:
+ * kb[i][t] = (K[t][2i], K[t][2i + 1]) rounded to bf16 (rows ATTN_NK dwords apart), the
+ * layout of Kt with pairs for columns; keys nk.. are zeros (computed, then masked). */
+static ATTN_TARGET void attn_load_kt_bf16(const attn_job *j, const void *const *kr, int nk, uint32_t *kb, int ta,
+                                          int tb) {
+    for (int t0 = ta; t0 < tb; t0 += 16)
+        for (int i = 0; i < j->d; i += 32) {
+            __m512 r[16]; /* r[t]: key t0 + t's 16 pairs of columns i.. (cvtne2ps: its second operand low) */
+            for (int t = 0; t < 16; t++)
+                r[t] = t0 + t < nk ? (__m512)_mm512_cvtne2ps_pbh(attn_ld16(kr[t0 + t], j->f16, i + 16),
+                                                                 attn_ld16(kr[t0 + t], j->f16, i))
+                                   : _mm512_setzero_ps();
+            attn_tr16(r);
+            for (int l = 0; l < 16; l++) _mm512_storeu_ps((float *)(kb + (int64_t)(i / 2 + l) * ATTN_NK + t0), r[l]);
+        }
+}
+
+/* Value rows 2p and 2p + 1 of the block, for pairs p in [pa, pb), as bf16 pairs per column:
+ * vb[p][c] = (V[2p][c], V[2p + 1][c]) (rows dp dwords apart); a row at nk or past it is
+ * zeros (its weight is 0, and 0 times a row never written could be NaN). */
+static ATTN_TARGET void attn_vpairs_bf16(const attn_job *j, const void *const *vr, int nk, uint32_t *vb, int pa,
+                                         int pb) {
+    for (int p = pa; p < pb; p++) {
+        const void *a = vr[2 * p], *b = 2 * p + 1 < nk ? vr[2 * p + 1] : NULL;
+        for (int c = 0; c < j->d; c += 16)
+            _mm512_storeu_si512(vb + (int64_t)p * j->dp + c,
+                                bf16_pairs16(attn_ld16(a, j->f16, c), b ? attn_ld16(b, j->f16, c) : _mm512_setzero_ps()));
+    }
+}
+
+/* The Q rows (scaled, d floats apart) rounded to bf16 pairs in place: row r's pairs fill
+ * the first d / 2 dwords of its own d floats (each store lands on floats already read). */
+static ATTN_TARGET void attn_q_to_bf16(float *qs, int m, int d) {
+    for (int r = 0; r < m; r++) {
+        float *q = qs + (int64_t)r * d;
+        for (int i = 0; i < d; i += 32) {
+            const __m512 lo = _mm512_loadu_ps(q + i), hi = _mm512_loadu_ps(q + i + 16);
+            _mm512_storeu_si512((uint32_t *)q + i / 2, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+
+/* attn_qk_acc on bf16 pairs: qb rows of d / 2 pairs (d dwords apart), kb as attn_load_kt_bf16
+ * leaves it; one vdpbf16ps adds two columns' products of 16 keys. */
+static inline ATTN_TARGET __attribute__((always_inline)) void attn_qk_acc_bf16(const uint32_t *qb, const uint32_t *kb,
+                                                                               int d, av acc[AR][AKV], const int nr) {
+    for (int r = 0; r < nr; r++)
+        for (int v = 0; v < AKV; v++) acc[r][v] = av_set1(0.0f);
+    for (int i = 0; i < d / 2; i++) {
+        __m512bh kv[AKV];
+        for (int v = 0; v < AKV; v++) kv[v] = (__m512bh)_mm512_loadu_si512(kb + (int64_t)i * ATTN_NK + v * AW);
+        for (int r = 0; r < nr; r++) {
+            const __m512bh qv = (__m512bh)_mm512_set1_epi32((int)qb[r * d + i]);
+            for (int v = 0; v < AKV; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], qv, kv[v]);
+        }
+    }
+}
+
+/* Lanes [t0, t1) of row r's weights (st, floats) -> pb (bf16), in vectors of 16. */
+static inline ATTN_TARGET __attribute__((always_inline)) void attn_p_to_bf16(const float *s, uint16_t *pb, int t0,
+                                                                             int t1) {
+    for (int t = t0; t < t1; t += AW)
+        _mm256_storeu_si256((__m256i *)(pb + t), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + t)));
+}
+#endif
+
 /* Ask for K/V rows [t0, t1) of kr, vr (clipped to n) ahead of their use: rows of a deep
  * context come from memory. Inlined: GCC drops calls of a function that only prefetches. */
 static inline __attribute__((always_inline)) void attn_prefetch(const attn_job *j, const void *const *kr,
@@ -359,25 +454,57 @@ static inline __attribute__((always_inline)) void attn_qk_acc(const float *qs, c
     }
 }
 
-/* S[r][c..c+ATTN_KC) = sum_i Q[r][i] Kt[i][c..] for nr rows (kt, st already at c). */
-static inline __attribute__((always_inline)) void attn_qk_tile(const float *qs, const float *kt, float *st, int d,
-                                                              const int nr) {
-    av acc[AR][AKV];
+/* attn_qk_acc, or with bf16 its pair form (qs and kt holding pairs). */
+static inline ATTN_TARGET __attribute__((always_inline)) void attn_scores(const float *qs, const float *kt, int d,
+                                                                          av acc[AR][AKV], const int nr,
+                                                                          const int bf16) {
+#if ATTN_BF16
+    if (bf16) {
+        attn_qk_acc_bf16((const uint32_t *)qs, (const uint32_t *)kt, d, acc, nr);
+        return;
+    }
+#endif
+    (void)bf16;
     attn_qk_acc(qs, kt, d, acc, nr);
+}
+
+/* S[r][c..c+ATTN_KC) = sum_i Q[r][i] Kt[i][c..] for nr rows (kt, st already at c). */
+static inline ATTN_TARGET __attribute__((always_inline)) void attn_qk_tile(const float *qs, const float *kt, float *st,
+                                                                           int d, const int nr, const int bf16) {
+    av acc[AR][AKV];
+    attn_scores(qs, kt, d, acc, nr, bf16);
     for (int r = 0; r < nr; r++)
         for (int v = 0; v < AKV; v++) av_store(st + r * ATTN_NK + v * AW, acc[r][v]);
 }
 
 /* O[r][c..c+ATTN_DC) = alpha[r] O[r][c..] + sum_{t in [t0, t1)} P[r][t] V[t][c..] for nr rows
- * (O and V rows dp apart, P rows ATTN_NK apart). */
-static inline __attribute__((always_inline)) void attn_pv_tile(const float *p, const float *vf, float *o,
-                                                              const float *alpha, int t0, int t1, int dp,
-                                                              const int nr) {
+ * (O and V rows dp apart, P rows ATTN_NK apart). With bf16, P comes from pb and V as pairs
+ * of rows (attn_vpairs_bf16), from the pair holding t0: a weight outside [t0, t1) is 0. */
+static inline ATTN_TARGET __attribute__((always_inline)) void attn_pv_tile(const float *p, const uint16_t *pb,
+                                                                           const float *vf, float *o,
+                                                                           const float *alpha, int t0, int t1, int dp,
+                                                                           const int nr, const int bf16) {
+    (void)pb, (void)bf16;
     av acc[AR][ADV];
     for (int r = 0; r < nr; r++) {
         const av a = av_set1(alpha[r]);
         for (int v = 0; v < ADV; v++) acc[r][v] = av_mul(a, av_load(o + (int64_t)r * dp + v * AW));
     }
+#if ATTN_BF16
+    if (bf16) {
+        const uint32_t *vb = (const uint32_t *)vf;
+        for (int t = t0 & ~1; t < t1; t += 2) {
+            __m512bh vv[ADV];
+            for (int v = 0; v < ADV; v++) vv[v] = (__m512bh)_mm512_loadu_si512(vb + (int64_t)(t / 2) * dp + v * AW);
+            for (int r = 0; r < nr; r++) {
+                uint32_t w;
+                memcpy(&w, pb + r * ATTN_NK + t, sizeof(w)); /* weights t and t + 1 */
+                const __m512bh pw = (__m512bh)_mm512_set1_epi32((int)w);
+                for (int v = 0; v < ADV; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], pw, vv[v]);
+            }
+        }
+    } else
+#endif
     for (int t = t0; t < t1; t++) {
         av vv[ADV];
         for (int v = 0; v < ADV; v++) vv[v] = av_load(vf + (int64_t)t * dp + v * AW);
@@ -408,16 +535,20 @@ static inline float attn_new_max(float *mx, av bm) {
 /* The tile's scores when they fit one score tile (keys c..c+ATTN_KC: a whole key block on
  * AVX-512), with the softmax of each row done in the registers that hold them: P into
  * st[r][c..], the row's max, vector sum and rescale factor updated. */
-static inline __attribute__((always_inline)) void attn_qk_softmax_tile(const float *qs, const float *kt, float *st,
-                                                                      int d, int c, const int *lo, const int *hi,
-                                                                      float *mx, float *sum, float *alpha,
-                                                                      const int nr) {
+static inline ATTN_TARGET __attribute__((always_inline)) void attn_qk_softmax_tile(
+    const float *qs, const float *kt, float *st, uint16_t *pb, int d, int c, const int *lo, const int *hi, float *mx,
+    float *sum, float *alpha, const int nr, const int bf16) {
     av acc[AR][AKV];
-    attn_qk_acc(qs, kt + c, d, acc, nr);
+    attn_scores(qs, kt + c, d, acc, nr, bf16);
     for (int r = 0; r < nr; r++) {
         float *s = st + r * ATTN_NK + c;
         if (lo[r] >= hi[r]) { /* no key of this block for this row: weights 0, output kept */
-            for (int v = 0; v < AKV; v++) av_store(s + v * AW, av_set1(0.0f));
+#if ATTN_BF16
+            if (bf16)
+                memset(pb + r * ATTN_NK + c, 0, sizeof(uint16_t) * ATTN_KC);
+            else
+#endif
+                for (int v = 0; v < AKV; v++) av_store(s + v * AW, av_set1(0.0f));
             alpha[r] = 1.0f;
             continue;
         }
@@ -432,7 +563,12 @@ static inline __attribute__((always_inline)) void attn_qk_softmax_tile(const flo
         av e[AKV];
         for (int v = 0; v < AKV; v++) {
             e[v] = av_exp2(av_sub(acc[r][v], base));
-            av_store(s + v * AW, e[v]);
+#if ATTN_BF16
+            if (bf16)
+                _mm256_storeu_si256((__m256i *)(pb + r * ATTN_NK + c + v * AW), (__m256i)_mm512_cvtneps_pbh(e[v]));
+            else
+#endif
+                av_store(s + v * AW, e[v]);
         }
         av tot = e[0];
         for (int v = 1; v < AKV; v++) tot = av_add(tot, e[v]);
@@ -449,10 +585,9 @@ static inline void attn_span(const attn_job *j, int64_t q, int64_t p0, int nk, i
 
 /* One tile of nr rows (positions qp; Q, O rows at qs, os) against the key block at p0: scores,
  * the online softmax (mx and a vector of partial sums per row, in base 2), the output update. */
-static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, const int64_t *qp, int64_t p0, int nk,
-                                                           const float *kt, const float *vf, const float *qs,
-                                                           float *os, float *mx, float *sum, float *st,
-                                                           const int nr) {
+static inline ATTN_TARGET __attribute__((always_inline)) void attn_tile(
+    const attn_job *j, const int64_t *qp, int64_t p0, int nk, const float *kt, const float *vf, const float *qs,
+    float *os, float *mx, float *sum, float *st, uint16_t *pb, const int nr, const int bf16) {
     const int d = j->d, dp = j->dp;
     int lo[AR], hi[AR];
     for (int r = 0; r < nr; r++) attn_span(j, qp[r], p0, nk, &lo[r], &hi[r]);
@@ -461,11 +596,11 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, c
     const int c0 = t0 / ATTN_KC * ATTN_KC, c1 = (t1 + ATTN_KC - 1) / ATTN_KC * ATTN_KC;
     float alpha[AR];
     if (c1 - c0 == ATTN_KC) {
-        attn_qk_softmax_tile(qs, kt, st, d, c0, lo, hi, mx, sum, alpha, nr);
-        for (int c = 0; c < dp; c += ATTN_DC) attn_pv_tile(st, vf + c, os + c, alpha, t0, t1, dp, nr);
+        attn_qk_softmax_tile(qs, kt, st, pb, d, c0, lo, hi, mx, sum, alpha, nr, bf16);
+        for (int c = 0; c < dp; c += ATTN_DC) attn_pv_tile(st, pb, vf + c, os + c, alpha, t0, t1, dp, nr, bf16);
         return;
     }
-    for (int c = c0; c < c1; c += ATTN_KC) attn_qk_tile(qs, kt + c, st + c, d, nr);
+    for (int c = c0; c < c1; c += ATTN_KC) attn_qk_tile(qs, kt + c, st + c, d, nr, bf16);
     const int v0 = t0 / AW * AW, v1 = (t1 + AW - 1) / AW * AW;
     for (int r = 0; r < nr; r++) {
         float *s = st + r * ATTN_NK;
@@ -494,10 +629,32 @@ static inline __attribute__((always_inline)) void attn_tile(const attn_job *j, c
         /* The row's sum stays a vector (one horizontal add at the end). */
         av_store(sum + r * AW, av_fma(av_load(sum + r * AW), av_set1(alpha[r]), acc));
     }
-    for (int c = 0; c < dp; c += ATTN_DC) attn_pv_tile(st, vf + c, os + c, alpha, t0, t1, dp, nr);
+#if ATTN_BF16
+    if (bf16)
+        for (int r = 0; r < nr; r++) attn_p_to_bf16(st + r * ATTN_NK, pb + r * ATTN_NK, v0, v1);
+#endif
+    for (int c = 0; c < dp; c += ATTN_DC) attn_pv_tile(st, pb, vf + c, os + c, alpha, t0, t1, dp, nr, bf16);
 }
 
-static void attn_chunk(void *vctx, int64_t c) {
+/* attn_tile for a tile of nr rows (1..AR), each height its own instance (the row loops unrolled). */
+static inline ATTN_TARGET __attribute__((always_inline)) void attn_tile_rows(
+    const attn_job *j, const int64_t *qp, int64_t p0, int nk, const float *kt, const float *vf, const float *qs,
+    float *os, float *mx, float *sum, float *st, uint16_t *pb, int nr, const int bf16) {
+    switch (nr) {
+#if AR >= 6
+    case 6: attn_tile(j, qp, p0, nk, kt, vf, qs, os, mx, sum, st, pb, 6, bf16); break;
+    case 5: attn_tile(j, qp, p0, nk, kt, vf, qs, os, mx, sum, st, pb, 5, bf16); break;
+#endif
+#if AR >= 4
+    case 4: attn_tile(j, qp, p0, nk, kt, vf, qs, os, mx, sum, st, pb, 4, bf16); break;
+#endif
+    case 3: attn_tile(j, qp, p0, nk, kt, vf, qs, os, mx, sum, st, pb, 3, bf16); break;
+    case 2: attn_tile(j, qp, p0, nk, kt, vf, qs, os, mx, sum, st, pb, 2, bf16); break;
+    default: attn_tile(j, qp, p0, nk, kt, vf, qs, os, mx, sum, st, pb, 1, bf16); break;
+    }
+}
+
+static ATTN_TARGET void attn_chunk(void *vctx, int64_t c) {
     const attn_job *j = (const attn_job *)vctx;
     const int g = j->g, d = j->d, dp = j->dp;
     const int64_t h = c / ((int64_t)j->nqb * j->nsplit), qb = c / j->nsplit % j->nqb, sp = c % j->nsplit;
@@ -511,6 +668,7 @@ static void attn_chunk(void *vctx, int64_t c) {
 
     /* ~530 KB at D = 256, ~140 KB at D = 64 (the stack: no allocation per chunk). */
     float qs[m * d], os[m * dp], kt[d * ATTN_NK], vf[ATTN_NK * dp], st[AR * ATTN_NK];
+    uint16_t pb[AR * ATTN_NK]; /* bf16: a tile's weights */
     float mx[m], sum[m * AW];
     int64_t qp[m];
     const void *kr[ATTN_NK], *vr[ATTN_NK], *kr2[ATTN_NK], *vr2[ATTN_NK];
@@ -524,9 +682,13 @@ static void attn_chunk(void *vctx, int64_t c) {
     }
     memset(sum, 0, sizeof(sum));
     memset(os, 0, sizeof(float) * (size_t)(m * dp));
-    /* Value dims d..dp (whole output tiles) stay zero. */
+    /* Value dims d..dp (whole output tiles) stay zero: rows of floats, or of pairs with bf16. */
     if (dp > d)
-        for (int t = 0; t < ATTN_NK; t++) memset(vf + (int64_t)t * dp + d, 0, sizeof(float) * (size_t)(dp - d));
+        for (int t = 0; t < (j->bf16 ? ATTN_NK / 2 : ATTN_NK); t++)
+            memset(vf + (int64_t)t * dp + d, 0, sizeof(float) * (size_t)(dp - d));
+#if ATTN_BF16
+    if (j->bf16) attn_q_to_bf16(qs, m, d);
+#endif
     for (int64_t b = b0; b < b1; b++) {
         const int64_t p0 = first + b * ATTN_NK;
         const int nk = (int)(end - p0 < ATTN_NK ? end - p0 : ATTN_NK);
@@ -547,6 +709,22 @@ static void attn_chunk(void *vctx, int64_t c) {
          * 4K keys took 7.2 ms for 30 layers instead of 5.5). */
         const int64_t ntile = (rb - ra + AR - 1) / AR, per = (ATTN_NK + ntile - 1) / ntile;
         const int spread = ntile < ATTN_PF_TILES;
+#if ATTN_BF16
+        if (j->bf16 && !spread) {
+            attn_load_kt_bf16(j, kr, nk, (uint32_t *)kt, 0, ATTN_NK);
+            attn_vpairs_bf16(j, vr, nk, (uint32_t *)vf, 0, (nk + 1) / 2);
+        } else if (j->bf16) { /* as below: 8 rows per 16 keys, then 1 per pair of value rows */
+            for (int t = 0; t < ATTN_NK; t += 16) {
+                attn_load_kt_bf16(j, kr, nk, (uint32_t *)kt, t, t + 16);
+                attn_prefetch(j, kr2, vr2, t / 2, t / 2 + 8, nn);
+            }
+            for (int p = 0; p < (nk + 1) / 2; p++) {
+                attn_prefetch(j, kr2, vr2, ATTN_NK / 2 + p, ATTN_NK / 2 + p + 1, nn);
+                attn_vpairs_bf16(j, vr, nk, (uint32_t *)vf, p, p + 1);
+            }
+            attn_prefetch(j, kr2, vr2, ATTN_NK / 2 + (nk + 1) / 2, ATTN_NK, nn);
+        } else
+#endif
         if (!spread) {
             attn_load_kt(j, kr, nk, kt, 0, ATTN_NK);
             for (int t = 0; t < nk; t++) attn_vrow(j, vr[t], vf + (int64_t)t * dp);
@@ -567,18 +745,12 @@ static void attn_chunk(void *vctx, int64_t c) {
             if (!spread) attn_prefetch(j, kr2, vr2, k * per, (k + 1) * per, nn);
             const float *q = qs + r * d;
             float *o = os + r * dp;
-            switch (nr) {
-#if AR >= 6
-            case 6: attn_tile(j, qp + r, p0, nk, kt, vf, q, o, mx + r, sum + r * AW, st, 6); break;
-            case 5: attn_tile(j, qp + r, p0, nk, kt, vf, q, o, mx + r, sum + r * AW, st, 5); break;
+#if ATTN_BF16
+            if (j->bf16)
+                attn_tile_rows(j, qp + r, p0, nk, kt, vf, q, o, mx + r, sum + r * AW, st, pb, nr, 1);
+            else
 #endif
-#if AR >= 4
-            case 4: attn_tile(j, qp + r, p0, nk, kt, vf, q, o, mx + r, sum + r * AW, st, 4); break;
-#endif
-            case 3: attn_tile(j, qp + r, p0, nk, kt, vf, q, o, mx + r, sum + r * AW, st, 3); break;
-            case 2: attn_tile(j, qp + r, p0, nk, kt, vf, q, o, mx + r, sum + r * AW, st, 2); break;
-            default: attn_tile(j, qp + r, p0, nk, kt, vf, q, o, mx + r, sum + r * AW, st, 1); break;
-            }
+                attn_tile_rows(j, qp + r, p0, nk, kt, vf, q, o, mx + r, sum + r * AW, st, pb, nr, 0);
         }
     }
     for (int r = 0; r < m; r++) sum[r] = av_hsum(av_load(sum + r * AW)); /* in place: r * AW >= r */
@@ -656,6 +828,7 @@ static int attn(const float *q, int64_t ldq, float *o, int64_t ldo, const void *
         attn_keys(&j, r0, r1, &first, &end);
         if (end - first > widest) widest = end - first;
     }
+    j.bf16 = ATTN_BF16 && ds4k_bf16_products == 1 && d % 32 == 0 && widest >= ATTN_BF16_MIN_KEYS;
     int64_t nsplit = (ATTN_MIN_CHUNKS + (int64_t)hkv * j.nqb - 1) / ((int64_t)hkv * j.nqb);
     const int64_t most = widest / ATTN_SPAN_MIN > 1 ? widest / ATTN_SPAN_MIN : 1;
     j.nsplit = (int)(nsplit < most ? nsplit : most);

@@ -1,6 +1,11 @@
-"""attn.c: causal grouped attention of a chunk over KV rows in place, against torch's SDPA."""
+"""attn.c: causal grouped attention of a chunk over KV rows in place, against torch's SDPA.
+
+In fp32 (every variant), and on bf16 pairs where the CPU has AVX512_BF16 (calls whose queries
+see 1,024 keys or more: attn.c's "bf16 at depth")."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -41,16 +46,18 @@ def reference(q, k, v, qpos, window, scale):
     return o.transpose(0, 1).reshape(s, hq * d).float()
 
 
-def run(case, dtype, seed=0):
+def run(case, dtype, seed=0, make=None, scale=None):
     """(C output, reference): a global layer reads every key from the buffer; a windowed one
-    reads earlier keys from a ring (slot p % window) and the chunk's own from separate rows."""
+    reads earlier keys from a ring (slot p % window) and the chunk's own from separate rows.
+    make(shape, generator): the inputs' values (default: standard normal)."""
     s, hq, hkv, d, pos, window = case
     g = torch.Generator().manual_seed(seed)
+    make = make or (lambda shape, gen: torch.randn(shape, generator=gen))
     end = pos + s
-    k, v = (torch.randn(hkv, end, d, generator=g).to(dtype) for _ in range(2))
-    qk = torch.randn(s, hq + hkv, d, generator=g)
+    k, v = (make((hkv, end, d), g).to(dtype) for _ in range(2))
+    qk = make((s, hq + hkv, d), g)
     q = qk[:, :hq]  # a view with the key heads' gap, as in the forward
-    scale = d ** -0.5
+    scale = d ** -0.5 if scale is None else scale
     if window:
         ring_k, ring_v = (torch.full((hkv, window, d), float("nan"), dtype=dtype) for _ in range(2))
         for p in range(max(0, pos - window + 1), pos):
@@ -69,9 +76,10 @@ def run(case, dtype, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("case", CASES)
 def test_attention_equals_sdpa_in_every_variant(case, dtype):
+    """fp32 attention (bf16 off: the deep cases would take bf16 pairs, tested below)."""
     outs = {}
     for name in qgemv.variants():
-        with qgemv.use_variant(name):
+        with qgemv.use_variant(name), qgemv.use_bf16(False):
             got, want = run(case, dtype)
         assert got.shape == want.shape
         assert torch.isfinite(got).all()
@@ -120,3 +128,78 @@ def test_bad_arguments_are_rejected():
         attn.attend(torch.zeros(3, 4, 12), torch.zeros(2, 16, 12), torch.zeros(2, 16, 12), qpos=0, kbase=3,
                     scale=1.0)  # D not a multiple of 8
 
+
+
+# Calls whose query blocks see 1,024 keys or more (with and without a window), a head size
+# whose output tiles have unused dims (96 of 128), an odd key count, several query blocks.
+DEEP_CASES = [
+    (23, 9, 3, 64, 4164, 0),
+    (37, 4, 1, 256, 1700, 1100),
+    (7, 4, 2, 96, 1500, 0),
+    (300, 9, 3, 64, 1200, 0),
+]
+needs_bf16 = pytest.mark.skipif(not qgemv.bf16_available(), reason="needs a CPU with AVX-512 and AVX512_BF16")
+
+
+def bf16_exact(shape, g):
+    """Entries in {-1, 0, 1}, most of them 0: exact in bf16 and f16, and under scale ln 2 (1 in
+    base 2) every score is a small integer, so every softmax weight is a power of two, exact
+    in bf16 too."""
+    signs = torch.randint(-1, 2, shape, generator=g).float()
+    keep = torch.rand(shape, generator=g) < 0.3
+    return torch.where(keep, signs, torch.zeros(shape))
+
+
+@needs_bf16
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", DEEP_CASES)
+def test_bf16_attention_is_exact_where_bf16_rounds_nothing(case, dtype):
+    """On inputs bf16 represents exactly (and weights that are powers of two), the bf16 pairs
+    give the fp32 result: the pair layouts, masks, windows and spans are right; only rounding
+    can separate the two paths."""
+    with qgemv.use_variant("avx512"), qgemv.use_bf16(True):
+        got, want = run(case, dtype, seed=4, make=bf16_exact, scale=math.log(2))
+    assert torch.isfinite(got).all()
+    assert (got - want).abs().max().item() < 2e-6
+
+
+@needs_bf16
+@pytest.mark.parametrize("case", DEEP_CASES)
+def test_bf16_attention_stays_within_bf16_rounding(case):
+    """On normal inputs the bf16 path differs from fp32 (so it ran) by bf16 rounding only:
+    q, k, v and the weights rounded to 8 bits of mantissa, summed in fp32."""
+    with qgemv.use_variant("avx512"):
+        with qgemv.use_bf16(False):
+            fp32, want = run(case, torch.float16, seed=6)
+        with qgemv.use_bf16(True):
+            bf, _ = run(case, torch.float16, seed=6)
+    err = (bf - want).abs().max().item()
+    assert err > 1e-5  # the pairs ran
+    assert err < 4e-3 * want.abs().max().item() + 1e-3, err
+    assert (fp32 - want).abs().max().item() < 2e-6
+
+
+@needs_bf16
+def test_calls_over_fewer_keys_stay_fp32():
+    """Below 1,024 keys bf16 attention changes nothing: bit-identical to bf16 off."""
+    case = (40, 9, 3, 64, 900, 0)  # keys 0..939
+    with qgemv.use_variant("avx512"):
+        with qgemv.use_bf16(False):
+            fp32, _ = run(case, torch.float16, seed=8)
+        with qgemv.use_bf16(True):
+            bf, _ = run(case, torch.float16, seed=8)
+    assert torch.equal(fp32, bf)
+
+
+@needs_bf16
+def test_bf16_attention_does_not_depend_on_the_thread_count():
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        with qgemv.use_variant("avx512"), qgemv.use_bf16(True):
+            for n in (1, 2, 3):
+                torch.set_num_threads(n)
+                outs.append([run(case, torch.float16, seed=9)[0] for case in DEEP_CASES[:2]])
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for other in outs[1:] for a, b in zip(outs[0], other))
