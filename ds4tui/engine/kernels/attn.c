@@ -31,8 +31,8 @@
  * count, and a replayed chunk computes exactly what the live one did.
  *
  * bf16 at depth: where the CPU has AVX512_BF16 and bf16 products are on (ds4k_set_bf16,
- * DS4TUI_BF16), a call whose query blocks see ATTN_BF16_MIN_KEYS keys or more (a message
- * after a long restored conversation, the late chunks of a long prefill) computes both
+ * DS4TUI_BF16), a call whose query blocks see ATTN_BF16_MIN_KEYS keys or more (a prefill
+ * chunk of 512 tokens, any chunk after a conversation of that length) computes both
  * products on bf16 pairs with vdpbf16ps, summed in fp32, at twice the fp32 FMA rate: q
  * (scaled) and K rounded to bf16 for the scores, the softmax weights P and V rounded to
  * bf16 for the output. The softmax itself (max, exponentials, sums, rescaling) stays fp32.
@@ -188,7 +188,7 @@ _Static_assert(ATTN_NK % ATTN_KC == 0 && ATTN_NK % 8 == 0, "key blocks must be w
 #define ATTN_BF16 0
 #define ATTN_TARGET
 #endif
-#define ATTN_BF16_MIN_KEYS 1024 /* a call's widest query block sees this many keys: bf16 products */
+#define ATTN_BF16_MIN_KEYS 512 /* a call's widest query block sees this many keys: bf16 products */
 
 /* ---------------------------------------------------------------- the job */
 

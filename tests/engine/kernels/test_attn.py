@@ -1,7 +1,7 @@
 """attn.c: causal grouped attention of a chunk over KV rows in place, against torch's SDPA.
 
 In fp32 (every variant), and on bf16 pairs where the CPU has AVX512_BF16 (calls whose queries
-see 1,024 keys or more: attn.c's "bf16 at depth")."""
+see 512 keys or more: attn.c's "bf16 at depth")."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def test_bad_arguments_are_rejected():
 
 
 
-# Calls whose query blocks see 1,024 keys or more (with and without a window), a head size
+# Calls whose query blocks see 512 keys or more (with and without a window), a head size
 # whose output tiles have unused dims (96 of 128), an odd key count, several query blocks.
 DEEP_CASES = [
     (23, 9, 3, 64, 4164, 0),
@@ -180,15 +180,21 @@ def test_bf16_attention_stays_within_bf16_rounding(case):
 
 
 @needs_bf16
-def test_calls_over_fewer_keys_stay_fp32():
-    """Below 1,024 keys bf16 attention changes nothing: bit-identical to bf16 off."""
-    case = (40, 9, 3, 64, 900, 0)  # keys 0..939
+@pytest.mark.parametrize("case,pairs", [
+    ((40, 9, 3, 64, 471, 0), False),   # keys 0..510
+    ((40, 9, 3, 64, 472, 0), True),    # keys 0..511: 512
+    # a window: two query blocks of 32 positions, each seeing 31 + window keys
+    ((64, 4, 1, 256, 900, 480), False),
+    ((64, 4, 1, 256, 900, 481), True),
+])
+def test_bf16_attention_starts_at_512_keys(case, pairs):
+    """Calls whose query blocks see fewer keys keep their fp32 results bit for bit."""
     with qgemv.use_variant("avx512"):
         with qgemv.use_bf16(False):
             fp32, _ = run(case, torch.float16, seed=8)
         with qgemv.use_bf16(True):
             bf, _ = run(case, torch.float16, seed=8)
-    assert torch.equal(fp32, bf)
+    assert torch.equal(fp32, bf) != pairs
 
 
 @needs_bf16
