@@ -189,6 +189,8 @@ _Static_assert(ATTN_NK % ATTN_KC == 0 && ATTN_NK % 8 == 0, "key blocks must be w
 #define ATTN_TARGET
 #endif
 #define ATTN_BF16_MIN_KEYS 512 /* a call's widest query block sees this many keys: bf16 products */
+/* With bf16, a tile's weights are rounded where the fused softmax computes them: */
+_Static_assert(!ATTN_BF16 || ATTN_KC == ATTN_NK, "bf16 tiles need one score tile per key block (attn_tile)");
 
 /* ---------------------------------------------------------------- the job */
 
@@ -418,13 +420,6 @@ static inline ATTN_TARGET __attribute__((always_inline)) void attn_qk_acc_bf16(c
         }
     }
 }
-
-/* Lanes [t0, t1) of row r's weights (st, floats) -> pb (bf16), in vectors of 16. */
-static inline ATTN_TARGET __attribute__((always_inline)) void attn_p_to_bf16(const float *s, uint16_t *pb, int t0,
-                                                                             int t1) {
-    for (int t = t0; t < t1; t += AW)
-        _mm256_storeu_si256((__m256i *)(pb + t), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + t)));
-}
 #endif
 
 /* Ask for K/V rows [t0, t1) of kr, vr (clipped to n) ahead of their use: rows of a deep
@@ -469,10 +464,10 @@ static inline ATTN_TARGET __attribute__((always_inline)) void attn_scores(const 
 }
 
 /* S[r][c..c+ATTN_KC) = sum_i Q[r][i] Kt[i][c..] for nr rows (kt, st already at c). */
-static inline ATTN_TARGET __attribute__((always_inline)) void attn_qk_tile(const float *qs, const float *kt, float *st,
-                                                                           int d, const int nr, const int bf16) {
+static inline __attribute__((always_inline)) void attn_qk_tile(const float *qs, const float *kt, float *st, int d,
+                                                              const int nr) {
     av acc[AR][AKV];
-    attn_scores(qs, kt, d, acc, nr, bf16);
+    attn_qk_acc(qs, kt, d, acc, nr);
     for (int r = 0; r < nr; r++)
         for (int v = 0; v < AKV; v++) av_store(st + r * ATTN_NK + v * AW, acc[r][v]);
 }
@@ -600,7 +595,8 @@ static inline ATTN_TARGET __attribute__((always_inline)) void attn_tile(
         for (int c = 0; c < dp; c += ATTN_DC) attn_pv_tile(st, pb, vf + c, os + c, alpha, t0, t1, dp, nr, bf16);
         return;
     }
-    for (int c = c0; c < c1; c += ATTN_KC) attn_qk_tile(qs, kt + c, st + c, d, nr, bf16);
+    /* Several score tiles per key block: the AVX2 and scalar builds, never bf16 (asserted above). */
+    for (int c = c0; c < c1; c += ATTN_KC) attn_qk_tile(qs, kt + c, st + c, d, nr);
     const int v0 = t0 / AW * AW, v1 = (t1 + AW - 1) / AW * AW;
     for (int r = 0; r < nr; r++) {
         float *s = st + r * ATTN_NK;
@@ -629,11 +625,7 @@ static inline ATTN_TARGET __attribute__((always_inline)) void attn_tile(
         /* The row's sum stays a vector (one horizontal add at the end). */
         av_store(sum + r * AW, av_fma(av_load(sum + r * AW), av_set1(alpha[r]), acc));
     }
-#if ATTN_BF16
-    if (bf16)
-        for (int r = 0; r < nr; r++) attn_p_to_bf16(st + r * ATTN_NK, pb + r * ATTN_NK, v0, v1);
-#endif
-    for (int c = 0; c < dp; c += ATTN_DC) attn_pv_tile(st, pb, vf + c, os + c, alpha, t0, t1, dp, nr, bf16);
+    for (int c = 0; c < dp; c += ATTN_DC) attn_pv_tile(st, pb, vf + c, os + c, alpha, t0, t1, dp, nr, 0);
 }
 
 /* attn_tile for a tile of nr rows (1..AR), each height its own instance (the row loops unrolled). */
