@@ -80,6 +80,7 @@ from ds4tui.engine.payload import (
     write_framing,
 )
 from ds4tui.engine.errors import PayloadError
+from ds4tui.engine.kernels import huge_pages
 from ds4tui.engine.llama.config import LlamaConfig
 from ds4tui.engine.llama.overlap import LayerGate, read_while_forward
 from ds4tui.engine.llama.swa import LlamaSwa, layout_for_save, layout_from_header, zero_start
@@ -114,11 +115,13 @@ def kv_torch_dtype(kv_dtype: str) -> torch.dtype:
 
 
 def new_kv(cfg: LlamaConfig, ctx: int, kv_dtype: str = DEFAULT_KV_DTYPE) -> KvBuffers:
+    """Zero-filled buffers (a zero-policy replay attends to ring rows it has not rebuilt yet),
+    in huge pages where the system has them: decode at depth reads them all every token
+    (kernels/huge_pages.py)."""
     dtype = kv_torch_dtype(kv_dtype)
     if not cfg.sliding_layers:
-        return torch.empty((cfg.num_layers, 2, cfg.num_kv_heads, ctx, cfg.head_dim), dtype=dtype)
-    # Zeros, not garbage: a zero-policy replay attends to ring rows it has not rebuilt yet.
-    return [torch.zeros(shape, dtype=dtype) for shape in kv_shapes(cfg, ctx)]
+        return huge_pages.zeros((cfg.num_layers, 2, cfg.num_kv_heads, ctx, cfg.head_dim), dtype)
+    return [huge_pages.zeros(shape, dtype) for shape in kv_shapes(cfg, ctx)]
 
 
 def kv_bytes(kv: KvBuffers) -> int:

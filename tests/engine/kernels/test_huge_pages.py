@@ -1,6 +1,7 @@
 """Weight blocks moved into huge pages (kernels/huge_pages.py): the same addresses and bytes,
 anonymous memory in huge pages where the system has them, and nothing moved unless the file
-mapped there is the one whose header places the tensor exactly."""
+mapped there is the one whose header places the tensor exactly. KV buffers allocated there
+(`huge_pages.zeros`)."""
 
 from __future__ import annotations
 
@@ -164,3 +165,36 @@ def test_the_moved_blocks_sit_in_huge_pages(file):
     loaded = load_file(str(path))
     assert move_into_huge_pages(path, {"raw.b.0": loaded["raw.b.0"]}) > 0
     assert _mapping_of(loaded["raw.b.0"].data_ptr())[1] >= 2048
+
+
+def test_zeros_in_huge_pages_are_zero_aligned_and_outlive_the_call(wanted):
+    import gc
+
+    t = huge_pages.zeros((3, 2, 1000, 512), torch.float16)  # 6 MB
+    assert t.shape == (3, 2, 1000, 512) and t.dtype == torch.float16 and t.is_contiguous()
+    assert t.data_ptr() % huge_pages.HUGE_PAGE == 0
+    assert _mapping_of(t.data_ptr())[0] == ""  # anonymous memory
+    gc.collect()  # the mapping lives with the tensor, not with the call
+    assert not t.any()
+    t[2, 1, 999] = 1.5
+    assert float(t.float().sum()) == 1.5 * 512
+
+
+def test_small_or_unwanted_zeros_are_plain_tensors(monkeypatch):
+    small = huge_pages.zeros((4, 100), torch.float32)
+    assert small.shape == (4, 100) and not small.any()
+    monkeypatch.setenv("DS4TUI_HUGE_PAGES", "off")
+    big = huge_pages.zeros((2, 1 << 20), torch.float32)
+    assert big.shape == (2, 1 << 20) and not big.any()
+
+
+@pytest.mark.skipif(not huge_pages_wanted(), reason="this system gives no transparent huge pages (THP never, or not Linux)")
+def test_a_written_kv_buffer_sits_in_huge_pages():
+    from ds4tui.engine.llama.session import new_kv
+    from ds4tui.engine.llama.tiny import CONFIG
+    from ds4tui.engine.llama.config import LlamaConfig
+
+    cfg = LlamaConfig.from_hf({**CONFIG, "num_hidden_layers": 4, "hidden_size": 256})  # 4 heads of 64
+    kv = new_kv(cfg, 4096)  # 4 x 2 x 2 x 4096 x 64 f16: 8 MB
+    kv[:, :, :, 0] = 1.0  # a first row per head touches every 2 MiB of it
+    assert _mapping_of(kv.data_ptr())[1] >= 2048
