@@ -64,25 +64,28 @@ def huge_pages_wanted() -> bool:
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zero-filled tensor in private anonymous memory advised MADV_HUGEPAGE, 2 MiB aligned,
-    where huge pages are wanted and it fills one at least (else `torch.zeros`).
+    """A zero-filled tensor in fresh private anonymous memory (zero until written, nothing
+    touched here), advised MADV_HUGEPAGE and 2 MiB aligned where huge pages are wanted; a
+    tensor under 2 MiB is plain `torch.zeros`.
 
     For a session's KV buffers: decode at depth reads every K/V row of every layer once per
     token (94 MB for SmolLM2 at 4K), and in 4 KiB pages that costs ~7% of the token there
-    (docs/perf.md, "KV buffers in huge pages"). Pages are faulted in on first write, 2 MiB at
-    a time: a buffer becomes resident in full soon after its first rows are written (its full
-    size is what a session is counted at anyway). The mapping lives as long as the tensor and
-    its views."""
+    (docs/perf.md, "KV buffers in huge pages"). Huge pages are faulted in on first write, 2
+    MiB at a time: a buffer becomes resident in full soon after its first rows are written
+    (its full size is what a session is counted at anyway). The mapping lives as long as the
+    tensor and its views."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if nbytes < HUGE_PAGE or not huge_pages_wanted():
+    if nbytes < HUGE_PAGE:
         return torch.zeros(shape, dtype=dtype)
+    huge = huge_pages_wanted()
     try:
         # Private: shared anonymous memory is shmem, whose huge pages are another setting.
-        mem = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        mem = mmap.mmap(-1, nbytes + HUGE_PAGE * huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         whole = torch.frombuffer(mem, dtype=torch.uint8)  # holds a reference to `mem`
-        start = -whole.data_ptr() % HUGE_PAGE
-        mem.madvise(mmap.MADV_HUGEPAGE, start, (nbytes + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE)
-    except (OSError, ValueError, AttributeError):
+        start = -whole.data_ptr() % HUGE_PAGE if huge else 0
+        if huge:
+            mem.madvise(mmap.MADV_HUGEPAGE, start, (nbytes + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE)
+    except (OSError, ValueError, AttributeError, TypeError):  # no such flags or advice here
         return torch.zeros(shape, dtype=dtype)
     return whole[start:start + nbytes].view(dtype).view(shape)
 

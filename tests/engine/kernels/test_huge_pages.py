@@ -180,12 +180,15 @@ def test_zeros_in_huge_pages_are_zero_aligned_and_outlive_the_call(wanted):
     assert float(t.float().sum()) == 1.5 * 512
 
 
-def test_small_or_unwanted_zeros_are_plain_tensors(monkeypatch):
+def test_small_or_unwanted_zeros_are_zeros_too(monkeypatch):
     small = huge_pages.zeros((4, 100), torch.float32)
     assert small.shape == (4, 100) and not small.any()
     monkeypatch.setenv("DS4TUI_HUGE_PAGES", "off")
-    big = huge_pages.zeros((2, 1 << 20), torch.float32)
+    big = huge_pages.zeros((2, 1 << 20), torch.float32)  # fresh anonymous memory, not advised
     assert big.shape == (2, 1 << 20) and not big.any()
+    assert _mapping_of(big.data_ptr())[0] == ""
+    big[1, -1] = 2.0
+    assert float(big.sum()) == 2.0
 
 
 @pytest.mark.skipif(not huge_pages_wanted(), reason="this system gives no transparent huge pages (THP never, or not Linux)")
