@@ -529,10 +529,12 @@ static inline float attn_new_max(float *mx, av bm) {
 
 /* The tile's scores when they fit one score tile (keys c..c+ATTN_KC: a whole key block on
  * AVX-512), with the softmax of each row done in the registers that hold them: P into
- * st[r][c..], the row's max, vector sum and rescale factor updated. */
+ * st[r][c..] (with bf16: rounded, into pb[r][c..]), the row's max, vector sum and rescale
+ * factor updated. */
 static inline ATTN_TARGET __attribute__((always_inline)) void attn_qk_softmax_tile(
     const float *qs, const float *kt, float *st, uint16_t *pb, int d, int c, const int *lo, const int *hi, float *mx,
     float *sum, float *alpha, const int nr, const int bf16) {
+    (void)pb; /* the bf16 path's only (AVX-512 builds) */
     av acc[AR][AKV];
     attn_scores(qs, kt + c, d, acc, nr, bf16);
     for (int r = 0; r < nr; r++) {
