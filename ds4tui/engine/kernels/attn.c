@@ -422,6 +422,32 @@ static inline ATTN_TARGET __attribute__((always_inline)) void attn_qk_acc_bf16(c
 }
 #endif
 
+/* The key block's K columns [ta, tb) as the score tiles read them: transposed floats, or
+ * transposed bf16 pairs. */
+static inline ATTN_TARGET void attn_block_k(const attn_job *j, const void *const *kr, int nk, float *kt, int ta,
+                                            int tb) {
+#if ATTN_BF16
+    if (j->bf16) {
+        attn_load_kt_bf16(j, kr, nk, (uint32_t *)kt, ta, tb);
+        return;
+    }
+#endif
+    attn_load_kt(j, kr, nk, kt, ta, tb);
+}
+
+/* The block's value rows 2p and 2p + 1, for pairs p in [pa, pb), as the output tiles read
+ * them: rows of floats, or bf16 pairs of rows. */
+static inline ATTN_TARGET void attn_block_v(const attn_job *j, const void *const *vr, int nk, float *vf, int pa,
+                                            int pb) {
+#if ATTN_BF16
+    if (j->bf16) {
+        attn_vpairs_bf16(j, vr, nk, (uint32_t *)vf, pa, pb);
+        return;
+    }
+#endif
+    for (int t = 2 * pa; t < 2 * pb && t < nk; t++) attn_vrow(j, vr[t], vf + (int64_t)t * j->dp);
+}
+
 /* Ask for K/V rows [t0, t1) of kr, vr (clipped to n) ahead of their use: rows of a deep
  * context come from memory. Inlined: GCC drops calls of a function that only prefetches. */
 static inline __attribute__((always_inline)) void attn_prefetch(const attn_job *j, const void *const *kr,
@@ -702,36 +728,20 @@ static ATTN_TARGET void attn_chunk(void *vctx, int64_t c) {
          * rows) spread over this block's conversion: all at once they queue (a lone query over
          * 4K keys took 7.2 ms for 30 layers instead of 5.5). */
         const int64_t ntile = (rb - ra + AR - 1) / AR, per = (ATTN_NK + ntile - 1) / ntile;
-        const int spread = ntile < ATTN_PF_TILES;
-#if ATTN_BF16
-        if (j->bf16 && !spread) {
-            attn_load_kt_bf16(j, kr, nk, (uint32_t *)kt, 0, ATTN_NK);
-            attn_vpairs_bf16(j, vr, nk, (uint32_t *)vf, 0, (nk + 1) / 2);
-        } else if (j->bf16) { /* as below: 8 rows per 16 keys, then 1 per pair of value rows */
-            for (int t = 0; t < ATTN_NK; t += 16) {
-                attn_load_kt_bf16(j, kr, nk, (uint32_t *)kt, t, t + 16);
-                attn_prefetch(j, kr2, vr2, t / 2, t / 2 + 8, nn);
-            }
-            for (int p = 0; p < (nk + 1) / 2; p++) {
-                attn_prefetch(j, kr2, vr2, ATTN_NK / 2 + p, ATTN_NK / 2 + p + 1, nn);
-                attn_vpairs_bf16(j, vr, nk, (uint32_t *)vf, p, p + 1);
-            }
-            attn_prefetch(j, kr2, vr2, ATTN_NK / 2 + (nk + 1) / 2, ATTN_NK, nn);
-        } else
-#endif
+        const int spread = ntile < ATTN_PF_TILES, npairs = (nk + 1) / 2;
         if (!spread) {
-            attn_load_kt(j, kr, nk, kt, 0, ATTN_NK);
-            for (int t = 0; t < nk; t++) attn_vrow(j, vr[t], vf + (int64_t)t * dp);
-        } else { /* next block's rows: 8 per 16 keys transposed, then 1 per 2 value rows */
+            attn_block_k(j, kr, nk, kt, 0, ATTN_NK);
+            attn_block_v(j, vr, nk, vf, 0, npairs);
+        } else { /* next block's rows: 8 per 16 keys transposed, then 1 per pair of value rows */
             for (int t = 0; t < ATTN_NK; t += 16) {
-                attn_load_kt(j, kr, nk, kt, t, t + 16);
+                attn_block_k(j, kr, nk, kt, t, t + 16);
                 attn_prefetch(j, kr2, vr2, t / 2, t / 2 + 8, nn);
             }
-            for (int t = 0; t < nk; t++) {
-                if (t & 1) attn_prefetch(j, kr2, vr2, ATTN_NK / 2 + t / 2, ATTN_NK / 2 + t / 2 + 1, nn);
-                attn_vrow(j, vr[t], vf + (int64_t)t * dp);
+            for (int p = 0; p < npairs; p++) {
+                attn_prefetch(j, kr2, vr2, ATTN_NK / 2 + p, ATTN_NK / 2 + p + 1, nn);
+                attn_block_v(j, vr, nk, vf, p, p + 1);
             }
-            attn_prefetch(j, kr2, vr2, ATTN_NK / 2 + nk / 2, ATTN_NK, nn);
+            attn_prefetch(j, kr2, vr2, ATTN_NK / 2 + npairs, ATTN_NK, nn);
         }
         for (int64_t k = 0; k < ntile; k++) {
             const int64_t r = ra + k * (rb - ra) / ntile;

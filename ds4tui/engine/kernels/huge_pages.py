@@ -74,7 +74,7 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     MiB at a time: a buffer becomes resident in full soon after its first rows are written
     (its full size is what a session is counted at anyway). The mapping lives as long as the
     tensor and its views."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < HUGE_PAGE:
         return torch.zeros(shape, dtype=dtype)
     huge = huge_pages_wanted()

@@ -17,7 +17,8 @@ runs and `use_variant(name)` switches for a block of code (tests compare each to
 One exception, on purpose: where the CPU has AVX512_BF16, the AVX-512 variant multiplies
 products of 96 rows and more (prefill chunks), and Q4_1 products of 2 rows and more, with
 weights and activations rounded to bf16, summed in fp32, at twice the fp32 FMA rate
-(qgemm.c); decode (1 row) and other types' short products stay fp32.
+(qgemm.c), and so does chunk attention over 512 keys or more (attn.c); decode (1 row) and
+other types' short products stay fp32.
 `DS4TUI_BF16=auto|on|off` chooses (`on` on a CPU without it: the torch backend, with the
 reason), `bf16_products()` tells, `use_bf16(on)` switches for a block of code.
 
@@ -293,7 +294,8 @@ def bf16_available() -> bool:
 
 @contextlib.contextmanager
 def use_bf16(on: bool) -> Iterator[None]:
-    """Long products in bf16 (True) or fp32 (False) inside the block (tests, A/B benches)."""
+    """Long products and deep attention in bf16 (True) or fp32 (False) inside the block
+    (tests, A/B benches)."""
     lib = library()
     if lib is None:
         if on:
