@@ -41,9 +41,12 @@ ms, and restore (alone) <= 2 x raw read.
 
 Restore vs raw read, like for like: the restore alone writes into the session
 buffer that warm_up and the send already touched, so it is compared with a read
-into an already-touched buffer ("warm"). Both are also measured into freshly
-allocated, untouched memory ("fresh": a new session, np.empty), where page
-faults on first write add their cost (docs/perf.md, "First-use costs and warm_up").
+into an already-touched buffer ("warm"). The restore is also measured into the
+buffer the engine prepared for the next chat after the reply ("next chat":
+Model.prepare_session, what a second chat opened or resumed gets), and both into
+freshly allocated, untouched memory ("fresh": a new session, np.empty), where page
+faults on first write add their cost (docs/perf.md, "First-use costs and warm_up",
+"Recycled and prepared KV buffers").
 """
 
 from __future__ import annotations
@@ -170,6 +173,7 @@ def _bench(model_spec: str, tokens: int, cache_dir: str, tmp: Path, *, runs: int
         # The restore alone (the Hit's ms also holds the message's forward, run alongside).
         "restore_over_read": (hot["restore_alone_ms"] / _median(h, "raw_read_ms")
                               if _median(h, "raw_read_ms") > 0 else None),
+        "restore_prepared_ms": _median(h, "restore_prepared_ms"),
         "restore_fresh_ms": _median(h, "restore_fresh_ms"),
         "raw_read_fresh_ms": _median(h, "raw_read_fresh_ms"),
         "page_cache": {"hot": hot, "cold": evicted},
@@ -365,10 +369,15 @@ def _measure_side(side: str, spec: dict, page_cache: str = "hot") -> dict:
             return result
         import numpy as np
 
+        # The next chat's session: the buffer the turn's end had the engine prepare
+        # (ChatController: pool.prepare_next), waited for here as a reader of the reply would.
+        model.prepare_session(spec["ctx"], wait=True)
+        prepared = model.new_session(spec["ctx"])
+        result["restore_prepared_ms"] = _restore_fresh_ms(ctl, model, prepared, conv, hit.sha)
         # Both fresh buffers exist, untouched, before either is timed: neither can reuse
         # pages the other just freed (that made the second one measured look cheaper).
         raw_buf = np.empty(os.path.getsize(hit.path), dtype=np.uint8)  # malloc'd, never written
-        session = model.new_session(spec["ctx"])  # the warmed spare is taken: a new buffer
+        session = model.new_session(spec["ctx"])  # no spare left: a new buffer
         restore_fresh = _restore_fresh_ms(ctl, model, session, conv, hit.sha)
         fresh_read, warm_read = _raw_read_ms(hit.path, raw_buf)
         result.update(raw_read_ms=warm_read, raw_read_fresh_ms=fresh_read, restore_fresh_ms=restore_fresh)
@@ -553,6 +562,7 @@ def _table(r: dict) -> str:
         ("eviction", f"{took}: {resident} after fsync + POSIX_FADV_DONTNEED; raw read evicted "
                      f"{evc['raw_read_evicted_ms']:,.1f} ms vs cached {evc['raw_read_cached_ms']:,.1f} ms"),
         ("raw read (hot)", f"{r['raw_read_ms']:,.1f} ms  (restore/read {ratio:.2f}x; goal <= {GOAL_RESTORE_OVER_READ:.0f}x: {ok(ratio <= GOAL_RESTORE_OVER_READ)})"),
+        ("next chat", f"restore {r['restore_prepared_ms']:,.1f} ms (into the buffer the engine prepared after the reply)"),
         ("into fresh memory", f"restore {r['restore_fresh_ms']:,.1f} ms, raw read {r['raw_read_fresh_ms']:,.1f} ms"),
         ("warm_up (both)", f"cold side {r['warm_up_ms']['cold']:,.0f} ms, hit side {r['warm_up_ms']['hit']:,.0f} ms (before the message)"),
         ("same first token", "yes" if r["same_first_token"] else "NO"),

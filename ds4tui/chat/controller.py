@@ -227,6 +227,7 @@ class ChatController(OpenChats):
             conv.messages.pop()
         if done is not None:
             self.saved.save(conv, on_event)
+        self.pool.prepare_next()  # while the user reads the reply: the next chat's memory
         return done
 
     def _open_next_turn(self, conv: Conversation, on_event: EventFn) -> None:

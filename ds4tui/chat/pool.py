@@ -2,8 +2,9 @@
 
 Owns creating a conversation's session (with the current storage policy), the
 least-recently-used cap (the one going out is saved with reason `evict`),
-freeing on close and on quit (`shutdown`), and the context size of the
-controller's sessions. Leaves to checkpoints.py how a save is written.
+freeing on close and on quit (`shutdown`), handing a freed session's memory back to the
+engine for the next one and asking it to get the next one ready (`prepare_next`), and
+the context size of the controller's sessions. Leaves to checkpoints.py how a save is written.
 """
 
 from __future__ import annotations
@@ -93,7 +94,17 @@ class SessionPool:
             written = self.checkpoints.save(session, conv.session_text, reason, on_event) is not None
         conv.parked_tokens = len(session.tokens)
         conv.session, conv.session_text, conv.stored_upto = None, b"", 0
+        if not conv.busy and reason != "shutdown":
+            # Nothing runs on it (a busy chat's turn might still): the next session takes its memory.
+            self.model.release_session(session)
         on_event(SessionFreed(conversation=conv.key, reason=reason, written=written))
+
+    def prepare_next(self) -> None:
+        """While the cap leaves room for another live session, have the engine get one ready
+        in the background (Model.prepare_session): the next chat opened or resumed then does
+        not wait for fresh memory. Within the cap, so never more memory than the cap allows."""
+        if self.live_count() < self.settings.config.live_sessions:
+            self.model.prepare_session(self.settings.config.ctx, kv_dtype=self.settings.config.kv_dtype)
 
     def free_all(self, reason: str, on_event: EventFn) -> None:
         for conv in self.conversations.live():

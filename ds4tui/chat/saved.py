@@ -134,7 +134,9 @@ class SavedSessions:
             raise
         finally:
             conv.busy = False
-        return self.conversations.add(conv)
+        added = self.conversations.add(conv)
+        self.pool.prepare_next()  # counted with this one live
+        return added
 
 
 def _without_stop_string(messages: list[dict], stop_strings) -> list[dict]:

@@ -91,6 +91,17 @@ class Model(ABC):
         families say more than this default."""
         return f"{self.info.family} model {self.info.name}"
 
+    def release_session(self, session: Session) -> None:
+        """Optional: `session` will never be used again (its chat was evicted or closed, and
+        nothing else holds it); a family may hand its memory to a later new_session. The
+        default does nothing (the garbage collector frees it)."""
+
+    def prepare_session(self, ctx_size: int | None = None, *, kv_dtype: str | None = None,
+                        wait: bool = False) -> None:
+        """Optional: get the next new_session of `ctx_size` ready in the background (its
+        memory touched), so that its first restore or prefill does not pay for that. Never
+        changes a result. wait: return once it is done. The default does nothing."""
+
     def warm_up(self, ctx_size: int | None = None, *, kv_dtype: str | None = None) -> None:
         """Optional: pay first-use costs (page faults, library first calls) before the first
         message, e.g. in the app's model-loading worker; sessions of `ctx_size` (and kv_dtype) may start

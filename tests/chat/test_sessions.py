@@ -188,3 +188,75 @@ def test_a_session_of_another_model_of_the_family_says_so(tiny_llama, tmp_path):
     assert saved.other_model and "quant bits" not in saved.problem
     with pytest.raises(LookupError, match="cannot be resumed: written by"):
         reader.resume(conv.saved_sha)
+
+
+def _private_tiny_llama():
+    """A tiny-llama of its own: these tests watch its spare KV buffers (not the shared model's)."""
+    from ds4tui.engine.llama.model import LlamaConfig, LlamaModel
+    from ds4tui.engine.llama.tiny import CONFIG, random_llama_weights
+    from ds4tui.engine.llama.weights import hf_to_internal, make_info
+    from ds4tui.engine.loader import load_model
+
+    shared = load_model("tiny-llama")
+    cfg = LlamaConfig.from_hf(CONFIG)
+    tensors = hf_to_internal(cfg, random_llama_weights(CONFIG, seed=0), "test")
+    return LlamaModel(cfg, tensors, make_info("pool", cfg, "test:pool", 32), shared.tokenizer, shared.chat, "test")
+
+
+def test_an_evicted_chat_s_memory_goes_to_the_next_one(tmp_path):
+    """At the cap, the chat going out hands its KV buffers to the one coming in (no fresh
+    memory to fault in on its first restore); nothing is prepared beyond the cap; the reply
+    is the one a fresh model gives."""
+    model = _private_tiny_llama()
+    ctl = make_controller(model, tmp_path, policy=CachePolicy(min_tokens=10**6), live_sessions=1, max_tokens=4)
+    a, b = ctl.new_conversation(), ctl.new_conversation()
+    ctl.send(a.key, "Chat A: hello.", Recorder())
+    _settled(model)
+    assert model._spare is None  # the cap is reached: nothing prepared
+    ptr = a.session.kv.data_ptr()
+    reply = Recorder()
+    ctl.send(b.key, "Chat B: hello.", reply)
+    assert not a.live and b.session.kv.data_ptr() == ptr
+    fresh = Recorder()
+    other = make_controller(_private_tiny_llama(), tmp_path / "other", max_tokens=4)
+    other.send(other.new_conversation().key, "Chat B: hello.", fresh)
+    assert reply.reply == fresh.reply and len(reply.of(ev.TokenText)) > 0
+
+
+def _settled(model) -> None:
+    """Wait for the spare the last turn started preparing, if it is still being made."""
+    thread = model._preparing
+    if thread is not None:
+        thread.join()
+
+
+def test_under_the_cap_the_next_chat_s_memory_is_prepared(tmp_path):
+    model = _private_tiny_llama()
+    ctl = make_controller(model, tmp_path, live_sessions=2, max_tokens=0)
+    a, b = ctl.new_conversation(), ctl.new_conversation()
+    ctl.send(a.key, "Chat A: hello.", Recorder())
+    _settled(model)
+    spare = model._spare
+    assert spare is not None and spare.data_ptr() != a.session.kv.data_ptr()
+    ctl.send(b.key, "Chat B: hello.", Recorder())
+    assert b.session.kv is spare
+    _settled(model)
+    assert model._spare is None  # two live chats fill the cap: no third buffer
+
+
+def test_a_busy_chat_closed_keeps_its_memory_to_itself(tmp_path):
+    """A turn may still run on a busy chat's session: closing it frees it without handing its
+    buffers to anyone."""
+    model = _private_tiny_llama()
+    ctl = make_controller(model, tmp_path, live_sessions=1, max_tokens=0)
+    a = ctl.new_conversation()
+    ctl.send(a.key, "Chat A: hello.", Recorder())
+    session = a.session
+    a.busy = True
+    ctl.close(a.key)
+    assert model._spare is None and session.kv is not None
+    idle = ctl.new_conversation()
+    ctl.send(idle.key, "Chat B: hello.", Recorder())
+    kept = idle.session
+    ctl.close(idle.key)
+    assert model._spare is not None and kept.kv is None  # an idle one's are handed on

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from ds4tui.engine.priority import lower_this_thread
+
 HUGE_PAGE = 2 << 20
 PAGE = mmap.PAGESIZE
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -133,6 +135,7 @@ class MoveInBackground:
                 self._thread.start()
 
     def _run(self, path, tensors) -> None:
+        lower_this_thread()  # a first message sent right at model-ready goes first
         self.moved = move_into_huge_pages(path, tensors)
 
     def wait(self, timeout: float | None = None) -> int:

@@ -27,8 +27,18 @@ from ds4tui.engine.kernels.llama_step import LAYER_KV_ONLY, LAYER_LAST_ROW, make
 from ds4tui.engine.kernels.llama_step import supported as fast_supported
 from ds4tui.engine.kernels.qgemm import make_blocks
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
-from ds4tui.engine.llama.session import DEFAULT_KV_DTYPE, KV_DTYPES, KvBuffers, LlamaSession, fits
+from ds4tui.engine.llama.session import (
+    DEFAULT_KV_DTYPE,
+    KV_DTYPES,
+    KvBuffers,
+    LlamaSession,
+    fits,
+    kv_torch_dtype,
+    new_kv,
+)
 from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
+from ds4tui.engine.priority import lower_this_thread
+from ds4tui.engine.session import Session
 
 # A session's context when the caller names none: SmolLM2's 8192 would pin 377 MB of fp32 KV
 # (189 MB f16); 4096 (189 MB fp32, 94 MB f16) is plenty for a chat on a CPU, where filling it
@@ -177,9 +187,11 @@ class LlamaModel(Model):
         self.use_c_layers = self._table_matches_blocks()
         # What the loader knows about the file (quant_mix: {type: parameters}, chat: format line).
         self.details: dict = {}
-        # One KV buffer written through by warm_up, handed to the next new_session of its size.
+        # At most one set of KV buffers, already touched, handed to the next new_session of its
+        # shapes: warm_up's, a released session's (release_session) or prepare_session's.
         self._spare: KvBuffers | None = None
         self._spare_lock = threading.Lock()
+        self._preparing: threading.Thread | None = None  # prepare_session's, while it runs
 
     def describe(self) -> str:
         """One line for the model info: architecture, weight types, attention layout, what
@@ -245,6 +257,49 @@ class LlamaModel(Model):
             self._spare = session.kv
         if self.huge_pages is not None:  # now, not alongside the forwards above
             self.huge_pages.start()
+
+    def release_session(self, session: Session) -> None:
+        """`session` is done with for good (its chat was evicted or closed, and nothing else
+        will use it): its KV buffers become the spare the next new_session adopts, unless
+        there is one already. That session then skips a fresh buffer's page faults on its first
+        restore or prefill (~200 ms for SmolLM2's 92 MB at 4K on the Zen 4 VM against ~13 ms
+        for the same restore into touched memory: docs/perf.md, "Recycled KV buffers")."""
+        if not isinstance(session, LlamaSession) or session.model is not self:
+            return
+        kv = session.release()
+        with self._spare_lock:
+            if kv is not None and self._spare is None:
+                self._spare = kv
+
+    def prepare_session(self, ctx_size: int | None = None, *, kv_dtype: str | None = None,
+                        wait: bool = False) -> None:
+        """Touch the next session's KV buffers now, on a background thread at the lowest
+        priority (it takes a core only when nothing else wants one), unless a spare exists or
+        is being made: the next new_session of this size adopts them. wait: return once done."""
+        ctx = self._ctx(ctx_size)
+        kv_dtype = kv_dtype or DEFAULT_KV_DTYPE
+        kv_torch_dtype(kv_dtype)  # a bad name raises here, not on the thread
+        with self._spare_lock:
+            thread = self._preparing
+            if thread is None and self._spare is None:
+                thread = self._preparing = threading.Thread(
+                    target=self._prepare, args=(ctx, kv_dtype), name="ds4tui-kv-spare", daemon=True)
+                thread.start()
+        if wait and thread is not None:
+            thread.join()
+
+    def _prepare(self, ctx: int, kv_dtype: str) -> None:
+        try:
+            lower_this_thread()
+            kv = new_kv(self.cfg, ctx, kv_dtype)
+            for t in (kv,) if isinstance(kv, torch.Tensor) else kv:
+                t.numpy().fill(0)  # every page faulted in here (numpy: one thread, this one)
+        except (MemoryError, OSError, RuntimeError):
+            kv = None  # only a head start: the session allocates its own as before
+        with self._spare_lock:
+            if kv is not None and self._spare is None:
+                self._spare = kv
+            self._preparing = None
 
     @staticmethod
     def _warm_restore(session: LlamaSession, tokens: list[int]) -> None:
@@ -504,3 +559,4 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+

@@ -189,9 +189,22 @@ class LlamaSession(Session):
     @property
     def kv_bytes(self) -> int:
         """Bytes of K/V this session holds in memory (sliding layers: their rings only)."""
-        return kv_bytes(self.kv)
+        return 0 if self.kv is None else kv_bytes(self.kv)
+
+    def release(self) -> KvBuffers | None:
+        """Hand over this session's KV buffers (for another session to adopt: the model's
+        spare, LlamaModel.release_session) and with them its state; None when already
+        released. Anything that would read or write them afterwards raises."""
+        kv, self.kv = self.kv, None
+        self.reset()
+        return kv
+
+    def _check_live(self) -> None:
+        if self.kv is None:
+            raise RuntimeError("this session was released: its KV buffers belong to another session now")
 
     def _forward(self, tokens: list[int], want_logits: bool) -> torch.Tensor | None:
+        self._check_live()
         vocab = self.model.cfg.vocab_size
         for t in tokens:
             if not 0 <= t < vocab:
@@ -215,7 +228,7 @@ class LlamaSession(Session):
         self._marks = {}
         self._ends = []
         self.swa.forget()
-        if self.model.cfg.sliding_layers:
+        if self.model.cfg.sliding_layers and self.kv is not None:
             for t in self.kv:
                 t.zero_()
 
@@ -320,6 +333,7 @@ class LlamaSession(Session):
             self.swa.snapshot_at = self.swa.snapshot = None
 
     def _copy(self, n_tokens: int) -> "LlamaSession":
+        self._check_live()
         other = LlamaSession(self.model, self.ctx_size, self.chunk_size, kv_dtype=self.kv_dtype)
         n = n_tokens
         # One numpy copy of the prefix's rows (see the module docstring on torch's copy_);
@@ -373,6 +387,7 @@ class LlamaSession(Session):
                 + KV_DTYPES[self.kv_dtype].itemsize * rows * cfg.kv_row_floats)
 
     def save_payload(self, fp: BinaryIO) -> None:
+        self._check_live()
         cfg = self.model.cfg
         layout = self._layout()
         t = layout.tokens
@@ -441,6 +456,7 @@ class LlamaSession(Session):
             raise
 
     def _load(self, fp: BinaryIO, nbytes: int, ahead: list[int]) -> None:
+        self._check_live()
         cfg = self.model.cfg
         self.reset()
         r = PayloadReader(fp, nbytes)

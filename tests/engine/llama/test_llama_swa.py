@@ -310,3 +310,25 @@ def test_fork_copies_the_rings(gemma):
     assert _saved(a) == before
     f.rewind(40)
     _same_from_here(f, _history(_session(gemma, None), 40))
+
+
+@pytest.mark.parametrize("policy", ["zero", f"periodic:{PERIOD}"])
+def test_a_released_session_s_rings_are_cleared_for_the_next_one(gemma, policy):
+    """A recycled buffer set (LlamaModel.release_session) arrives with another conversation's
+    ring rows, and a zero-policy load replays over rings it has not rebuilt yet, which must
+    read as zeros: the restored session matches one restored into fresh memory."""
+    saver = _session(gemma, policy)
+    saver.prefill(TOKENS[:92])
+    data = _saved(saver)
+    old = LlamaSession(gemma, CTX, CHUNK)
+    old.prefill(TOKENS[100:230])  # every ring full of other rows
+    ptrs = [t.data_ptr() for t in old.kv]
+    gemma.release_session(old)
+    recycled = LlamaSession(gemma, CTX, CHUNK, kv=gemma._spare)
+    gemma._spare = None
+    assert [t.data_ptr() for t in recycled.kv] == ptrs
+    assert recycled.set_storage_policy(policy)
+    recycled.load_payload(io.BytesIO(data), len(data))
+    fresh = _load(gemma, data, policy)
+    assert recycled.swa.last_restore.replayed == fresh.swa.last_restore.replayed > 0
+    _same_from_here(recycled, fresh)

@@ -1,5 +1,6 @@
-"""LlamaModel.warm_up: the pre-touched spare KV buffer is adopted by the next session of its
-size and changes no result; payload restore into it is bit-exact."""
+"""LlamaModel.warm_up, release_session and prepare_session: the spare KV buffer (pre-touched,
+or a released session's) is adopted by the next session of its size and changes no result;
+payload restore into it is bit-exact."""
 
 from __future__ import annotations
 
@@ -77,3 +78,72 @@ def test_a_spare_of_another_size_or_type_is_not_adopted(model):
     assert not fits(spare, cfg, 63, spare.dtype) and not fits(spare, cfg, 64, torch.float32 if spare.dtype == torch.float16 else torch.float16)
     assert not fits(spare.transpose(3, 4), cfg, 64, spare.dtype)  # wrong shape
     assert not fits(spare[:, :, :, :32], cfg, 32, spare.dtype)  # right shape, not contiguous
+
+
+def test_a_released_session_s_buffers_go_to_the_next_session(model):
+    """Its rows still hold the old conversation: the next session's results are a fresh one's."""
+    tokens = list(range(3, 40))
+    reference = _run(model.new_session(64), tokens)
+    old = model.new_session(64)
+    _run(old, list(range(100, 160)))  # rows full of another conversation
+    ptr = old.kv.data_ptr()
+    model.release_session(old)
+    assert model._spare is not None and model._spare.data_ptr() == ptr
+    assert old.kv is None and old.tokens == [] and old.kv_bytes == 0
+    with pytest.raises(RuntimeError, match="released"):
+        old.prefill([5, 6])
+    with pytest.raises(RuntimeError, match="released"):
+        old.save_payload(io.BytesIO())
+    model.release_session(old)  # twice: nothing more to hand over
+    adopted = model.new_session(64)
+    assert adopted.kv.data_ptr() == ptr and model._spare is None
+    got = _run(adopted, tokens)
+    assert all(torch.equal(a, b) for a, b in zip(reference, got))
+
+
+def test_release_keeps_one_spare_at_most(model):
+    model.warm_up(64)
+    spare = model._spare
+    other = model.new_session(64)  # takes the warmed spare
+    third = model.new_session(64)
+    model.release_session(other)
+    model.release_session(third)  # a spare exists: this one is dropped
+    assert model._spare is spare
+
+
+def test_prepare_session_makes_a_spare_in_the_background(model):
+    tokens = list(range(3, 40))
+    reference = _run(model.new_session(64), tokens)
+    model.prepare_session(64, wait=True)
+    spare = model._spare
+    assert spare is not None and spare.shape[3] == 64 and model._preparing is None
+    model.prepare_session(64, wait=True)  # one exists: no second one
+    assert model._spare is spare
+    prepared = model.new_session(64)
+    assert prepared.kv is spare
+    assert all(torch.equal(a, b) for a, b in zip(reference, _run(prepared, tokens)))
+    with pytest.raises(ValueError):
+        model.prepare_session(64, kv_dtype="f8")
+
+
+def test_background_chores_run_at_the_lowest_priority():
+    """prepare_session's thread and the weights' move lower themselves, and only themselves."""
+    import os
+    import threading
+
+    from ds4tui.engine.priority import BACKGROUND_NICE, lower_this_thread
+
+    if not hasattr(os, "getpriority"):
+        pytest.skip("no per-thread priorities on this platform")
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen = []
+
+    def chore():
+        lower_this_thread()
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    t = threading.Thread(target=chore)
+    t.start()
+    t.join()
+    assert seen == [BACKGROUND_NICE]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
