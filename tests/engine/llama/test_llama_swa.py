@@ -323,6 +323,9 @@ def test_a_released_session_s_rings_are_cleared_for_the_next_one(gemma, policy):
     old = LlamaSession(gemma, CTX, CHUNK)
     old.prefill(TOKENS[100:230])  # every ring full of other rows
     ptrs = [t.data_ptr() for t in old.kv]
+    if gemma._preparing is not None:  # an earlier test's controller may be preparing one
+        gemma._preparing.join()
+    gemma._spare = None  # (this module's model is shared: a spare may be left over)
     gemma.release_session(old)
     recycled = LlamaSession(gemma, CTX, CHUNK, kv=gemma._spare)
     gemma._spare = None
