@@ -35,17 +35,18 @@ import mmap
 import os
 import struct
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
 
-from ds4tui.engine.priority import lower_this_thread
+from ds4tui.engine import background
 
 HUGE_PAGE = 2 << 20
 PAGE = mmap.PAGESIZE
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
+MAX_HEADER = 100 << 20
+READ_PIECE = 8 << 20  # a move reads this much at a time (and checks for a stop in between)  # safetensors' own limit on the JSON header
 DTYPES = {"U8": torch.uint8, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
 MREMAP_MAYMOVE, MREMAP_FIXED = 1, 2
 MAP_FAILED = ctypes.c_void_p(-1).value
@@ -92,10 +93,12 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return whole[start:start + nbytes].view(dtype).view(shape)
 
 
-def move_into_huge_pages(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor]) -> int:
+def move_into_huge_pages(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor],
+                         stop: Callable[[], bool] = lambda: False) -> int:
     """Moves the pages under `tensors` (views of a mapping of the safetensors file at `path`,
     named as in it) into anonymous huge pages holding the same bytes; returns the bytes moved
-    (0 where nothing was)."""
+    (0 where nothing was). `stop()` true: what is not moved yet stays as it is (checked
+    between reads of READ_PIECE bytes)."""
     if not tensors or not huge_pages_wanted():
         return 0
     try:
@@ -104,14 +107,14 @@ def move_into_huge_pages(path: str | os.PathLike, tensors: Mapping[str, torch.Te
             st = os.fstat(f.fileno())
             maps = _file_maps(st.st_ino, os.major(st.st_dev), os.minor(st.st_dev))
             spans = _spans(_mapped_ranges(f, tensors, maps), st.st_size)
-            return sum(_move(libc, f.fileno(), base, lo, hi, st.st_size) for base, lo, hi in spans
+            return sum(_move(libc, f.fileno(), base, lo, hi, st.st_size, stop) for base, lo, hi in spans
                        if _covered(maps, base, lo, hi))  # a merged span's gaps are this file's too
     except (OSError, ValueError, OverflowError, AttributeError):
         return 0
 
 
 class MoveInBackground:
-    """`move_into_huge_pages(path, tensors)` on a daemon thread, from `start()` on (the model's
+    """`move_into_huge_pages(path, tensors)` as a background chore, from `start()` on (the model's
     warm_up calls it last: started earlier, the move's read and the warm-up's first forward
     share the two cores and model-ready comes ~50 ms later). `wait()` starts it if need be and
     returns the bytes moved."""
@@ -129,14 +132,15 @@ class MoveInBackground:
         return self._thread is not None
 
     def start(self) -> None:
+        """At the lowest priority (engine/background.py): a first message sent right at
+        model-ready goes first."""
         with self._lock:
             if self._job is not None and self._thread is None:
-                self._thread = threading.Thread(target=self._run, args=self._job, name="ds4tui-huge-pages", daemon=True)
-                self._thread.start()
+                self._thread = background.start(self._run, "ds4tui-huge-pages")
 
-    def _run(self, path, tensors) -> None:
-        lower_this_thread()  # a first message sent right at model-ready goes first
-        self.moved = move_into_huge_pages(path, tensors)
+    def _run(self) -> None:
+        path, tensors = self._job
+        self.moved = move_into_huge_pages(path, tensors, background.stopping)
 
     def wait(self, timeout: float | None = None) -> int:
         self.start()
@@ -156,8 +160,10 @@ def _libc():
     return libc
 
 
-def _move(libc, fd: int, base: int, lo: int, hi: int, size: int) -> int:
+def _move(libc, fd: int, base: int, lo: int, hi: int, size: int, stop: Callable[[], bool]) -> int:
     """Addresses [lo, hi) (page aligned; file offset = address - base) -> anonymous huge pages."""
+    if stop():
+        return 0
     n = hi - lo
     reserve = libc.mmap(None, n + HUGE_PAGE, mmap.PROT_READ | mmap.PROT_WRITE,
                         mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
@@ -171,7 +177,9 @@ def _move(libc, fd: int, base: int, lo: int, hi: int, size: int) -> int:
         view = memoryview((ctypes.c_char * want).from_address(dest)).cast("B")
         done = 0
         while done < want:
-            got = os.preadv(fd, [view[done:]], lo - base + done)
+            if stop():
+                return 0
+            got = os.preadv(fd, [view[done:done + READ_PIECE]], lo - base + done)
             if got <= 0:
                 return 0  # the file shrank under us: keep the mapping
             done += got

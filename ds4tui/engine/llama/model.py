@@ -37,13 +37,14 @@ from ds4tui.engine.llama.session import (
     new_kv,
 )
 from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
-from ds4tui.engine.priority import lower_this_thread
+from ds4tui.engine import background
 from ds4tui.engine.session import Session
 
 # A session's context when the caller names none: SmolLM2's 8192 would pin 377 MB of fp32 KV
 # (189 MB f16); 4096 (189 MB fp32, 94 MB f16) is plenty for a chat on a CPU, where filling it
 # takes tens of seconds.
 DEFAULT_CTX = 4096
+TOUCH_STEP = 1 << 22  # elements prepare_session touches between checks for the process's exit
 # Products of at most this many activation rows go through the weights' file blocks when
 # present (qgemm.c) with the scalar kernels: the measured crossover against fp32 torch
 # (docs/perf.md, "Short prefills"). The AVX-512 and AVX2 variants of qgemm.c beat torch's
@@ -282,24 +283,28 @@ class LlamaModel(Model):
         with self._spare_lock:
             thread = self._preparing
             if thread is None and self._spare is None:
-                thread = self._preparing = threading.Thread(
-                    target=self._prepare, args=(ctx, kv_dtype), name="ds4tui-kv-spare", daemon=True)
-                thread.start()
+                thread = self._preparing = background.start(lambda: self._prepare(ctx, kv_dtype), "ds4tui-kv-spare")
         if wait and thread is not None:
             thread.join()
 
     def _prepare(self, ctx: int, kv_dtype: str) -> None:
+        kv = None
         try:
-            lower_this_thread()
             kv = new_kv(self.cfg, ctx, kv_dtype)
             for t in (kv,) if isinstance(kv, torch.Tensor) else kv:
-                t.numpy().fill(0)  # every page faulted in here (numpy: one thread, this one)
+                flat = t.numpy().reshape(-1)  # numpy: one thread, this one
+                for i in range(0, flat.size, TOUCH_STEP):
+                    if background.stopping():
+                        kv = None
+                        break
+                    flat[i:i + TOUCH_STEP] = 0  # its pages faulted in here
         except (MemoryError, OSError, RuntimeError):
             kv = None  # only a head start: the session allocates its own as before
-        with self._spare_lock:
-            if kv is not None and self._spare is None:
-                self._spare = kv
-            self._preparing = None
+        finally:
+            with self._spare_lock:
+                if kv is not None and self._spare is None:
+                    self._spare = kv
+                self._preparing = None
 
     @staticmethod
     def _warm_restore(session: LlamaSession, tokens: list[int]) -> None:

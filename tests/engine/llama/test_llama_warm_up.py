@@ -125,25 +125,3 @@ def test_prepare_session_makes_a_spare_in_the_background(model):
     with pytest.raises(ValueError):
         model.prepare_session(64, kv_dtype="f8")
 
-
-def test_background_chores_run_at_the_lowest_priority():
-    """prepare_session's thread and the weights' move lower themselves, and only themselves."""
-    import os
-    import threading
-
-    from ds4tui.engine.priority import BACKGROUND_NICE, lower_this_thread
-
-    if not hasattr(os, "getpriority"):
-        pytest.skip("no per-thread priorities on this platform")
-    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    seen = []
-
-    def chore():
-        lower_this_thread()
-        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-
-    t = threading.Thread(target=chore)
-    t.start()
-    t.join()
-    assert seen == [BACKGROUND_NICE]
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
