@@ -73,6 +73,7 @@ class StatelessChats:
             raise
         finally:
             conv.busy = False
+        self.controller.pool.prepare_next()  # the next new conversation's memory, in the background
         if done is None:
             return None
         first = started[0] if started else PrefillStarted(total=done.prompt_tokens, cached=0, source="cold")

@@ -46,3 +46,27 @@ def test_over_the_cap_a_session_parks_on_disk_and_comes_back(tiny_llama, tmp_pat
     again, rec = _ask(chats, a)
     assert again.source == "disk" and 0 < again.cached_tokens < again.prompt_tokens
     assert rec.of(ev.Hit)
+
+
+def test_a_new_conversation_gets_prepared_or_recycled_memory(tmp_path):
+    """Under the cap the next conversation's buffers are prepared after a request; over it, the
+    parked one's buffers go to the newcomer."""
+    from tests.chat.test_sessions import _private_tiny_llama, _settled
+
+    model = _private_tiny_llama()
+    chats = StatelessChats(make_controller(model, tmp_path, live_sessions=2))
+    _ask(chats, [{"role": "user", "content": "conversation A"}])
+    _settled(model)
+    spare = model._spare
+    assert spare is not None
+    _ask(chats, [{"role": "user", "content": "conversation B"}])
+    live = {c.key: c.session for c in chats.controller.conversations.live()}
+    assert any(s.kv is spare for s in live.values())
+    ptrs = {k: s.kv.data_ptr() for k, s in live.items()}
+    _settled(model)
+    assert model._spare is None  # at the cap
+    _ask(chats, [{"role": "user", "content": "conversation C"}])  # parks the oldest, takes its buffers
+    after = {c.key: c.session for c in chats.controller.conversations.live()}
+    gone, (new,) = [k for k in live if k not in after], [k for k in after if k not in live]
+    assert len(gone) == 1 and live[gone[0]].kv is None
+    assert after[new].kv.data_ptr() == ptrs[gone[0]]
