@@ -224,11 +224,14 @@ class LlamaModel(Model):
         kv_dtype = kv_dtype or DEFAULT_KV_DTYPE
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype {kv_dtype!r}: expected one of {', '.join(KV_DTYPES)}")
+        return LlamaSession(self, ctx, CHUNK_SIZE, kv=self.take_spare(ctx, kv_dtype), kv_dtype=kv_dtype)
+
+    def take_spare(self, ctx: int, kv_dtype: str) -> KvBuffers | None:
+        """The spare KV buffers, handed over, when they fit a session of `ctx` and `kv_dtype`;
+        None otherwise (a spare that does not fit is dropped, not kept alongside)."""
         with self._spare_lock:
             kv, self._spare = self._spare, None
-        if kv is not None and not fits(kv, self.cfg, ctx, KV_DTYPES[kv_dtype]):
-            kv = None  # warmed for another context size or type: dropped, not kept alongside
-        return LlamaSession(self, ctx, CHUNK_SIZE, kv=kv, kv_dtype=kv_dtype)
+        return kv if kv is not None and fits(kv, self.cfg, ctx, KV_DTYPES[kv_dtype]) else None
 
     def warm_up(self, ctx_size: int | None = None, *, kv_dtype: str | None = None) -> None:
         """Pay this process's first-use costs now (the app calls this in its model-loading

@@ -143,7 +143,7 @@ def fits(kv: KvBuffers, cfg: LlamaConfig, ctx: int, dtype: torch.dtype) -> bool:
 
 class LlamaForward(Protocol):
     """What a session needs of its model (LlamaModel): the shapes, the identity its payloads
-    carry, and one forward over the session's KV buffers."""
+    carry, one forward over the session's KV buffers, and its spare buffers for a copy."""
 
     cfg: LlamaConfig
     info: ModelInfo
@@ -151,6 +151,8 @@ class LlamaForward(Protocol):
     def forward(self, kv: KvBuffers, tokens: list[int], pos: int, want_logits: bool,
                 frozen_global: bool = False, before_layer: Callable[[int], None] | None = None
                 ) -> torch.Tensor | None: ...
+
+    def take_spare(self, ctx: int, kv_dtype: str) -> KvBuffers | None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,7 +336,10 @@ class LlamaSession(Session):
 
     def _copy(self, n_tokens: int) -> "LlamaSession":
         self._check_live()
-        other = LlamaSession(self.model, self.ctx_size, self.chunk_size, kv_dtype=self.kv_dtype)
+        # Into the model's spare when it has one (memory already faulted in: a fork of a 4K chat
+        # copies 92 MB, and into fresh memory the faults cost more than the copy).
+        other = LlamaSession(self.model, self.ctx_size, self.chunk_size, kv_dtype=self.kv_dtype,
+                             kv=self.model.take_spare(self.ctx_size, self.kv_dtype))
         n = n_tokens
         # One numpy copy of the prefix's rows (see the module docstring on torch's copy_);
         # a sliding layer's whole ring (rewind then restores or rebuilds it for n).

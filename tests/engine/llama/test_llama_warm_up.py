@@ -125,3 +125,19 @@ def test_prepare_session_makes_a_spare_in_the_background(model):
     with pytest.raises(ValueError):
         model.prepare_session(64, kv_dtype="f8")
 
+
+
+def test_a_fork_copies_into_the_spare(model):
+    tokens = list(range(3, 40))
+    parent = model.new_session(64)
+    _run(parent, tokens)
+    model.prepare_session(64, wait=True)
+    spare = model._spare
+    child = parent.fork()
+    assert child.kv is spare and model._spare is None
+    n = len(parent.tokens)
+    assert torch.equal(child.kv[..., :n, :], parent.kv[..., :n, :])
+    assert torch.equal(child.decode(11), parent.decode(11))
+    model.warm_up(32)  # a spare of another size: the fork does not take it
+    other = parent.fork()
+    assert other.kv.shape[3] == 64 and other.kv.data_ptr() != spare.data_ptr()
