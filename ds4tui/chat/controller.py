@@ -296,9 +296,11 @@ class ChatController(OpenChats):
         as its own titled session "title (fork)". A Forked event says what was copied."""
         conv = self._claim(key)
         try:
-            return self.moves.fork(conv, upto, on_event)
+            fork = self.moves.fork(conv, upto, on_event)
         finally:
             conv.busy = False
+        self.pool.prepare_next()  # the fork took the spare, if there was one
+        return fork
 
     def check_fit(self, key: str, text: str) -> FitCheck:
         """Whether `text` as the next message fits the context with room for a reply, and the
