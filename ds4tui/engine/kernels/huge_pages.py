@@ -45,8 +45,8 @@ from ds4tui.engine import background
 HUGE_PAGE = 2 << 20
 PAGE = mmap.PAGESIZE
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-MAX_HEADER = 100 << 20
-READ_PIECE = 8 << 20  # a move reads this much at a time (and checks for a stop in between)  # safetensors' own limit on the JSON header
+MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
+READ_PIECE = 8 << 20  # a move reads this much at a time (and checks for a stop in between)
 DTYPES = {"U8": torch.uint8, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
 MREMAP_MAYMOVE, MREMAP_FIXED = 1, 2
 MAP_FAILED = ctypes.c_void_p(-1).value

@@ -18,6 +18,7 @@ from typing import Callable, Mapping
 import torch
 import torch.nn.functional as F
 
+from ds4tui.engine import background
 from ds4tui.engine.errors import WeightsError
 from ds4tui.engine.kernels import attn as attn_kernel
 from ds4tui.engine.kernels import qgemv
@@ -37,7 +38,6 @@ from ds4tui.engine.llama.session import (
     new_kv,
 )
 from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
-from ds4tui.engine import background
 from ds4tui.engine.session import Session
 
 # A session's context when the caller names none: SmolLM2's 8192 would pin 377 MB of fp32 KV
@@ -267,7 +267,7 @@ class LlamaModel(Model):
         will use it): its KV buffers become the spare the next new_session adopts, unless
         there is one already. That session then skips a fresh buffer's page faults on its first
         restore or prefill (~200 ms for SmolLM2's 92 MB at 4K on the Zen 4 VM against ~13 ms
-        for the same restore into touched memory: docs/perf.md, "Recycled KV buffers")."""
+        for the same restore into touched memory: docs/perf.md, "Recycled and prepared KV buffers")."""
         if not isinstance(session, LlamaSession) or session.model is not self:
             return
         kv = session.release()
@@ -301,8 +301,8 @@ class LlamaModel(Model):
                         kv = None
                         break
                     flat[i:i + TOUCH_STEP] = 0  # its pages faulted in here
-        except (MemoryError, OSError, RuntimeError):
-            kv = None  # only a head start: the session allocates its own as before
+        except Exception:  # noqa: BLE001 - only a head start: a session then allocates its own, as before
+            kv = None  # (and no traceback from a background thread over the chat's screen)
         finally:
             with self._spare_lock:
                 if kv is not None and self._spare is None:
