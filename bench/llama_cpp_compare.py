@@ -68,12 +68,24 @@ def wait_quiet(limit_s: float, max_busy: float = 0.3) -> float:
             return busy
 
 
+# OpenMP settings llama.cpp must not inherit from the caller: ggml's threads meet at a barrier
+# per operation, and with OMP_WAIT_POLICY=PASSIVE (which ds4tui's CLI and our ad-hoc scripts
+# set for torch) each wait sleeps: llama-bench's SmolLM2 decode read 47.7 tok/s with it and
+# 145.9 without, same binary, same minute (docs/perf.md, "llama.cpp's environment").
+LLAMA_ENV_DROP = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES")
+
+
+def llama_env() -> dict[str, str]:
+    """This process's environment without the OpenMP settings above: llama.cpp at its defaults."""
+    return {k: v for k, v in os.environ.items() if k not in LLAMA_ENV_DROP}
+
+
 def llama_bench(exe: str, gguf: Path, threads: int, prompt: int, gen: int, depth: int) -> dict[str, float]:
     """tok/s of one llama-bench run (-r 1): {"pp": .., "tg": ..} for the tests it ran."""
     cmd = [exe, "-m", str(gguf), "-p", str(prompt), "-n", str(gen), "-t", str(threads), "-r", "1", "-o", "json"]
     if depth:
         cmd += ["-d", str(depth)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=llama_env()).stdout
     result = {}
     for rec in json.loads(out):
         key = "pp" if rec["n_gen"] == 0 else "tg"
@@ -173,6 +185,9 @@ def main() -> int:
     print(f"{datetime.date.today().isoformat()}, {cpu_name()}, {os.cpu_count()} CPUs, {args.threads} threads, "
           f"kernels: {kernel_backend()}, medians of {args.rounds} alternating rounds, tok/s")
     print(f"CPU flags: {cpu_flags()}; load average at the end: {os.getloadavg()[0]:.1f}")
+    dropped = [k for k in LLAMA_ENV_DROP if k in os.environ]
+    if dropped:
+        print(f"llama-bench ran without this shell's {', '.join(dropped)} (llama.cpp's defaults)")
     if busy_seen:
         print(f"other load before each measurement: {min(busy_seen):.2f}-{max(busy_seen):.2f} busy cores")
     best = {k: max(v) for k, v in samples.items() if v}
