@@ -401,13 +401,17 @@ static inline void blk_q5_k(const uint8_t *p, const float *x, const float *xs, v
     blk_qk45(p, x, xs, acc, off, 1);
 }
 
-#if DS4K_ISA == 1
-/* AVX2 Q6_K, in two steps a superblock apart (as the Q5 rows, so that the widening loads
- * find the bytes stored): q6_k_bytes stores the 256 quants as int8, two groups of 16 per
- * ymm (ql's 32 bytes, low or high nibbles; qh's 32 bytes, bits 2s and 2s + 1 moved to
- * bits 4 and 5 by one word shift; minus 32); q6_k_dot2 widens them 8 at a time from memory
- * and scales each group by a broadcast load of its scaled scale. Same integers and float
- * operations as the other builds' blk_q6_k per group. */
+#if DS4K_ISA >= 1
+/* AVX2 and AVX-512 Q6_K, in two steps a superblock apart (as the Q5 rows, so that the
+ * widening loads find the bytes stored): q6_k_bytes stores the 256 quants as int8, two
+ * groups of 16 per ymm (ql's 32 bytes, low or high nibbles; qh's 32 bytes, bits 2s and
+ * 2s + 1 moved to bits 4 and 5 by one word shift; minus 32); q6_k_dot2 widens them from
+ * memory (8 at a time with AVX2, 16 with AVX-512) and scales each group by a broadcast
+ * load of its scaled scale. Same integers and float operations as the scalar build's
+ * blk_q6_k per group. The AVX-512 build unpacked each group in dword lanes until
+ * 2026-12-01 (about 8 zmm operations per 16 weights, against 3 ymm and 4 zmm this way);
+ * on Zen 4, which splits every zmm operation in two, that took 55 ns per 1000 weights
+ * against AVX2's 40 (`bench/kernel_types.py --threads 2`, [3072, 512]); bit-identical. */
 static inline void q6_k_bytes(const uint8_t *p, uint8_t *out) {
     const __m256i m0f = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
     for (int h = 0; h < 2; h++) {
@@ -440,9 +444,16 @@ static inline void q6_k_dot2(const uint8_t *p, const uint8_t *q, const uint8_t *
     q6_k_scales(p, sp), q6_k_scales(q, sq);
     for (int k = 0; k < 16; k++) {
         const vf xk = vf_load(x + 16 * k);
+#if DS4K_ISA >= 2
+        const vf vp = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(qp + 16 * k))));
+        const vf vq = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(qq + 16 * k))));
+        *a0 = _mm512_fmadd_ps(_mm512_set1_ps(sp[k]), va_dot16(vp, xk), *a0);
+        *a1 = _mm512_fmadd_ps(_mm512_set1_ps(sq[k]), va_dot16(vq, xk), *a1);
+#else
         const vf vp = {cvt8_i8(qp + 16 * k), cvt8_i8(qp + 16 * k + 8)}, vq = {cvt8_i8(qq + 16 * k), cvt8_i8(qq + 16 * k + 8)};
         *a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(sp + k), va_dot16(vp, xk), *a0);
         *a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(sq + k), va_dot16(vq, xk), *a1);
+#endif
     }
 }
 
@@ -470,40 +481,11 @@ static void q6_k_rows(const uint8_t *w, int64_t nb, const float *x, const float 
     }
 }
 #else
-/* Q6_K: 16 groups of 16 with their own int8 scale (the vector builds scale all 16 at once
- * and pick each with a permute). */
+/* Q6_K, the portable build: 16 groups of 16 with their own int8 scale. */
 static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, va *acc, float *off) {
     (void)xs, (void)off;
     const int8_t *sc = (const int8_t *)(p + 192);
     const float d = h2f(p + 208);
-#if DS4K_ISA >= 2
-    const __m512 scd = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                                            _mm_loadu_si128((const __m128i *)sc))));
-#define SCALE_OF(k) _mm512_permutexvar_ps(_mm512_set1_epi32(k), scd)
-#define ADD_SCALED(k, dot) (*acc = _mm512_fmadd_ps(SCALE_OF(k), dot, *acc))
-#else
-#define ADD_SCALED(k, dot) (*acc = va_scale_add(d * (float)sc[k], dot, *acc))
-#endif
-#if DS4K_ISA >= 2
-    /* dword lanes straight from the packed bytes: low 4 bits from ql, bits 4-5 from qh
-     * (one shift, then one ternary-logic op merges them under the 0x30 mask), minus 32 */
-    for (int h = 0; h < 2; h++) {
-        const uint8_t *ql = p + 64 * h, *qh = p + 128 + 32 * h;
-        const __m512i m15 = _mm512_set1_epi32(15), m30 = _mm512_set1_epi32(0x30), k32 = _mm512_set1_epi32(32);
-        const __m512i zl[4] = {nib_bytes(ql), nib_bytes(ql + 16), nib_bytes(ql + 32), nib_bytes(ql + 48)};
-        const __m512i zh[2] = {nib_bytes(qh), nib_bytes(qh + 16)};
-        for (int s = 0; s < 4; s++) {
-            const int si = 8 * h + 2 * s;
-            for (int u = 0; u < 2; u++) { /* u 0: ql bytes 0..15 (a), u 1: 16..31 (b) */
-                const __m512i l = zl[(s & 1) * 2 + u];
-                const __m512i nib = s >= 2 ? _mm512_srli_epi32(l, 4) : _mm512_and_si512(l, m15);
-                const __m512i hb = 2 * s <= 4 ? _mm512_slli_epi32(zh[u], 4 - 2 * s) : _mm512_srli_epi32(zh[u], 2 * s - 4);
-                const __m512i q = _mm512_sub_epi32(_mm512_ternarylogic_epi32(nib, hb, m30, 0xf8), k32); /* nib | (hb & m30) */
-                ADD_SCALED(si + u, va_dot16(_mm512_cvtepi32_ps(q), vf_load(x + 128 * h + 32 * s + 16 * u)));
-            }
-        }
-    }
-#else
     for (int h = 0; h < 2; h++) {
         const uint8_t *ql = p + 64 * h, *qh = p + 128 + 32 * h;
         vb l0 = vb_load(ql), l1 = vb_load(ql + 16), l2 = vb_load(ql + 32), l3 = vb_load(ql + 48);
@@ -516,13 +498,10 @@ static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, v
             b = vb_sub(vb_or(b, vb_bits_hi(q1, 2 * s, 3)), 32);
             const float *xe = x + 128 * h + 32 * s;
             const int si = 8 * h + 2 * s;
-            ADD_SCALED(si, va_dot16(vf_i8(a), vf_load(xe)));
-            ADD_SCALED(si + 1, va_dot16(vf_i8(b), vf_load(xe + 16)));
+            *acc = va_scale_add(d * (float)sc[si], va_dot16(vf_i8(a), vf_load(xe)), *acc);
+            *acc = va_scale_add(d * (float)sc[si + 1], va_dot16(vf_i8(b), vf_load(xe + 16)), *acc);
         }
     }
-#endif
-#undef SCALE_OF
-#undef ADD_SCALED
 }
 #endif
 
@@ -549,7 +528,7 @@ static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, v
 
 BLOCK256_ROWS(q4_k_rows, blk_q4_k, 144)
 BLOCK256_ROWS(q5_k_rows, blk_q5_k, 176)
-#if DS4K_ISA != 1
+#if DS4K_ISA == 0
 BLOCK256_ROWS(q6_k_rows, blk_q6_k, 210)
 #endif
 
