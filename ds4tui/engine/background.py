@@ -1,7 +1,8 @@
 """The engine's background chores: at the lowest priority, and over before the process exits.
 
-Owns `start(target, name)`, which runs a chore on a daemon thread at nice 19, and the exit
-hook that asks running chores to stop (`stopping()`) and waits for them. Moving the weights
+Owns `start(target, name)`, which runs a chore on a daemon thread at nice 19, the exit
+hook that asks running chores to stop (`stopping()`) and waits for them, and
+`memory_to_spare`, which a chore that allocates asks first. Moving the weights
 into huge pages and touching the next session's KV buffers are head starts nobody waits
 for; on a 2-core machine they would otherwise take a core from a disk hit's forward or a
 decode that starts meanwhile. At nice 19 they get a core only when nothing else wants one.
@@ -21,6 +22,9 @@ from typing import Callable
 
 BACKGROUND_NICE = 19
 EXIT_WAIT_S = 10.0  # a chore's step is a few milliseconds: this is only a bound
+# A chore that takes memory (the next session's buffers) runs only while the system has this
+# many times that much available: a head start is never worth memory pressure.
+SPARE_HEADROOM = 4
 
 _stop = threading.Event()
 _running: set[threading.Thread] = set()
@@ -34,6 +38,19 @@ def lower_this_thread() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
     except (AttributeError, OSError):
         pass
+
+
+def memory_to_spare(nbytes: int) -> bool:
+    """Whether a head start may hold `nbytes` more: the system's available memory (Linux's
+    MemAvailable) is at least SPARE_HEADROOM times that; True where it cannot be read."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024 >= SPARE_HEADROOM * nbytes
+    except (OSError, ValueError, IndexError):
+        pass
+    return True
 
 
 def stopping() -> bool:

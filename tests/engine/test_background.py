@@ -65,3 +65,23 @@ def test_a_prepared_spare_stops_at_exit_and_is_not_kept():
         assert model._spare is None and model._preparing is None
     finally:
         background._stop.clear()
+
+
+def test_memory_to_spare_reads_what_the_system_has():
+    if not os.path.exists("/proc/meminfo"):
+        pytest.skip("no /proc/meminfo here")
+    assert background.memory_to_spare(0)
+    assert not background.memory_to_spare(1 << 60)  # no machine has 4 x 1 EiB available
+
+
+def test_no_spare_is_prepared_when_memory_is_short(monkeypatch):
+    from ds4tui.engine.loader import load_model
+
+    model = load_model("tiny-llama")
+    asked = []
+    monkeypatch.setattr(background, "memory_to_spare", lambda n: asked.append(n) or False)
+    model._spare = None
+    model.prepare_session(64, wait=True)
+    assert model._spare is None and model._preparing is None
+    cfg = model.cfg
+    assert asked == [2 * cfg.num_layers * 2 * cfg.num_kv_heads * 64 * cfg.head_dim]  # f16: 2 bytes

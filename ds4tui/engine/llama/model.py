@@ -12,6 +12,7 @@ entry points `engine/loader.py` calls.
 from __future__ import annotations
 
 import io
+import math
 import threading
 from typing import Callable, Mapping
 
@@ -34,6 +35,7 @@ from ds4tui.engine.llama.session import (
     KvBuffers,
     LlamaSession,
     fits,
+    kv_shapes,
     kv_torch_dtype,
     new_kv,
 )
@@ -279,10 +281,13 @@ class LlamaModel(Model):
                         wait: bool = False) -> None:
         """Touch the next session's KV buffers now, on a background thread at the lowest
         priority (it takes a core only when nothing else wants one), unless a spare exists or
-        is being made: the next new_session of this size adopts them. wait: return once done."""
+        is being made, or the system is short of memory (engine/background.py,
+        memory_to_spare): the next new_session of this size adopts them. wait: return once done."""
         ctx = self._ctx(ctx_size)
         kv_dtype = kv_dtype or DEFAULT_KV_DTYPE
-        kv_torch_dtype(kv_dtype)  # a bad name raises here, not on the thread
+        itemsize = kv_torch_dtype(kv_dtype).itemsize  # a bad name raises here, not on the thread
+        if not background.memory_to_spare(itemsize * sum(math.prod(s) for s in kv_shapes(self.cfg, ctx))):
+            return  # short of memory: the next session allocates its own, as it always could
         with self._spare_lock:
             thread = self._preparing
             if thread is None and self._spare is None:
