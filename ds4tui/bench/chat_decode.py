@@ -43,6 +43,10 @@ def _reply(model, spec: str, max_tokens: int, greedy: bool, seed: int):
     done = ctl.send(conv.key, PROMPT)
     if done is None:
         raise RuntimeError("a benchmark chat turn failed")
+    # The next chat's buffers, which the turn's end has the engine touch in the background
+    # (SessionPool.prepare_next), are ready before the next reply, as for someone reading this
+    # one: its decode is not measured alongside that touching.
+    model.prepare_session(config.ctx, kv_dtype=config.kv_dtype, wait=True)
     return done
 
 
