@@ -16,6 +16,7 @@ Not thread-safe: one engine thread calls `complete` at a time (serve/worker.py).
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Callable
@@ -44,6 +45,16 @@ class Completion:
 class StatelessChats:
     def __init__(self, controller: ChatController) -> None:
         self.controller = controller
+
+    def context_size(self) -> int:
+        return self.controller.ctx_size()
+
+    def prompt_tokens(self, messages: list[dict]) -> int:
+        """Tokens of the prompt `complete` would run for `messages` (rendered and encoded as it
+        does); ValueError when the chat template refuses them. Safe off the engine thread:
+        it reads the template and the tokenizer only."""
+        prompt = self.controller.model.chat.render(messages, add_generation_prompt=True, now=datetime.now())
+        return len(self.controller.model.tokenizer.encode(prompt))
 
     def complete(self, messages: list[dict], on_event: EventFn,
                  options: TurnOptions | None = None) -> Completion | None:
@@ -92,10 +103,17 @@ class StatelessChats:
         for conv in registry.live():
             if conv.busy or not conv.session_text:
                 continue
-            have = conv.session_text.decode("utf-8", errors="replace")
+            have = _whole_characters(conv.session_text)
             if len(have) > best_len and prompt.startswith(have):
                 best, best_len = conv, len(have)
         if best is not None:
             return best
         conv = Conversation(key=registry.new_key(), title="api")
         return registry.add(conv)
+
+
+def _whole_characters(text: bytes) -> str:
+    """`text` decoded up to its last whole character: a reply cut inside a character (the token
+    limit) comes back from the client without it, and the turn rewinds the session to the
+    token boundary before it (turn.py, _rewind_live)."""
+    return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(text)

@@ -22,7 +22,9 @@ class ReplyStream:
 
     `feed` returns the newly displayable text (possibly ""); once a stop string
     is seen, `stopped` is True and `text` ends right before it. `finish` flushes
-    whatever was held back (an incomplete character decodes as U+FFFD).
+    whatever was held back, except the bytes of a character the reply stopped inside (the
+    token limit cut it): those are dropped, never shown as U+FFFD. Bytes that can never be
+    part of a character (invalid UTF-8) still show as U+FFFD where they are.
     """
 
     def __init__(self, stop_strings: Sequence[str] = ()) -> None:
@@ -46,9 +48,8 @@ class ReplyStream:
         return self._release(final=False)
 
     def finish(self) -> str:
-        """End of generation: decode any dangling bytes and release everything."""
-        if not self.stopped:
-            self._text += self._decoder.decode(b"", final=True)
+        """End of generation: release everything but an unfinished last character."""
+        self._decoder.reset()  # its buffer holds only the start of a character that never ended
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:

@@ -33,6 +33,9 @@ def register(subparsers) -> None:
     p.add_argument("--queue-size", type=int, default=16, metavar="N",
                    help="requests that may wait behind the running one; more get 429 (default 16)")
     p.add_argument("--max-body-mb", type=int, default=8, metavar="N", help="largest request body (default 8)")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages from ORIGIN call the API (repeatable; `localhost`: any port on this "
+                        "machine; `*`: any page). Off by default")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_serve)
 
@@ -57,7 +60,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.max_body_mb <= 0:
         raise CliError("--max-body-mb must be positive")
     options = ServeOptions(host=args.host, port=args.port, api_key=key, queue_size=args.queue_size,
-                           max_body_bytes=args.max_body_mb << 20, log_level=args.log_level)
+                           max_body_bytes=args.max_body_mb << 20, log_level=args.log_level,
+                           cors_origins=tuple(args.cors_origin))
     try:
         check_model(config.model)
         return run(config, options)

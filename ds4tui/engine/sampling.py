@@ -1,6 +1,11 @@
-"""Choosing the next token from logits: greedy, temperature, top-k, min-p, top-p; seeded.
+"""Choosing the next token from logits: penalties, greedy, temperature, top-k, min-p, top-p; seeded.
 
-The rule, for temperature T > 0 and weights w_i = exp((l_i - max l) / T) (the best token's is 1):
+Penalties first (OpenAI's definition, which llama.cpp's penalties sampler follows): a token
+generated c > 0 times so far in this reply has its logit lowered by
+c x frequency_penalty + presence_penalty (negative values favour repeats). They apply to
+greedy decoding too. The Sampler counts the tokens it has drawn itself.
+
+Then, for temperature T > 0 and weights w_i = exp((l_i - max l) / T) (the best token's is 1):
 
 1. top-k (k > 0): keep the k best tokens;
 2. min-p: keep tokens with w_i >= min_p (probability at least min_p x the best one's);
@@ -48,10 +53,17 @@ class SamplingParams:
     min_p: float = 0.05  # drop tokens whose probability is below min_p x the best one's
     seed: int | None = None
     top_k: int = 0  # keep only the k most likely tokens; 0 = off
+    frequency_penalty: float = 0.0  # per earlier occurrence in the reply, off the logit
+    presence_penalty: float = 0.0  # once for any token already in the reply
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.frequency_penalty or self.presence_penalty)
 
 
 class Sampler:
-    """Stateful so a seeded conversation is reproducible token after token."""
+    """Stateful so a seeded conversation is reproducible token after token, and so the
+    penalties know what this reply has drawn so far."""
 
     def __init__(self, params: SamplingParams | None = None) -> None:
         self.params = params or SamplingParams()
@@ -59,13 +71,30 @@ class Sampler:
         # ~0.1 ms of a reply's time to first token (docs/perf.md, "The disk hit: a parked
         # reader thread"). The same seed gives the same stream either way.
         self._rng: np.random.Generator | None = None
+        self.counts: dict[int, int] = {}  # token id -> times drawn (only with penalties)
 
     def __call__(self, logits) -> int:
-        if self.params.temperature <= 0:
-            return sample(logits, self.params)
-        if self._rng is None:
-            self._rng = np.random.default_rng(self.params.seed)  # seed None: fresh OS entropy
-        return sample(logits, self.params, self._rng)
+        params = self.params
+        if params.penalized and self.counts:
+            logits = penalize(logits, self.counts, params.frequency_penalty, params.presence_penalty)
+        if params.temperature <= 0:
+            token = sample(logits, params)
+        else:
+            if self._rng is None:
+                self._rng = np.random.default_rng(params.seed)  # seed None: fresh OS entropy
+            token = sample(logits, params, self._rng)
+        if params.penalized:
+            self.counts[token] = self.counts.get(token, 0) + 1
+        return token
+
+
+def penalize(logits, counts: dict[int, int], frequency: float, presence: float) -> np.ndarray:
+    """A copy of `logits` with each counted token's logit lowered by count x frequency + presence."""
+    x = _as_numpy(logits).astype(np.float32, copy=True)
+    ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+    c = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
+    x[ids] -= c * np.float32(frequency) + np.float32(presence)
+    return x
 
 
 def sample(logits, params: SamplingParams, generator=None) -> int:

@@ -1,11 +1,13 @@
 """The HTTP side of `ds4tui serve`: a Starlette app speaking OpenAI's chat-completions API.
 
 Owns: routes (/health, /v1/models, /v1/chat/completions), the Bearer check
-(constant-time), the body cap, OpenAI-shaped error bodies for every 4xx/5xx,
-server-sent events through sse-starlette (progress chunks while prefilling,
-text deltas, the usage chunk, `[DONE]`, comment pings), and cancelling a
-request whose client went away. The engine work itself runs in
-serve/worker.py; the wire format is serve/protocol.py.
+(constant-time), the body cap and JSON depth limit, OpenAI-shaped error bodies
+for every 4xx/5xx, the checks a streamed request gets before its stream opens
+(so they are HTTP errors, not events), CORS for the origins the operator
+names, server-sent events through sse-starlette (progress chunks while
+prefilling when asked, text deltas, the usage chunk, `[DONE]`, comment pings),
+and cancelling a request whose client went away. The engine work itself runs
+in serve/worker.py; the wire format is serve/protocol.py.
 
 Nothing a client sends becomes a path or a file name: requests carry text,
 the cache directory is the operator's.
@@ -17,13 +19,17 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
+import math
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Sequence
 
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -34,6 +40,10 @@ from ds4tui.serve.worker import End, EngineQueue, Job
 
 PING_S = 10.0  # SSE comment pings: keep proxies from closing a stream that waits in line
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+# The `localhost` CORS origin: a page served from this machine, any port (llama-server's
+# `--cors-origins localhost` means the same).
+LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]+)?"
+log = logging.getLogger("uvicorn.error")  # uvicorn's own lines, at its --log-level
 
 
 def error(status: int, message: str, *, kind: str = "invalid_request_error", code: str | None = None,
@@ -43,7 +53,7 @@ def error(status: int, message: str, *, kind: str = "invalid_request_error", cod
 
 
 def create_app(engine: EngineQueue, *, model_name: str, api_key: str | None, max_body_bytes: int,
-               on_shutdown=None) -> Starlette:
+               on_shutdown=None, cors_origins: Sequence[str] = ()) -> Starlette:
     created = int(time.time())
 
     def authorized(request: Request) -> JSONResponse | None:
@@ -68,14 +78,24 @@ def create_app(engine: EngineQueue, *, model_name: str, api_key: str | None, max
         if refused is not None:
             return refused
         try:
-            req = p.parse_chat_request(await _read_json(request, max_body_bytes))
+            req = p.parse_chat_request(await _read_json(request, max_body_bytes), context=engine.context)
+            if req.stream:
+                # A stream's status line goes out before the engine runs: what can be known
+                # now (the prompt's length, a template that refuses the messages) is checked
+                # now, off the event loop, so it is a 400 and not an error event.
+                await asyncio.to_thread(engine.check_prompt, req)
+        except ClientGone as gone:
+            log.info("client %s went away in the middle of its request body (%s)", _peer(request), gone)
+            return Response(status_code=400)  # nobody reads it
         except p.RequestError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
         job = engine.submit(req)
         if job is None:
             wait = engine.retry_after()
-            return error(429, f"the server is busy ({engine.max_waiting} requests already wait); retry in {wait} s",
-                         kind="rate_limit_error", code="server_busy", headers={"Retry-After": str(wait)})
+            return error(429, f"the server is busy ({engine.max_waiting} requests already wait);"
+                              f" retry in {wait:.1f} s", kind="rate_limit_error", code="server_busy",
+                         headers={"Retry-After": str(max(1, math.ceil(wait))),
+                                  "retry-after-ms": str(max(1, round(wait * 1000)))})
         rid = p.new_id()
         if req.stream:
             return EventSourceResponse(_stream(job, rid, model_name), ping=PING_S,
@@ -89,7 +109,16 @@ def create_app(engine: EngineQueue, *, model_name: str, api_key: str | None, max
     async def server_error(request: Request, exc: Exception) -> Response:
         return error(500, f"internal error: {type(exc).__name__}", kind="server_error")
 
+    middleware = []
+    if cors_origins:
+        named = [o for o in cors_origins if o != "localhost"]
+        middleware.append(Middleware(
+            CORSMiddleware, allow_origins=named,
+            allow_origin_regex=LOCAL_ORIGINS if "localhost" in cors_origins else None,
+            allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["Authorization", "Content-Type"],
+            max_age=600))
     return Starlette(
+        middleware=middleware,
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
@@ -110,18 +139,33 @@ def _lifespan(on_shutdown):
     return lifespan
 
 
+class ClientGone(Exception):
+    """The client hung up before its request body was whole."""
+
+
+def _peer(request: Request) -> str:
+    c = request.client
+    return f"{c.host}:{c.port}" if c else "?"
+
+
 async def _read_json(request: Request, cap: int) -> object:
-    """The body as JSON; RequestError (413) past `cap` bytes, (400) when it is not JSON."""
+    """The body as JSON; RequestError (413) past `cap` bytes, (400) when it is not JSON or is
+    nested deeper than the parser goes; ClientGone when the client hangs up meanwhile."""
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > cap):
         raise p.RequestError(f"the request body exceeds {cap} bytes", status=413, code="body_too_large")
     body = bytearray()
-    async for piece in request.stream():
-        body += piece
-        if len(body) > cap:
-            raise p.RequestError(f"the request body exceeds {cap} bytes", status=413, code="body_too_large")
+    try:
+        async for piece in request.stream():
+            body += piece
+            if len(body) > cap:
+                raise p.RequestError(f"the request body exceeds {cap} bytes", status=413, code="body_too_large")
+    except ClientDisconnect:
+        raise ClientGone(f"{len(body)} bytes of {length or 'a chunked body'} read") from None
     try:
         return json.loads(body)
+    except RecursionError:
+        raise p.RequestError("the body is nested too deeply to parse") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise p.RequestError(f"the body is not valid JSON ({exc})") from None
 
@@ -180,10 +224,10 @@ async def _stream(job: Job, rid: str, model: str) -> AsyncIterator[str]:
                 yield _json(p.chunk(rid, model, created, delta={"role": "assistant", "content": ""}))
             if isinstance(item, PrefillStarted):
                 cached, total_new = item.cached, item.total
-                if total_new:
+                if total_new and job.request.return_progress:
                     yield _json(p.chunk(rid, model, created, delta={"content": ""},
                                              prompt_progress=p.progress(cached, total_new, 0, started)))
-            elif isinstance(item, PrefillProgress):
+            elif isinstance(item, PrefillProgress) and job.request.return_progress:
                 yield _json(p.chunk(rid, model, created, delta={"content": ""},
                                          prompt_progress=p.progress(cached, total_new, item.done, started)))
             elif isinstance(item, TokenText) and item.text:

@@ -32,6 +32,7 @@ class ServeOptions:
     queue_size: int = DEFAULT_QUEUE
     max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20
     log_level: str = "info"
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed (CORS); none: no CORS headers
 
 
 def is_loopback(host: str) -> bool:
@@ -51,6 +52,10 @@ def check_options(options: ServeOptions) -> None:
         raise ServeError(f"--port must be within 1..65535, got {options.port}")
     if options.queue_size < 0:
         raise ServeError("--queue-size must be >= 0")
+    for origin in options.cors_origins:
+        if origin not in ("*", "localhost") and not origin.startswith(("http://", "https://")):
+            raise ServeError(f"--cors-origin {origin!r}: expected *, localhost or an origin such as "
+                             "http://example.com:3000")
 
 
 def run(config: Config, options: ServeOptions) -> int:
@@ -78,7 +83,8 @@ def run(config: Config, options: ServeOptions) -> int:
         engine.close()
 
     app = create_app(engine, model_name=model.info.name, api_key=options.api_key,
-                     max_body_bytes=options.max_body_bytes, on_shutdown=shutdown)
+                     max_body_bytes=options.max_body_bytes, on_shutdown=shutdown,
+                     cors_origins=options.cors_origins)
     where = "no disk cache" if config.no_disk_cache else f"cache {config.cache_path()}"
     print(f"ds4tui serve: {model.info.name} at http://{options.host}:{options.port}/v1 ({where},"
           f" {config.live_sessions} live sessions, {options.queue_size} may wait"

@@ -59,21 +59,30 @@ class ChatRequest:
     seed: int | None
     max_tokens: int | None
     stop: tuple[str, ...]
+    top_k: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    return_progress: bool = False  # llama-server's prompt_progress chunks while prefilling
 
 
-def parse_chat_request(body: Any) -> ChatRequest:
-    """A checked request, or RequestError naming the offending field."""
+def parse_chat_request(body: Any, *, context: int | None = None) -> ChatRequest:
+    """A checked request, or RequestError naming the offending field. `context`: the
+    session's size in tokens, the most max_tokens may ask for."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
+    # An explicit null is the field left out (the SDKs and many clients send them).
+    body = {k: v for k, v in body.items() if v is not None}
     for key in UNSUPPORTED:
         if body.get(key) not in (None, False, [], {}) and not (key == "response_format" and _is_text_format(body[key])):
             raise RequestError(f"{key!r} is not supported by this server", param=key)
-    n = body.get("n", 1)
+    n = body.get("n", 1)  # a null is gone already: absent
     if n != 1 or isinstance(n, bool):
         raise RequestError("only n = 1 is supported", param="n")
     stream = _opt(body, "stream", bool) or False
     options = _opt(body, "stream_options", dict) or {}
-    include_usage = options.get("include_usage", False)
+    include_usage = options.get("include_usage")
+    if include_usage is None:
+        include_usage = False
     if not isinstance(include_usage, bool):
         raise RequestError("stream_options.include_usage must be a boolean", param="stream_options")
     max_tokens = _opt(body, "max_completion_tokens", int)
@@ -81,6 +90,11 @@ def parse_chat_request(body: Any) -> ChatRequest:
         max_tokens = _opt(body, "max_tokens", int)
     if max_tokens is not None and max_tokens < 1:
         raise RequestError("max_tokens must be at least 1", param="max_tokens")
+    if max_tokens is not None and context is not None and max_tokens > context:
+        raise RequestError(f"max_tokens {max_tokens} exceeds the context of {context} tokens", param="max_tokens")
+    top_k = _opt(body, "top_k", int)
+    if top_k is not None and top_k < 0:
+        raise RequestError("top_k must be >= 0 (0: off)", param="top_k")
     seed = _opt(body, "seed", int)
     if seed is not None and not -(2**63) <= seed < 2**64:
         raise RequestError("seed must fit in 64 bits", param="seed")
@@ -94,6 +108,10 @@ def parse_chat_request(body: Any) -> ChatRequest:
         seed=seed,
         max_tokens=max_tokens,
         stop=_stops(body.get("stop")),
+        top_k=top_k,
+        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0),
+        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0),
+        return_progress=_opt(body, "return_progress", bool) or False,
     )
 
 

@@ -11,7 +11,7 @@ Leaves the mapping of requests to sessions to chat/stateless.py.
 from __future__ import annotations
 
 import asyncio
-import math
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,9 +22,14 @@ from ds4tui.chat.events import PrefillProgress, PrefillStarted, TokenText
 from ds4tui.chat.stateless import Completion, StatelessChats
 from ds4tui.chat.turn import TurnOptions
 from ds4tui.engine.sampling import SamplingParams
-from ds4tui.serve.protocol import ChatRequest
+from ds4tui.serve.protocol import ChatRequest, RequestError
 
 STREAMED = (PrefillStarted, PrefillProgress, TokenText)  # what a streaming client is shown
+RECENT_WEIGHT = 0.2  # of the newest request in the running mean Retry-After is based on
+FIRST_GUESS_S = 1.0  # that mean before any request has finished
+# Retry-After is the expected wait times a random factor in [1, 1 + JITTER): refused clients
+# come back spread out instead of all at once (into a line that is full again).
+JITTER = 1.0
 
 
 @dataclass
@@ -36,6 +41,7 @@ class Counters:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     busy_s: float = 0.0  # engine time spent on requests
+    recent_s: float = FIRST_GUESS_S  # running mean of the latest requests' times
 
     def as_dict(self) -> dict[str, Any]:
         hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
@@ -68,10 +74,11 @@ class Job:
 
 
 class EngineQueue:
-    def __init__(self, chats: StatelessChats, max_waiting: int) -> None:
+    def __init__(self, chats: StatelessChats, max_waiting: int, rng: random.Random | None = None) -> None:
         self.chats = chats
         self.max_waiting = max_waiting
         self.counters = Counters()
+        self._rng = rng or random.Random()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ds4tui-engine")
         self._lock = threading.Lock()
         self._pending = 0  # running + waiting
@@ -96,13 +103,29 @@ class EngineQueue:
         self._executor.submit(self._run, job)
         return job
 
-    def retry_after(self) -> int:
-        """Seconds until a place is likely free: the mean request time times the line ahead."""
+    @property
+    def context(self) -> int:
+        """Tokens a session holds: the most a prompt and its reply may take."""
+        return self.chats.context_size()
+
+    def check_prompt(self, request: ChatRequest) -> None:
+        """RequestError when the request cannot run: its prompt does not fit the context, or the
+        chat template refuses its messages. Any thread (it renders and encodes only)."""
+        try:
+            n = self.chats.prompt_tokens(request.messages)
+        except ValueError as exc:
+            raise RequestError(f"cannot render these messages: {exc}", param="messages") from None
+        if n > self.context:
+            raise RequestError(f"the prompt needs {n} tokens, the context holds {self.context}",
+                               param="messages", code="context_length_exceeded")
+
+    def retry_after(self) -> float:
+        """Seconds until a place is likely free, spread: the running mean of the latest
+        requests' times x the requests ahead (running and waiting), x a random factor in
+        [1, 1 + JITTER) so that clients refused together do not all retry together."""
         with self._lock:
-            c = self.counters
-            finished = c.served + c.failed + c.cancelled
-            mean = c.busy_s / finished if finished else 1.0
-            return max(1, math.ceil(mean * max(1, self._pending - self.max_waiting)))
+            wait = self.counters.recent_s * max(1, self._pending)
+        return wait * (1.0 + JITTER * self._rng.random())
 
     def _run(self, job: Job) -> None:
         with self._lock:
@@ -123,7 +146,10 @@ class EngineQueue:
                 self._pending -= 1
                 self._jobs.discard(job)
                 c = self.counters
-                c.busy_s += time.perf_counter() - started
+                took = time.perf_counter() - started
+                c.busy_s += took
+                if result is not None and error is None:  # the first one replaces the guess
+                    c.recent_s = took if not c.served else c.recent_s + RECENT_WEIGHT * (took - c.recent_s)
                 if error is not None:
                     c.failed += 1
                 elif result is None or job.cancel.is_set():
@@ -142,6 +168,9 @@ class EngineQueue:
             top_p=cfg.top_p if r.top_p is None else r.top_p,
             min_p=cfg.min_p if r.min_p is None else r.min_p,
             seed=None if r.seed is None else r.seed % 2**63,
+            top_k=r.top_k or 0,
+            frequency_penalty=r.frequency_penalty or 0.0,
+            presence_penalty=r.presence_penalty or 0.0,
         )
         return TurnOptions(sampling=sampling, max_tokens=r.max_tokens or cfg.max_tokens, stop=r.stop,
                            cancel=job.cancel)

@@ -15,10 +15,15 @@ def test_multibyte_characters_split_across_tokens_are_emitted_whole():
     assert stream.finish() == "" and stream.text == "a€b"
 
 
-def test_a_dangling_partial_character_becomes_one_replacement_at_the_end():
+def test_a_character_cut_by_the_end_is_dropped_not_shown_as_a_replacement():
     stream = ReplyStream()
     assert stream.feed("ok ".encode() + "é".encode()[:1]) == "ok "
-    assert stream.finish() == "\ufffd"
+    assert stream.finish() == "" and stream.text == "ok "
+    cut = ReplyStream()
+    assert cut.feed("🙂".encode()[:3]) == "" and cut.finish() == "" and cut.text == ""
+    # bytes that cannot start or continue any character stay visible as U+FFFD
+    bad = ReplyStream()
+    assert bad.feed(b"a\xffb") + bad.finish() == "a\ufffdb"
 
 
 def test_stop_string_across_tokens_is_cut_and_never_shown():

@@ -168,3 +168,45 @@ def test_a_torch_generator_is_still_accepted():
     p = SamplingParams(temperature=1.0)
     draws = [sample(x, p, torch.Generator().manual_seed(9)) for _ in range(3)]
     assert len(set(draws)) == 1 and draws[0] in set(kept_tokens(x, p)[0])
+
+
+def reference_penalized(logits: np.ndarray, drawn: list[int], frequency: float, presence: float) -> np.ndarray:
+    """OpenAI's definition (and llama.cpp's penalties sampler): mu[j] - c[j] * alpha_frequency
+    - (c[j] > 0) * alpha_presence, c[j] the times token j was generated so far."""
+    c = np.bincount(drawn, minlength=len(logits)).astype(np.float64)
+    return logits.astype(np.float64) - c * frequency - (c > 0) * presence
+
+
+@pytest.mark.parametrize("frequency,presence", [(0.7, 0.0), (0.0, 1.3), (0.5, 0.5), (-0.8, 0.3)])
+def test_penalties_follow_the_openai_formula(frequency, presence):
+    rng = np.random.default_rng(21)
+    x = rng.normal(0, 2, 300).astype(np.float32)
+    params = SamplingParams(temperature=0.9, top_p=1.0, min_p=0.0, seed=5, frequency_penalty=frequency,
+                            presence_penalty=presence)
+    sampler = Sampler(params)
+    drawn = [sampler(torch.from_numpy(x)) for _ in range(40)]
+    assert sampler.counts == {t: drawn.count(t) for t in set(drawn)}
+    # the distribution of the next draw: the reference's softmax over the penalized logits
+    want = reference_penalized(x, drawn, frequency, presence)
+    probs = np.exp((want - want.max()) / 0.9)
+    probs /= probs.sum()
+    from ds4tui.engine.sampling import penalize
+
+    ids, w = kept_tokens(penalize(x, sampler.counts, frequency, presence), params)
+    got = np.zeros(len(x))
+    got[ids] = w / w.sum()
+    np.testing.assert_allclose(got, probs, rtol=1e-5, atol=1e-9)
+    if frequency > 0 and presence >= 0:  # penalties push the drawn tokens down: fewer repeats
+        plain = Sampler(SamplingParams(temperature=0.9, top_p=1.0, min_p=0.0, seed=5))
+        assert len(set(drawn)) > len({plain(torch.from_numpy(x)) for _ in range(40)})
+
+
+def test_penalties_apply_to_greedy_and_top_k_one_is_greedy():
+    x = torch.tensor([0.0, 3.0, 2.5, 1.0])
+    greedy = Sampler(SamplingParams(temperature=0.0, presence_penalty=1.0))
+    assert [greedy(x) for _ in range(3)] == [1, 2, 1]  # 3.0 -> 2.0 < 2.5; then 2.5 -> 1.5 < 2.0
+    freq = Sampler(SamplingParams(temperature=0.0, frequency_penalty=0.4))
+    # 3.0 -> 2.6 (> 2.5) -> 2.2 (< 2.5): then token 2, and so on
+    assert [freq(x) for _ in range(4)] == [1, 1, 2, 1]
+    top1 = Sampler(SamplingParams(temperature=1.0, top_p=1.0, min_p=0.0, top_k=1, seed=3))
+    assert {top1(x) for _ in range(50)} == {1}

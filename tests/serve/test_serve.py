@@ -59,7 +59,8 @@ def test_stream_equals_non_stream_with_progress_and_usage(server):
     c = client(server)
     messages = [{"role": "user", "content": "stream test: count to five " * 3}]
     whole = ask(c, messages, max_tokens=10)
-    chunks = list(ask(c, messages, max_tokens=10, stream=True, stream_options={"include_usage": True}))
+    chunks = list(ask(c, messages, max_tokens=10, stream=True, stream_options={"include_usage": True},
+                      extra_body={"return_progress": True}))
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == whole.choices[0].message.content
     finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
@@ -125,7 +126,7 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(server):
 def test_client_disconnect_cancels_the_request(server):
     before = server.health()
     body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "disconnect " + LONG}],
-            "max_tokens": 64, "temperature": 0, "stream": True}
+            "max_tokens": 64, "temperature": 0, "stream": True, "return_progress": True}
     with httpx.stream("POST", f"{server.url}/chat/completions", json=body, timeout=30) as r:
         for line in r.iter_lines():
             if "prompt_progress" in line:
@@ -157,7 +158,7 @@ def test_api_key_and_full_queue(tmp_path):
         # it runs are refused. The tiny model answers in tens of milliseconds, so a burst of
         # eight goes out at its first progress chunk: some land while it (or one of them) runs.
         body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "queue " + LONG}],
-                "max_tokens": 64, "temperature": 0, "stream": True}
+                "max_tokens": 64, "temperature": 0, "stream": True, "return_progress": True}
         headers = {"Authorization": f"Bearer {API_KEY}"}
         refused: list[openai.RateLimitError] = []
         answered: list[object] = []
@@ -182,6 +183,8 @@ def test_api_key_and_full_queue(tmp_path):
             rest = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
         assert refused and len(refused) + len(answered) == 8  # none lost
         assert all(int(e.response.headers["retry-after"]) >= 1 for e in refused)
+        waits = [int(e.response.headers["retry-after-ms"]) for e in refused]  # what the SDK reads first
+        assert len(waits) == 1 or len(set(waits)) > 1  # spread, not one shared instant
         assert "error" not in rest[-1], rest[-1]
         assert rest[-1]["choices"][0]["finish_reason"] in ("stop", "length")
         assert server.health()["refused"] == len(refused)
