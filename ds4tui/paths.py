@@ -5,7 +5,8 @@
 | KV cache | user_cache_dir("ds4tui")/kv | --dir / --cache-dir, DS4TUI_CACHE_DIR |
 | models | user_data_dir("ds4tui")/models | DS4TUI_DATA_DIR (parent of models/) |
 | config | user_config_dir("ds4tui")/config.toml | DS4TUI_CONFIG |
-| remote transcripts | user_data_dir("ds4tui")/transcripts | DS4TUI_TRANSCRIPTS_DIR |
+| remote transcripts (before the store; imported) | user_data_dir("ds4tui")/transcripts | DS4TUI_TRANSCRIPTS_DIR |
+| conversation store | user_data_dir("ds4tui")/conversations.sqlite3 | --data-dir, DS4TUI_STORE (the file) |
 """
 
 from __future__ import annotations
@@ -53,3 +54,17 @@ def transcripts_dir() -> Path:
     if env:
         return Path(env).expanduser()
     return Path(platformdirs.user_data_dir(APP_NAME)) / "transcripts"
+
+
+STORE_FILE = "conversations.sqlite3"
+
+
+def store_path(data_dir: str | os.PathLike | None = None) -> Path:
+    """The conversation store (every chat's history): `data_dir`/conversations.sqlite3 when a
+    directory is given (--data-dir, config `data_dir`), else $DS4TUI_STORE, else the user data dir."""
+    if data_dir:
+        return Path(data_dir).expanduser() / STORE_FILE
+    env = os.environ.get("DS4TUI_STORE")
+    if env:
+        return Path(env).expanduser()
+    return Path(platformdirs.user_data_dir(APP_NAME)) / STORE_FILE

@@ -74,8 +74,14 @@ def test_cache_imports_only_format():
     assert _offenders(("cache",), lambda m: m.startswith("ds4tui.") and _layer(m) not in ("cache", "format")) == []
 
 
+def test_store_imports_nothing_of_ours():
+    """The conversation store is the record: it depends on no model, cache or UI code."""
+    assert _offenders(("store",), lambda m: m.startswith("ds4tui.") and _layer(m) != "store") == []
+
+
 def test_engine_imports_no_cache_chat_or_screens():
-    assert _offenders(("engine",), lambda m: _layer(m) in ("cache", "chat", "screens") and m.startswith("ds4tui.")) == []
+    assert _offenders(("engine",), lambda m: _layer(m) in ("cache", "chat", "screens", "store")
+                      and m.startswith("ds4tui.")) == []
 
 
 def test_only_screens_import_textual_or_rich():
@@ -120,6 +126,7 @@ def test_no_import_cycles():
 
 
 @pytest.mark.parametrize("modules, heavy", [
+    (["ds4tui.store", "ds4tui.store.conversations"], ("torch", "textual", "rich")),
     (["ds4tui.format", "ds4tui.format.kvc", "ds4tui.format.payload", "ds4tui.format.swa_policy",
       "ds4tui.format.display"],
      ("torch", "textual", "rich")),
