@@ -15,11 +15,12 @@ from ds4tui.cache import files, loading
 from ds4tui.cache.entry import inspect_file
 from ds4tui.cache.integrity import ChecksumMismatch
 from ds4tui.cache.listing import CacheDirectory
-from ds4tui.cache.safe_open import open_regular
+from ds4tui.cache.safe_open import NotRegularFile, open_regular
 from ds4tui.format.kvc import (
     EXT_CHECKSUM,
     EXT_PINNED,
     QUANT_DS4TUI_MARK,
+    PREFIX_BYTES,
     KvcFormatError,
     read_kvc,
     title_sha,
@@ -51,6 +52,12 @@ def delete(directory: CacheDirectory, sha: str) -> bool:
     try:
         if os.path.isdir(path) and not os.path.islink(path):
             raise IsADirectoryError(21, "is a directory, not a cache file", str(path))
+        # A cache file goes under its header lock (no pin or hit is being written into it
+        # as it goes); a FIFO or link under the name is removed as a name.
+        return files.remove_checked(path, keep_pinned=False) is None
+    except NotRegularFile:
+        pass
+    try:
         os.unlink(path)
     except FileNotFoundError:
         return False
@@ -93,5 +100,17 @@ def rename_title(directory: CacheDirectory, sha: str, title: bytes) -> str:
                                trailer_bytes(kf.tool_map, title))
         except ChecksumMismatch as exc:
             raise ValueError(f"{sha[:12]}: {exc}") from None
-    delete(directory, sha)
+    _carry_pin_and_remove(directory, sha, new_sha)
     return new_sha
+
+
+def _carry_pin_and_remove(directory: CacheDirectory, old_sha: str, new_sha: str) -> None:
+    """Remove the old name of a retitled session, under its lock; a pin set on it while the
+    copy was written moves to the copy first."""
+    try:
+        with files.locked(directory.path_for(old_sha)) as fp:
+            if files.pinned_head(fp.read(PREFIX_BYTES)):
+                files.write_header_fields(directory.path_for(new_sha), ext_flags=lambda f: f | EXT_PINNED)
+            os.unlink(directory.path_for(old_sha))
+    except FileNotFoundError:
+        pass

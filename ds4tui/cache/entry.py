@@ -121,6 +121,8 @@ class KvEntry:
     # False for a FIFO, device, directory or symlink under a cache-file name:
     # never opened, never written, never evicted, counted as 0 bytes.
     regular: bool = True
+    # (inode, size, mtime_ns) of the version read: a destructive step acts only on that one.
+    stat_key: tuple[int, int, int] | None = None
 
     @property
     def valid(self) -> bool:
@@ -199,7 +201,9 @@ def inspect_file(path: str | os.PathLike, *, acceptor: Acceptor | None = ANY_DS4
     entry = KvEntry(path=str(path), sha=sha_from_name(path.name), file_bytes=0, deep=deep)
     try:
         with open_regular(path) as fp:
-            entry.file_bytes = os.fstat(fp.fileno()).st_size
+            st = os.fstat(fp.fileno())
+            entry.file_bytes = st.st_size
+            entry.stat_key = (st.st_ino, st.st_size, st.st_mtime_ns)
             failed = _read_header(entry, fp)
             if failed is not None:
                 return failed

@@ -87,12 +87,24 @@ class Rejected:
 
 @dataclass(frozen=True)
 class EvictedFile:
+    """One evicted file. `title`: a titled session's own; `held_by` / `held_by_title`: the
+    titled session whose text starts with this file's (the chat it belonged to), so an
+    owner can tell its user what went."""
+
     sha: str
     reason: str
     tokens: int
     hits: int
     bytes: int
     score: float
+    titled: bool = False
+    title: str | None = None
+    held_by: str | None = None
+    held_by_title: str | None = None
+
+    def owner(self) -> str | None:
+        """The sha of the chat this file belonged to: its own (titled) or its holder's."""
+        return self.sha if self.titled else self.held_by
 
 
 @dataclass(frozen=True)

@@ -155,14 +155,19 @@ def score_entries(entries: Iterable[KvEntry], policy: CachePolicy, now: float) -
             e.score = replace(e.score, superseded_factor=factor, score=cap)
 
 
-def choose_victims(entries: list[KvEntry], target_bytes: int, protect: frozenset[str] = frozenset()) -> list[KvEntry]:
+def choose_victims(entries: list[KvEntry], target_bytes: int, protect: frozenset[str] = frozenset(), *,
+                   total: int | None = None) -> list[KvEntry]:
     """Lowest score first (ties: least recently used first) until the total fits `target_bytes`.
+
+    `total`: the directory's bytes when `entries` leaves some out (files kept back by an
+    eviction pass still hold their space); the sum of `entries` by default.
 
     Entries need `score` set. Pinned and protected files, and names that are not
     regular files (a FIFO, a directory, a symlink: never ours to delete), are never chosen, so
     the result may leave the total above target when they alone exceed it.
     """
-    total = sum(e.file_bytes for e in entries)
+    if total is None:
+        total = sum(e.file_bytes for e in entries)
     candidates = [e for e in entries if e.regular and not e.pinned and (e.sha is None or e.sha not in protect)]
 
     def key(e: KvEntry):

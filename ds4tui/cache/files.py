@@ -6,6 +6,15 @@ reader sees no file or a whole file, and a crash leaves at most a temp file
 (which no scan lists; every scan removes those whose writer's PID is gone, see
 `remove_stale_tmp`, and they count toward the budget while they exist). In-place edits touch
 only hits/last_used and ext_flags, after checking the file is still KVC.
+
+The header lock: every ds4tui step that changes or removes an existing file
+(a header write, an eviction, a delete, a save replacing a file) takes
+`flock(LOCK_EX)` on that file and, holding it, checks that the name still
+points at the file it opened (and, for an eviction, that the file is the
+version that was scanned: inode, size, mtime, and not pinned). A pin can
+therefore never land in a file another process is unlinking, and an eviction
+planned from an older scan never removes a newer save or a file pinned since.
+ds4 takes no such lock (README, "Living beside ds4").
 Leaves to saving.py and edits.py: what to write, when, and the budget.
 """
 
@@ -21,7 +30,8 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -37,6 +47,8 @@ from ds4tui.format.kvc import (
     OFFSET_QUANT_BITS,
     QUANT_DS4TUI_MARK,
     OFFSET_HITS,
+    EXT_PINNED,
+    MAGIC,
     OFFSET_LAST_USED,
     PREFIX_BYTES,
     KvcFormatError,
@@ -46,11 +58,77 @@ from ds4tui.format.kvc import (
     encode_checksum,
     encode_header,
 )
-from ds4tui.cache.safe_open import open_regular
+from ds4tui.cache.safe_open import NotRegularFile, open_regular
 from ds4tui.format.payload import DSV4_HEADER_BYTES, unpack_dsv4_header
 
 WritePayload = Callable[[BinaryIO], Any]
 TMP_MARK = ".tmp."
+
+StatKey = tuple[int, int, int]  # (inode, size, mtime_ns): one version of a file
+# A name replaced between our open and our lock is opened again, this many times at most.
+LOCK_RETRIES = 8
+
+
+def stat_key(st: os.stat_result) -> StatKey:
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _same_file(path: Path, st: os.stat_result) -> bool:
+    """Whether `path` still names the file `st` describes (not removed, not replaced)."""
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
+
+
+@contextmanager
+def locked(path: str | Path, *, write: bool = False) -> Iterator[BinaryIO]:
+    """The regular file at `path`, opened and held under the header lock, the name checked to
+    still point at it after the lock was taken (a file replaced meanwhile is opened again).
+
+    Raises FileNotFoundError when the name is gone, NotRegularFile (an OSError) when it is not
+    a regular file."""
+    path = Path(path)
+    for _ in range(LOCK_RETRIES):
+        fp = open_regular(path, write=write)
+        try:
+            fcntl.flock(fp.fileno(), fcntl.LOCK_EX)
+            if not _same_file(path, os.fstat(fp.fileno())):
+                fp.close()
+                continue
+        except BaseException:
+            fp.close()
+            raise
+        with fp:
+            yield fp
+        return
+    raise FileNotFoundError(errno.ENOENT, "replaced again and again while being locked", str(path))
+
+
+def pinned_head(head: bytes) -> bool:
+    return len(head) > OFFSET_EXT_FLAGS and head[:3] == MAGIC and bool(head[OFFSET_EXT_FLAGS] & EXT_PINNED)
+
+
+# Why a removal did not happen (None: it did).
+GONE, CHANGED, PINNED = "gone", "changed since it was scanned", "pinned since it was scanned"
+
+
+def remove_checked(path: str | Path, expect: StatKey | None = None, *, keep_pinned: bool = True) -> str | None:
+    """Unlink `path` under its header lock, only if it is still the version `expect` (inode,
+    size, mtime_ns; None: any) and, with `keep_pinned`, not pinned. None when it was removed,
+    else why not (GONE, CHANGED, PINNED). Raises OSError when it cannot be removed."""
+    try:
+        with locked(path) as fp:
+            fd = fp.fileno()
+            if expect is not None and stat_key(os.fstat(fd)) != tuple(expect):
+                return CHANGED
+            if keep_pinned and pinned_head(os.pread(fd, PREFIX_BYTES, 0)):
+                return PINNED
+            os.unlink(path)
+            return None
+    except FileNotFoundError:
+        return GONE
 
 
 class PayloadSizeError(Exception):
@@ -96,7 +174,7 @@ def write_atomic(final: Path, header: KvcHeader, text: bytes, write_payload: Wri
             os.fsync(raw.fileno())
         created = header.created_at
         if new_name is None:
-            os.replace(tmp, final)
+            _install(tmp, final)
         else:
             final, created = _claim_new_name(tmp, new_name, created)
     except BaseException:
@@ -112,6 +190,53 @@ def write_atomic(final: Path, header: KvcHeader, text: bytes, write_payload: Wri
 
 
 MAX_NAME_BUMPS = 1000
+
+
+def _install(tmp: Path, final: Path) -> None:
+    """Rename `tmp` onto `final`. A file already there is replaced under its header lock, its
+    pin and hit count carried into the new file as they are at that moment (read under the
+    lock: a pin set after the save's scan is not lost); with nothing there, the name is
+    claimed by a hard link, so a file that appears meanwhile is locked and read first."""
+    for _ in range(LOCK_RETRIES):
+        try:
+            with locked(final) as old:
+                _inherit(tmp, old.read(PREFIX_BYTES))
+                os.replace(tmp, final)
+                return
+        except FileNotFoundError:
+            pass
+        except NotRegularFile:
+            os.replace(tmp, final)  # a FIFO or link under our name: never opened, replaced
+            return
+        try:
+            os.link(tmp, final)
+        except FileExistsError:
+            continue  # another save got there first: lock that one
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            os.replace(tmp, final)  # no hard links here: a narrow race remains
+            return
+        os.unlink(tmp)
+        return
+    os.replace(tmp, final)
+
+
+def _inherit(tmp: Path, old_head: bytes) -> None:
+    """Give our temp file the pin and hit count of the file it replaces (header bytes the
+    checksum does not cover)."""
+    try:
+        old = decode_header(old_head)
+    except KvcFormatError:
+        return
+    with open(tmp, "r+b") as fp:
+        mine = decode_header(fp.read(PREFIX_BYTES))
+        flags = mine.ext_flags | (old.ext_flags & EXT_PINNED)
+        if flags == mine.ext_flags and mine.hits == old.hits:
+            return
+        os.pwrite(fp.fileno(), struct.pack("<I", old.hits), OFFSET_HITS)
+        os.pwrite(fp.fileno(), bytes([flags]), OFFSET_EXT_FLAGS)
+        os.fsync(fp.fileno())
 
 
 def _claim_new_name(tmp: Path, new_name: Callable[[int], Path], created: int) -> tuple[Path, int]:
@@ -175,8 +300,9 @@ def write_header_fields(path: Path, *, hits: int | None = None, last_used: int |
     Only a regular file is opened, never through a symlink: a link named like a
     cache file must not make ds4tui write into its target outside the directory."""
     try:
-        with open_regular(path, write=True) as fp:
-            fcntl.flock(fp.fileno(), fcntl.LOCK_EX)  # serializes with other ds4tui header writers
+        # Under the header lock, the name re-checked: a write into a file that another
+        # process has just unlinked or replaced would report a pin that holds nothing.
+        with locked(path, write=True) as fp:
             header = decode_header(fp.read(PREFIX_BYTES))
             fd = fp.fileno()
             if hits is not None:
@@ -203,8 +329,7 @@ def repair_zeroed_header(path: Path, *, model_id: int, payload_abi: int, fingerp
     between re-read under that lock.
     """
     try:
-        with open_regular(path, write=True) as fp:
-            fcntl.flock(fp.fileno(), fcntl.LOCK_EX)
+        with locked(path, write=True) as fp:
             head = fp.read(PREFIX_BYTES)
             h = decode_header(head)
             if h.model_id != 0 or h.payload_abi != 0:
@@ -243,13 +368,11 @@ def read_text(path: str | Path, text_bytes: int) -> bytes | None:
 
 
 def unlink_if_same(path: Path, fp: BinaryIO) -> bool:
-    """Delete `path` only if it is still the open file `fp` (a writer may have replaced it)."""
+    """Delete `path` only if it is still the open file `fp`, unchanged (a writer may have
+    replaced or rewritten it), under the header lock."""
     try:
-        if os.lstat(path).st_ino != os.fstat(fp.fileno()).st_ino:
-            return False
-        os.unlink(path)
-        return True
-    except FileNotFoundError:
+        return remove_checked(path, stat_key(os.fstat(fp.fileno())), keep_pinned=False) is None
+    except OSError:
         return False
 
 

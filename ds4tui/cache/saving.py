@@ -12,7 +12,6 @@ order in which files go.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,13 +85,9 @@ def save(directory: CacheDirectory, text: bytes, *, tokens: int, reason: str, en
         entries = d.scan()
     except CacheDirError as exc:
         return failed(str(exc))
-    previous = next((e for e in entries if e.sha == sha and e.header is not None), None)
-    if previous is not None:
-        # Re-saving a session (the same name) keeps what belongs to the file, not to
-        # this state: its pin, and its hit counter (each resume counted one).
-        header = header.with_(hits=previous.header.hits)
-        if previous.pinned:
-            header = header.with_(ext_flags=header.ext_flags | EXT_PINNED)
+    # Re-saving a session (the same name) keeps what belongs to the file, not to this
+    # state: its pin and its hit counter (each resume counted one). files.write_atomic
+    # carries them over from the file it replaces, read under that file's lock.
     # Other saves in progress hold disk space too; they count as if pinned.
     pinned_bytes = sum(e.file_bytes for e in entries if e.pinned and e.sha != sha) + d.temp_bytes()
     if required + pinned_bytes > d.budget_bytes:
@@ -151,21 +146,51 @@ def evict(directory: CacheDirectory, *, budget_bytes: int | None = None, dry_run
 def apply_eviction(directory: CacheDirectory, entries: list[KvEntry], target: int,
                    protect: frozenset[str] = frozenset(), *, dry_run: bool = False, budget: int | None = None,
                    incoming: eviction.Incoming | None = None) -> Evicted:
-    """Delete (or, `dry_run`, only list) the victims that bring `entries` down to `target` bytes."""
-    gone = []
+    """Delete (or, `dry_run`, only list) the victims that bring `entries` down to `target` bytes.
+
+    Each victim is removed under its header lock and only as the version scanned
+    (files.remove_checked): one pinned, hit, or replaced by a newer save since the scan
+    stays, and the next candidate is taken instead."""
+    gone, kept = [], set()
     if sum(e.file_bytes for e in entries) > target:
         directory.score(entries, incoming)  # only now: scoring may read texts
-    for e in eviction.choose_victims(entries, target, protect):
-        if not dry_run:
-            try:
-                os.unlink(e.path)
-            except FileNotFoundError:
-                pass  # someone else evicted it: the space is free all the same
-            except OSError:
-                continue
-        h = e.header
-        gone.append(EvictedFile(sha=e.sha or Path(e.path).name, reason=h.reason if h else "unknown",
-                                tokens=h.tokens if h else 0, hits=h.hits if h else 0,
-                                bytes=e.file_bytes, score=e.score.score if e.score else 0.0))
+    titles: dict[str, str | None] = {e.sha: e.title for e in entries if e.sha and e.title is not None}
+
+    def title_of(sha: str | None) -> str | None:
+        """A holder's title (a quick scan did not read it: one file read per holder)."""
+        if sha is None:
+            return None
+        if sha not in titles:
+            titles[sha] = inspect_file(directory.path_for(sha), acceptor=None, preview_bytes=0).title
+        return titles[sha]
+    while True:
+        victims = eviction.choose_victims([e for e in entries if e.path not in kept], target, protect,
+                                          total=sum(e.file_bytes for e in entries)
+                                          - sum(f.bytes for f in gone))
+        if not victims:
+            break
+        for e in victims:
+            titled = bool(e.header and e.header.titled)
+            own_title = title_of(e.sha) if titled else None  # read before the file goes
+            if not dry_run:
+                why = _remove(e)
+                if why is not None and why != files.GONE:  # gone: someone else evicted it, the space is free
+                    kept.add(e.path)
+                    continue
+            kept.add(e.path)
+            h = e.header
+            gone.append(EvictedFile(sha=e.sha or Path(e.path).name, reason=h.reason if h else "unknown",
+                                    tokens=h.tokens if h else 0, hits=h.hits if h else 0,
+                                    bytes=e.file_bytes, score=e.score.score if e.score else 0.0,
+                                    titled=titled, title=own_title, held_by=e.held_by,
+                                    held_by_title=title_of(e.held_by)))
     return Evicted(tuple(gone), sum(f.bytes for f in gone),
                    directory.budget_bytes if budget is None else budget, dry_run)
+
+
+def _remove(e: KvEntry) -> str | None:
+    """Remove one victim as scanned; why not, or None when it was removed."""
+    try:
+        return files.remove_checked(e.path, e.stat_key)
+    except OSError:
+        return "cannot remove"

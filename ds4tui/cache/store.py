@@ -22,7 +22,10 @@ ds4 itself) saving and evicting in it at the same time:
 - only a file proven corrupt (truncated, hash or token-count mismatch) is
   deleted, and only if the name still points at the file that was read;
   a file that is intact but not loadable here (ds4's ABI, another model) is left alone;
-- in-place writes touch only hits/last_used (on a hit) and ext_flags bit 7 (pin).
+- in-place writes touch only hits/last_used (on a hit) and ext_flags bit 7 (pin);
+- every step that changes or removes an existing file holds its `flock` and re-checks,
+  under it, that the name still points at that file; an eviction also that it is the
+  version scanned and not pinned (files.locked, files.remove_checked).
 """
 
 from __future__ import annotations

@@ -71,6 +71,9 @@ class CacheChanges:
 
     shas: frozenset[str]
     directory_gone: bool = False
+    # Of `shas`, the files no longer there when the batch was delivered (evicted or deleted,
+    # by this process or another): an owner of one (a chat's saved session) can say so.
+    removed: frozenset[str] = frozenset()
 
 
 class _Handler(FileSystemEventHandler):
@@ -196,6 +199,9 @@ class CacheWatcher:
             self._last_at = now
             self._cond.notify_all()
 
+    def _removed(self, shas: frozenset[str]) -> frozenset[str]:
+        return frozenset(s for s in shas if not os.path.lexists(self.directory / f"{s}.kv"))
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -208,7 +214,8 @@ class CacheWatcher:
                 if now < due:
                     self._cond.wait(due - now)
                     continue
-                batch = CacheChanges(frozenset(self._pending), self._gone)
+                pending = frozenset(self._pending)
+                batch = CacheChanges(pending, self._gone, self._removed(pending))
                 self._pending = set()
                 self._gone = False
                 self._first_at = None

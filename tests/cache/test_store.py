@@ -496,3 +496,51 @@ def test_a_primed_lookup_reads_no_file_at_the_first_message(store, monkeypatch):
     monkeypatch.setattr(fresh, "text_of", lambda e: opened.append(e) or None)
     assert [e.sha for e in fresh.lookup("chat so far, and more", ENGINE)] == [titled.sha, plain.sha]
     assert opened == []
+
+
+# -- destructive steps re-check the file under its lock (README, "Several writers") ----------
+
+def test_an_eviction_planned_before_a_pin_leaves_the_pinned_file(store):
+    from ds4tui.cache.saving import apply_eviction
+
+    a, b = save(store, "first file").event, save(store, "second file").event
+    planned = store.scan()                 # the pass's scan, then another process pins one
+    assert store.set_pinned(a.sha, True)
+    ev = apply_eviction(store, planned, 0)
+    assert [f.sha for f in ev.files] == [b.sha]
+    assert Path(a.path).exists() and inspect_file(a.path).pinned and not Path(b.path).exists()
+
+
+def test_an_eviction_planned_before_a_re_save_leaves_the_newer_file(store):
+    from ds4tui.cache.saving import apply_eviction
+
+    old = save(store, "turn one", title="my chat", created_at=NOW).event
+    planned = store.scan()
+    new = save(store, "turn one, turn two", title="my chat", created_at=NOW, tokens=120).event
+    assert new.sha == old.sha
+    ev = apply_eviction(store, planned, 0)
+    assert ev.files == () and inspect_file(new.path).header.tokens == 120
+
+
+def test_a_re_save_keeps_a_pin_set_after_its_scan(store, monkeypatch):
+    from ds4tui.cache import files
+
+    first = save(store, "turn one", title="my chat", created_at=NOW).event
+    real = files.write_atomic
+
+    def pin_meanwhile(*a, **kw):           # another process pins while the new version is written
+        assert store.set_pinned(first.sha, True)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(files, "write_atomic", pin_meanwhile)
+    again = save(store, "turn one, turn two", title="my chat", created_at=NOW, tokens=120).event
+    assert inspect_file(again.path).pinned and inspect_file(again.path).header.tokens == 120
+
+
+def test_an_evicted_file_names_the_chat_it_belonged_to(tmp_path, clock):
+    store = KvStore(tmp_path / "kv", budget_mb=1, clock=clock)
+    part = save(store, "hello there", reason="continued").event
+    save(store, "hello there, and more", title="my chat", created_at=NOW, pinned=True)
+    ev = store.evict(budget_bytes=0)
+    (gone,) = ev.files
+    assert gone.sha == part.sha and gone.held_by_title == "my chat" and gone.owner() == gone.held_by

@@ -64,3 +64,87 @@ def test_two_processes_saving_and_evicting_leave_a_consistent_directory(tmp_path
     for e in entries:
         assert inspect_file(e.path, acceptor=ENGINE).valid, e.error
     assert sum(e.file_bytes for e in entries) <= store.budget_bytes
+
+
+# One process saves and pins while another evicts everything that is not pinned, as fast as
+# it can, in the same directory (the race of `kv pin X` beside a running eviction pass, and
+# of a re-save landing between another process's scan and its unlink).
+PINNER = textwrap.dedent("""
+    import json, os, random, sys, time
+    from ds4tui.cache import Acceptor, KvStore
+
+    directory, go, done, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    deadline = time.time() + 20
+    while not os.path.exists(go) and time.time() < deadline:
+        time.sleep(0.002)
+    rng = random.Random(7)
+    engine = Acceptor(model_id=0x80, ctx_size=4096, quant_bits=8)
+    store = KvStore(directory, budget_mb=64)
+    data = bytes(6000)
+    # name -> whether it must be pinned at the end (the last pin / unpin that succeeded)
+    expect = {}
+    for i in range(rounds):
+        k = rng.randrange(6)
+        pin = rng.random() < 0.5
+        titled = rng.random() < 0.5
+        if titled:   # a titled session saved again under its name, pinned or not;
+            # saved unpinned, it keeps the pin its file has at the moment it replaces it
+            res = store.save(f"chat {k} turn {i}", title=f"chat {k}", created_at=1_700_000_000 + k,
+                             tokens=10 + i, reason="shutdown", engine=engine, payload_bytes=len(data),
+                             write_payload=lambda fp: fp.write(data), pinned=pin)
+        else:                    # an untitled checkpoint, then `kv pin` of it
+            res = store.save(f"untitled {k} {i}", tokens=10 + i, reason="continued", engine=engine,
+                             payload_bytes=len(data), write_payload=lambda fp: fp.write(data))
+        assert res.ok, res.event
+        sha = res.event.sha
+        if titled and pin:
+            expect[sha] = True                # saved pinned
+        if rng.random() < 0.7:
+            if store.set_pinned(sha, True):   # said "pinned": must hold whatever the evictor does
+                expect[sha] = True
+        elif rng.random() < 0.3 and store.set_pinned(sha, False):
+            expect.pop(sha, None)             # unpinned: eviction may take it
+    with open(done, "w") as fp:
+        json.dump(sorted(expect), fp)
+""")
+
+EVICTOR = textwrap.dedent("""
+    import os, sys, time
+    from ds4tui.cache import KvStore
+
+    directory, go, done = sys.argv[1], sys.argv[2], sys.argv[3]
+    deadline = time.time() + 20
+    while not os.path.exists(go) and time.time() < deadline:
+        time.sleep(0.002)
+    store = KvStore(directory, budget_mb=64)
+    passes = removed = 0
+    while not os.path.exists(done) and time.time() < deadline:
+        ev = store.evict(budget_bytes=0)  # everything that is not pinned goes
+        passes += 1
+        removed += len(ev.files)
+    print(passes, removed)
+""")
+
+
+def test_a_pin_or_a_newer_save_made_during_another_processs_eviction_is_never_lost(tmp_path):
+    directory, go, done = tmp_path / "kv", tmp_path / "go", tmp_path / "done.json"
+    directory.mkdir()
+    rounds = 100
+    pinner = subprocess.Popen([sys.executable, "-c", PINNER, str(directory), str(go), str(done), str(rounds)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    evictor = subprocess.Popen([sys.executable, "-c", EVICTOR, str(directory), str(go), str(done)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    go.touch()
+    out, err = pinner.communicate(timeout=120)
+    assert pinner.returncode == 0, err[-2000:]
+    out, err = evictor.communicate(timeout=60)
+    assert evictor.returncode == 0, err[-2000:]
+    passes, removed = map(int, out.split())
+    assert passes > 5 and removed > 0  # the two really ran side by side
+    import json
+
+    must_stay = json.loads(done.read_text())
+    assert must_stay
+    for sha in must_stay:
+        e = inspect_file(directory / f"{sha}.kv", acceptor=ENGINE)
+        assert e.valid and e.pinned, (sha, e.error)

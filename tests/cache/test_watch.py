@@ -67,7 +67,10 @@ def test_follows_create_touch_remove_from_another_process(watched):
     directory, batches = watched
     for op in ("create", "touch", "remove"):
         _other_process(directory, op, SHA_A)
-        assert _next_batch(batches).shas == {SHA_A}, op
+        batch = _next_batch(batches)
+        assert batch.shas == {SHA_A}, op
+        # An owner learns its file went (an eviction or a delete elsewhere), and only then.
+        assert batch.removed == ({SHA_A} if op == "remove" else set()), op
 
 
 def test_reads_tmp_files_and_other_names_are_not_changes(watched):
