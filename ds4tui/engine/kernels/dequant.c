@@ -24,7 +24,150 @@
  *   Q6_K  ql[128], qh[64], scales[16] (int8), d: element e = 128h + 32s + l (h < 2, s < 4,
  *         l < 32) has low 4 bits from ql[64h + 32(s & 1) + l] (>> 4 when s >= 2), high 2 bits
  *         (qh[32h + l] >> 2s) & 3; w = (d scales[e / 16]) (q - 32)
+ *   Q2_K  scales[16], qs[64], d, dmin: element e = 128h + 32s + l is (qs[32h + l] >> 2s) & 3;
+ *         scales[e / 16] holds its sub-block's 4-bit scale (low nibble) and min (high);
+ *         w = (d sc) q - (dmin m)
+ *   IQ2_XXS  d, then 8 sub-blocks of 32 as two u32: a0 = four grid indexes (one per 8
+ *         weights), a1 = four 7-bit sign fields (bits 7l..7l+6) and a 4-bit scale (bits 28..31);
+ *         db = d (0.5 + scale) / 4; weight j of group l = db * grid[a0 byte l][j], negated
+ *         where bit j of the group's signs is set; the eighth sign bit is the parity of the
+ *         seven stored ones (an even number of negatives per 8)
  */
+
+/* IQ2_XXS's codebook (GGML's iq2xxs_grid): 256 groups of 8 magnitudes, byte j of entry k
+ * = magnitude j of group k, each 8, 25 or 43. gguf-py keeps the same table (IQ2_XXS.grid);
+ * the tests compare every entry through dequantization. */
+static const uint64_t iq2xxs_grid[256] = {
+    0x0808080808080808ull, 0x080808080808082bull, 0x0808080808081919ull, 0x0808080808082b08ull,
+    0x0808080808082b2bull, 0x0808080808190819ull, 0x0808080808191908ull, 0x08080808082b0808ull,
+    0x08080808082b082bull, 0x08080808082b2b08ull, 0x08080808082b2b2bull, 0x0808080819080819ull,
+    0x0808080819081908ull, 0x0808080819190808ull, 0x0808080819192b08ull, 0x08080808192b0819ull,
+    0x08080808192b1908ull, 0x080808082b080808ull, 0x080808082b08082bull, 0x080808082b082b2bull,
+    0x080808082b2b082bull, 0x0808081908080819ull, 0x0808081908081908ull, 0x0808081908190808ull,
+    0x0808081908191919ull, 0x0808081919080808ull, 0x080808192b081908ull, 0x080808192b192b08ull,
+    0x0808082b08080808ull, 0x0808082b0808082bull, 0x0808082b082b082bull, 0x0808082b2b08082bull,
+    0x0808190808080819ull, 0x0808190808081908ull, 0x0808190808190808ull, 0x08081908082b0819ull,
+    0x08081908082b1908ull, 0x0808190819080808ull, 0x080819081908082bull, 0x0808190819082b08ull,
+    0x08081908192b0808ull, 0x080819082b080819ull, 0x080819082b081908ull, 0x080819082b190808ull,
+    0x080819082b2b1908ull, 0x0808191908080808ull, 0x080819190808082bull, 0x0808191908082b08ull,
+    0x08081919082b0808ull, 0x080819191908192bull, 0x08081919192b2b19ull, 0x080819192b080808ull,
+    0x080819192b190819ull, 0x0808192b08082b19ull, 0x0808192b08190808ull, 0x0808192b19080808ull,
+    0x0808192b2b081908ull, 0x0808192b2b2b1908ull, 0x08082b0808080808ull, 0x08082b0808081919ull,
+    0x08082b0808082b08ull, 0x08082b0808191908ull, 0x08082b08082b2b08ull, 0x08082b0819080819ull,
+    0x08082b0819081908ull, 0x08082b0819190808ull, 0x08082b081919082bull, 0x08082b082b082b08ull,
+    0x08082b1908081908ull, 0x08082b1919080808ull, 0x08082b2b0808082bull, 0x08082b2b08191908ull,
+    0x0819080808080819ull, 0x0819080808081908ull, 0x0819080808190808ull, 0x08190808082b0819ull,
+    0x0819080819080808ull, 0x08190808192b0808ull, 0x081908082b081908ull, 0x081908082b190808ull,
+    0x081908082b191919ull, 0x0819081908080808ull, 0x0819081908082b08ull, 0x08190819082b0808ull,
+    0x0819081919190808ull, 0x0819081919192b2bull, 0x081908192b080808ull, 0x0819082b082b1908ull,
+    0x0819082b19081919ull, 0x0819190808080808ull, 0x0819190808082b08ull, 0x08191908082b0808ull,
+    0x08191908082b1919ull, 0x0819190819082b19ull, 0x081919082b080808ull, 0x0819191908192b08ull,
+    0x08191919192b082bull, 0x0819192b08080808ull, 0x0819192b0819192bull, 0x08192b0808080819ull,
+    0x08192b0808081908ull, 0x08192b0808190808ull, 0x08192b0819080808ull, 0x08192b082b080819ull,
+    0x08192b1908080808ull, 0x08192b1908081919ull, 0x08192b192b2b0808ull, 0x08192b2b19190819ull,
+    0x082b080808080808ull, 0x082b08080808082bull, 0x082b080808082b2bull, 0x082b080819081908ull,
+    0x082b0808192b0819ull, 0x082b08082b080808ull, 0x082b08082b08082bull, 0x082b0819082b2b19ull,
+    0x082b081919082b08ull, 0x082b082b08080808ull, 0x082b082b0808082bull, 0x082b190808080819ull,
+    0x082b190808081908ull, 0x082b190808190808ull, 0x082b190819080808ull, 0x082b19081919192bull,
+    0x082b191908080808ull, 0x082b191919080819ull, 0x082b1919192b1908ull, 0x082b192b2b190808ull,
+    0x082b2b0808082b08ull, 0x082b2b08082b0808ull, 0x082b2b082b191908ull, 0x082b2b2b19081908ull,
+    0x1908080808080819ull, 0x1908080808081908ull, 0x1908080808190808ull, 0x1908080808192b08ull,
+    0x19080808082b0819ull, 0x19080808082b1908ull, 0x1908080819080808ull, 0x1908080819082b08ull,
+    0x190808081919192bull, 0x19080808192b0808ull, 0x190808082b080819ull, 0x190808082b081908ull,
+    0x190808082b190808ull, 0x1908081908080808ull, 0x19080819082b0808ull, 0x19080819192b0819ull,
+    0x190808192b080808ull, 0x190808192b081919ull, 0x1908082b08080819ull, 0x1908082b08190808ull,
+    0x1908082b19082b08ull, 0x1908082b1919192bull, 0x1908082b192b2b08ull, 0x1908190808080808ull,
+    0x1908190808082b08ull, 0x19081908082b0808ull, 0x190819082b080808ull, 0x190819082b192b19ull,
+    0x190819190819082bull, 0x19081919082b1908ull, 0x1908192b08080808ull, 0x19082b0808080819ull,
+    0x19082b0808081908ull, 0x19082b0808190808ull, 0x19082b0819080808ull, 0x19082b0819081919ull,
+    0x19082b1908080808ull, 0x19082b1919192b08ull, 0x19082b19192b0819ull, 0x19082b192b08082bull,
+    0x19082b2b19081919ull, 0x19082b2b2b190808ull, 0x1919080808080808ull, 0x1919080808082b08ull,
+    0x1919080808190819ull, 0x1919080808192b19ull, 0x19190808082b0808ull, 0x191908082b080808ull,
+    0x191908082b082b08ull, 0x1919081908081908ull, 0x191908191908082bull, 0x191908192b2b1908ull,
+    0x1919082b2b190819ull, 0x191919082b190808ull, 0x191919082b19082bull, 0x1919191908082b2bull,
+    0x1919192b08080819ull, 0x1919192b19191908ull, 0x19192b0808080808ull, 0x19192b0808190819ull,
+    0x19192b0808192b19ull, 0x19192b08192b1908ull, 0x19192b1919080808ull, 0x19192b2b08082b08ull,
+    0x192b080808081908ull, 0x192b080808190808ull, 0x192b080819080808ull, 0x192b0808192b2b08ull,
+    0x192b081908080808ull, 0x192b081919191919ull, 0x192b082b08192b08ull, 0x192b082b192b0808ull,
+    0x192b190808080808ull, 0x192b190808081919ull, 0x192b191908190808ull, 0x192b19190819082bull,
+    0x192b19192b081908ull, 0x192b2b081908082bull, 0x2b08080808080808ull, 0x2b0808080808082bull,
+    0x2b08080808082b2bull, 0x2b08080819080819ull, 0x2b0808082b08082bull, 0x2b08081908081908ull,
+    0x2b08081908192b08ull, 0x2b08081919080808ull, 0x2b08082b08190819ull, 0x2b08190808080819ull,
+    0x2b08190808081908ull, 0x2b08190808190808ull, 0x2b08190808191919ull, 0x2b08190819080808ull,
+    0x2b081908192b0808ull, 0x2b08191908080808ull, 0x2b0819191908192bull, 0x2b0819192b191908ull,
+    0x2b08192b08082b19ull, 0x2b08192b19080808ull, 0x2b08192b192b0808ull, 0x2b082b080808082bull,
+    0x2b082b1908081908ull, 0x2b082b2b08190819ull, 0x2b19080808081908ull, 0x2b19080808190808ull,
+    0x2b190808082b1908ull, 0x2b19080819080808ull, 0x2b1908082b2b0819ull, 0x2b1908190819192bull,
+    0x2b1908192b080808ull, 0x2b19082b19081919ull, 0x2b19190808080808ull, 0x2b191908082b082bull,
+    0x2b19190819081908ull, 0x2b19191919190819ull, 0x2b192b082b080819ull, 0x2b192b19082b0808ull,
+    0x2b2b08080808082bull, 0x2b2b080819190808ull, 0x2b2b08082b081919ull, 0x2b2b081908082b19ull,
+    0x2b2b082b08080808ull, 0x2b2b190808192b08ull, 0x2b2b2b0819190808ull, 0x2b2b2b1908081908ull,
+};
+
+/* iq2xxs_signs[s7]: byte j = 0xff where weight j of a group with stored sign bits s7 is
+ * negative (bits 0..6 = s7, bit 7 = the parity of s7), 0 elsewhere: the signs are then
+ * applied in the byte domain as (g ^ m) - m, 8 weights at a time without a per-bit loop. */
+static const uint64_t iq2xxs_signs[128] = {
+    0x0000000000000000ull, 0xff000000000000ffull, 0xff0000000000ff00ull, 0x000000000000ffffull,
+    0xff00000000ff0000ull, 0x0000000000ff00ffull, 0x0000000000ffff00ull, 0xff00000000ffffffull,
+    0xff000000ff000000ull, 0x00000000ff0000ffull, 0x00000000ff00ff00ull, 0xff000000ff00ffffull,
+    0x00000000ffff0000ull, 0xff000000ffff00ffull, 0xff000000ffffff00ull, 0x00000000ffffffffull,
+    0xff0000ff00000000ull, 0x000000ff000000ffull, 0x000000ff0000ff00ull, 0xff0000ff0000ffffull,
+    0x000000ff00ff0000ull, 0xff0000ff00ff00ffull, 0xff0000ff00ffff00ull, 0x000000ff00ffffffull,
+    0x000000ffff000000ull, 0xff0000ffff0000ffull, 0xff0000ffff00ff00ull, 0x000000ffff00ffffull,
+    0xff0000ffffff0000ull, 0x000000ffffff00ffull, 0x000000ffffffff00ull, 0xff0000ffffffffffull,
+    0xff00ff0000000000ull, 0x0000ff00000000ffull, 0x0000ff000000ff00ull, 0xff00ff000000ffffull,
+    0x0000ff0000ff0000ull, 0xff00ff0000ff00ffull, 0xff00ff0000ffff00ull, 0x0000ff0000ffffffull,
+    0x0000ff00ff000000ull, 0xff00ff00ff0000ffull, 0xff00ff00ff00ff00ull, 0x0000ff00ff00ffffull,
+    0xff00ff00ffff0000ull, 0x0000ff00ffff00ffull, 0x0000ff00ffffff00ull, 0xff00ff00ffffffffull,
+    0x0000ffff00000000ull, 0xff00ffff000000ffull, 0xff00ffff0000ff00ull, 0x0000ffff0000ffffull,
+    0xff00ffff00ff0000ull, 0x0000ffff00ff00ffull, 0x0000ffff00ffff00ull, 0xff00ffff00ffffffull,
+    0xff00ffffff000000ull, 0x0000ffffff0000ffull, 0x0000ffffff00ff00ull, 0xff00ffffff00ffffull,
+    0x0000ffffffff0000ull, 0xff00ffffffff00ffull, 0xff00ffffffffff00ull, 0x0000ffffffffffffull,
+    0xffff000000000000ull, 0x00ff0000000000ffull, 0x00ff00000000ff00ull, 0xffff00000000ffffull,
+    0x00ff000000ff0000ull, 0xffff000000ff00ffull, 0xffff000000ffff00ull, 0x00ff000000ffffffull,
+    0x00ff0000ff000000ull, 0xffff0000ff0000ffull, 0xffff0000ff00ff00ull, 0x00ff0000ff00ffffull,
+    0xffff0000ffff0000ull, 0x00ff0000ffff00ffull, 0x00ff0000ffffff00ull, 0xffff0000ffffffffull,
+    0x00ff00ff00000000ull, 0xffff00ff000000ffull, 0xffff00ff0000ff00ull, 0x00ff00ff0000ffffull,
+    0xffff00ff00ff0000ull, 0x00ff00ff00ff00ffull, 0x00ff00ff00ffff00ull, 0xffff00ff00ffffffull,
+    0xffff00ffff000000ull, 0x00ff00ffff0000ffull, 0x00ff00ffff00ff00ull, 0xffff00ffff00ffffull,
+    0x00ff00ffffff0000ull, 0xffff00ffffff00ffull, 0xffff00ffffffff00ull, 0x00ff00ffffffffffull,
+    0x00ffff0000000000ull, 0xffffff00000000ffull, 0xffffff000000ff00ull, 0x00ffff000000ffffull,
+    0xffffff0000ff0000ull, 0x00ffff0000ff00ffull, 0x00ffff0000ffff00ull, 0xffffff0000ffffffull,
+    0xffffff00ff000000ull, 0x00ffff00ff0000ffull, 0x00ffff00ff00ff00ull, 0xffffff00ff00ffffull,
+    0x00ffff00ffff0000ull, 0xffffff00ffff00ffull, 0xffffff00ffffff00ull, 0x00ffff00ffffffffull,
+    0xffffffff00000000ull, 0x00ffffff000000ffull, 0x00ffffff0000ff00ull, 0xffffffff0000ffffull,
+    0x00ffffff00ff0000ull, 0xffffffff00ff00ffull, 0xffffffff00ffff00ull, 0x00ffffff00ffffffull,
+    0x00ffffffff000000ull, 0xffffffffff0000ffull, 0xffffffffff00ff00ull, 0x00ffffffff00ffffull,
+    0xffffffffffff0000ull, 0x00ffffffffff00ffull, 0x00ffffffffffff00ull, 0xffffffffffffffffull,
+};
+
+/* The 32 weights of sub-block ib of the IQ2_XXS block at p as signed bytes (quants 0..15
+ * in lo, 16..31 in hi) and its scale: weight = db * byte, the same product as gguf's
+ * (db * magnitude) * sign since rounding is symmetric in the sign. */
+static inline void iq2xxs_quants(const uint8_t *p, int ib, vb *lo, vb *hi, float *db) {
+    uint32_t a0, a1;
+    memcpy(&a0, p + 2 + 8 * ib, 4);
+    memcpy(&a1, p + 6 + 8 * ib, 4);
+    *db = h2f(p) * (0.5f + (float)(a1 >> 28)) * 0.25f;
+#if DS4K_ISA >= 1
+    const __m256i g = _mm256_setr_epi64x((long long)iq2xxs_grid[a0 & 255], (long long)iq2xxs_grid[(a0 >> 8) & 255],
+                                         (long long)iq2xxs_grid[(a0 >> 16) & 255], (long long)iq2xxs_grid[a0 >> 24]);
+    const __m256i m = _mm256_setr_epi64x((long long)iq2xxs_signs[a1 & 127], (long long)iq2xxs_signs[(a1 >> 7) & 127],
+                                         (long long)iq2xxs_signs[(a1 >> 14) & 127], (long long)iq2xxs_signs[(a1 >> 21) & 127]);
+    const __m256i v = _mm256_sub_epi8(_mm256_xor_si256(g, m), m);
+    *lo = _mm256_castsi256_si128(v), *hi = _mm256_extracti128_si256(v, 1);
+#else
+    for (int l = 0; l < 4; l++) {
+        const uint64_t g = iq2xxs_grid[(a0 >> (8 * l)) & 255], m = iq2xxs_signs[(a1 >> (7 * l)) & 127];
+        uint8_t *dst = l < 2 ? lo->b + 8 * l : hi->b + 8 * (l - 2);
+        for (int j = 0; j < 8; j++) {
+            const uint8_t gj = (uint8_t)(g >> (8 * j)), mj = (uint8_t)(m >> (8 * j));
+            dst[j] = (uint8_t)((gj ^ mj) - mj);
+        }
+    }
+#endif
+}
 
 /* The 6-bit scale and min of sub-block i of a Q4_K/Q5_K block (GGML's get_scale_min_k4). */
 static inline void k4_scale_min(const uint8_t *s, int i, uint8_t *sc, uint8_t *mn) {
@@ -59,7 +202,7 @@ static int dequant_row_vec(int type, const uint8_t *p, int64_t cols, float *out)
     const int qk = ds4k_block_weights(type), bs = ds4k_block_bytes(type);
     switch (type) {
     case DS4K_Q4_0: case DS4K_Q4_1: case DS4K_Q5_0: case DS4K_Q5_1: case DS4K_Q8_0:
-    case DS4K_Q4_K: case DS4K_Q5_K: case DS4K_Q6_K: break;
+    case DS4K_Q4_K: case DS4K_Q5_K: case DS4K_Q6_K: case DS4K_Q2_K: case DS4K_IQ2_XXS: break;
     default: return 0;
     }
     for (int64_t b = 0; b < cols / qk; b++, p += bs, out += qk) {
@@ -137,6 +280,28 @@ static int dequant_row_vec(int type, const uint8_t *p, int64_t cols, float *out)
             }
             break;
         }
+        case DS4K_Q2_K: {
+            const float d = h2f(p + 80), dmin = h2f(p + 82);
+            for (int h = 0; h < 2; h++)
+                for (int half = 0; half < 2; half++) {
+                    const vb v = vb_load(p + 16 + 32 * h + 16 * half);
+                    for (int s = 0; s < 4; s++) {
+                        const int e = 128 * h + 32 * s + 16 * half;
+                        const uint8_t sc = p[e / 16];
+                        dq_put(out + e, vf_u8(vb_bits(v, 2 * s, 3)), d * (float)(sc & 15), 1, -(dmin * (float)(sc >> 4)));
+                    }
+                }
+            break;
+        }
+        case DS4K_IQ2_XXS:
+            for (int ib = 0; ib < 8; ib++) {
+                vb lo, hi;
+                float db;
+                iq2xxs_quants(p, ib, &lo, &hi, &db);
+                dq_put(out + 32 * ib, vf_i8(lo), db, 0, 0.0f);
+                dq_put(out + 32 * ib + 16, vf_i8(hi), db, 0, 0.0f);
+            }
+            break;
         default: break;
         }
     }
@@ -224,6 +389,33 @@ static void dequant_row(int type, const uint8_t *p, int64_t cols, float *out) {
                 uint8_t lo = ql[64 * h + 32 * (s & 1) + l];
                 int v = (s >= 2 ? lo >> 4 : lo & 15) | (((qh[32 * h + l] >> (2 * s)) & 3) << 4);
                 out[e] = (d * (float)sc[e / 16]) * (float)(v - 32);
+            }
+            break;
+        }
+        case DS4K_Q2_K: {
+            const float d = h2f(p + 80), dmin = h2f(p + 82);
+            for (int e = 0; e < 256; e++) {
+                const int q = (p[16 + 32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+                const uint8_t sc = p[e / 16];
+                out[e] = (d * (float)(sc & 15)) * (float)q - dmin * (float)(sc >> 4);
+            }
+            break;
+        }
+        case DS4K_IQ2_XXS: {
+            const float d = h2f(p);
+            for (int ib = 0; ib < 8; ib++) {
+                uint32_t a0, a1;
+                memcpy(&a0, p + 2 + 8 * ib, 4);
+                memcpy(&a1, p + 6 + 8 * ib, 4);
+                const float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+                for (int l = 0; l < 4; l++) {
+                    const uint32_t s7 = (a1 >> (7 * l)) & 127, signs = s7 | (uint32_t)__builtin_parity(s7) << 7;
+                    const uint64_t g = iq2xxs_grid[(a0 >> (8 * l)) & 255];
+                    for (int j = 0; j < 8; j++) {
+                        const float w = db * (float)((g >> (8 * j)) & 255);
+                        out[32 * ib + 8 * l + j] = (signs >> j) & 1 ? -w : w;
+                    }
+                }
             }
             break;
         }

@@ -22,9 +22,11 @@
 #define DS4K_Q5_0 6
 #define DS4K_Q5_1 7
 #define DS4K_Q8_0 8
+#define DS4K_Q2_K 10
 #define DS4K_Q4_K 12
 #define DS4K_Q5_K 13
 #define DS4K_Q6_K 14
+#define DS4K_IQ2_XXS 16
 #define DS4K_BF16 30
 
 /* Weights per block and bytes per block of a type; 0 for a type the kernels do not read. */
@@ -32,7 +34,7 @@ static inline int ds4k_block_weights(int type) {
     switch (type) {
     case DS4K_F32: case DS4K_F16: case DS4K_BF16: return 1;
     case DS4K_Q4_0: case DS4K_Q4_1: case DS4K_Q5_0: case DS4K_Q5_1: case DS4K_Q8_0: return 32;
-    case DS4K_Q4_K: case DS4K_Q5_K: case DS4K_Q6_K: return 256;
+    case DS4K_Q2_K: case DS4K_Q4_K: case DS4K_Q5_K: case DS4K_Q6_K: case DS4K_IQ2_XXS: return 256;
     default: return 0;
     }
 }
@@ -46,9 +48,11 @@ static inline int ds4k_block_bytes(int type) {
     case DS4K_Q5_0: return 22;
     case DS4K_Q5_1: return 24;
     case DS4K_Q8_0: return 34;
+    case DS4K_Q2_K: return 84;
     case DS4K_Q4_K: return 144;
     case DS4K_Q5_K: return 176;
     case DS4K_Q6_K: return 210;
+    case DS4K_IQ2_XXS: return 66;
     default: return 0;
     }
 }

@@ -1,7 +1,7 @@
 /* qgemv.c: batch-1 matrix-vector products y = W x, W in GGUF layouts, x and y fp32.
  *
  * Owns: one block kernel per weight type (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
- * Q4_K, Q5_K, Q6_K) written against simd.h, the row loop around them, and gemv, which
+ * Q2_K, Q4_K, Q5_K, Q6_K, IQ2_XXS) written against simd.h, the row loop around them, and gemv, which
  * splits the rows of a (possibly multi-part) matrix into fixed chunks for the pool.
  * Leaves to callers (dispatch.c, llama_step.c): argument checks and which weights take
  * this path. Compiled once per ISA by isa.c.
@@ -13,7 +13,7 @@
  *
  * Each block kernel widens 16 quants at a time to floats and FMAs them against x. Offsets
  * (Q4_1/Q5_1 m, K-quant mins) use sum_j (s q_j - o) x_j = s sum_j q_j x_j - o sum_j x_j
- * with the per-32 sums of x computed once per call, not once per row. Signed types
+ * with the per-32 sums of x (per-16 for Q2_K) computed once per call, not once per row. Signed types
  * subtract their offset in the byte domain (exact). Rows go in pairs: the x loads are
  * shared and two accumulator chains hide FMA latency. Software prefetch ahead of each row
  * stream: the hardware prefetcher alone left the Q8_0 head far below DRAM speed (docs/perf.md,
@@ -393,6 +393,80 @@ static inline void blk_qk45(const uint8_t *p, const float *x, const float *xs, v
 #endif
 }
 
+/* Q2_K: 16 sub-blocks of 16 with a 4-bit scale and min each; the min terms are dmin m_j
+ * times the per-16 sums of x (xs16), folded into the accumulator with one vector FMA. The
+ * vector builds zero-extend each 16 quant bytes to dwords once and take the four 2-bit
+ * fields from them by shifts. */
+static inline void blk_q2_k(const uint8_t *p, const float *x, const float *xs16, va *acc, float *off) {
+    const float d = h2f(p + 80), dmin = h2f(p + 82);
+    const uint8_t *qs = p + 16;
+#if DS4K_ISA >= 1
+    (void)off;
+    const __m128i sc = _mm_loadu_si128((const __m128i *)p), m0f = _mm_set1_epi8(15);
+    const __m128i scl = _mm_and_si128(sc, m0f), mnh = _mm_and_si128(_mm_srli_epi16(sc, 4), m0f);
+#if DS4K_ISA >= 2
+    const __m512 scd = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(scl)));
+    const __m512 mnd = _mm512_mul_ps(_mm512_set1_ps(dmin), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mnh)));
+    *acc = _mm512_fnmadd_ps(mnd, _mm512_loadu_ps(xs16), *acc);
+    const __m512i k3 = _mm512_set1_epi32(3);
+    for (int h = 0; h < 2; h++)
+        for (int half = 0; half < 2; half++) {
+            const __m512i z = nib_bytes(qs + 32 * h + 16 * half);
+            for (int s = 0; s < 4; s++) {
+                const int e = 128 * h + 32 * s + 16 * half;
+                const vf q = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(z, 2 * s), k3));
+                *acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_set1_epi32(e / 16), scd), va_dot16(q, vf_load(x + e)), *acc);
+            }
+        }
+#else
+    const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(dmin);
+    float scm[16] __attribute__((aligned(32)));
+    _mm256_store_ps(scm, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scl))));
+    _mm256_store_ps(scm + 8, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(scl, scl)))));
+    *acc = _mm256_fnmadd_ps(_mm256_mul_ps(mv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mnh))), _mm256_loadu_ps(xs16), *acc);
+    *acc = _mm256_fnmadd_ps(_mm256_mul_ps(mv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(mnh, mnh)))),
+                            _mm256_loadu_ps(xs16 + 8), *acc);
+    const __m256i k3 = _mm256_set1_epi32(3);
+    for (int h = 0; h < 2; h++)
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *q8 = qs + 32 * h + 16 * half;
+            const __m256i z0 = zx8(q8), z1 = zx8(q8 + 8);
+            for (int s = 0; s < 4; s++) {
+                const int e = 128 * h + 32 * s + 16 * half;
+                const vf q = {_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(z0, 2 * s), k3)),
+                              _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(z1, 2 * s), k3))};
+                *acc = _mm256_fmadd_ps(_mm256_broadcast_ss(scm + e / 16), va_dot16(q, vf_load(x + e)), *acc);
+            }
+        }
+#endif
+#else
+    float o = 0.0f;
+    for (int h = 0; h < 2; h++)
+        for (int half = 0; half < 2; half++) {
+            const vb v = vb_load(qs + 32 * h + 16 * half);
+            for (int s = 0; s < 4; s++) {
+                const int e = 128 * h + 32 * s + 16 * half;
+                const uint8_t sc = p[e / 16];
+                *acc = va_scale_add(d * (float)(sc & 15), va_dot16(vf_u8(vb_bits(v, 2 * s, 3)), vf_load(x + e)), *acc);
+                o += (float)(sc >> 4) * xs16[e / 16];
+            }
+        }
+    *off -= dmin * o;
+#endif
+}
+
+/* IQ2_XXS: 8 sub-blocks of 32 signed bytes (dequant.c's iq2xxs_quants: 4 grid lookups and
+ * the signs applied in the byte domain), each dot product scaled by its db. */
+static inline void blk_iq2_xxs(const uint8_t *p, const float *x, const float *xs, va *acc, float *off) {
+    (void)xs, (void)off;
+    for (int ib = 0; ib < 8; ib++) {
+        vb lo, hi;
+        float db;
+        iq2xxs_quants(p, ib, &lo, &hi, &db);
+        *acc = va_scale_add(db, va_dot32(vf_i8(lo), vf_i8(hi), vf_load(x + 32 * ib), vf_load(x + 32 * ib + 16)), *acc);
+    }
+}
+
 static inline void blk_q4_k(const uint8_t *p, const float *x, const float *xs, va *acc, float *off) {
     blk_qk45(p, x, xs, acc, off, 0);
 }
@@ -505,8 +579,9 @@ static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, v
 }
 #endif
 
-/* rows [r0, r1) of a matrix of nb 256-weight superblocks of BYTES bytes per row */
-#define BLOCK256_ROWS(NAME, BLK, BYTES)                                                       \
+/* rows [r0, r1) of a matrix of nb 256-weight superblocks of BYTES bytes per row; XS sums
+ * of x per superblock (8: per 32, 16: per 16) */
+#define BLOCK256_ROWS(NAME, BLK, BYTES, XS)                                                     \
     static void NAME(const uint8_t *w, int64_t nb, const float *x, const float *xs, float *y, \
                      int64_t r0, int64_t r1) {                                                \
         const int64_t rb = nb * (BYTES);                                                      \
@@ -518,18 +593,20 @@ static inline void blk_q6_k(const uint8_t *p, const float *x, const float *xs, v
             const uint8_t *pf = p + PF_DIST, *pf_end = pf;                                    \
             for (int64_t b = 0; b < nb; b++, p += (BYTES), q += (BYTES)) {                    \
                 for (pf_end += 2 * (BYTES); pf < pf_end; pf += 64) __builtin_prefetch(pf);    \
-                BLK(p, x + 256 * b, xs + 8 * b, &a0, &o0);                                    \
-                if (two) BLK(q, x + 256 * b, xs + 8 * b, &a1, &o1);                           \
+                BLK(p, x + 256 * b, xs + (XS) * b, &a0, &o0);                                 \
+                if (two) BLK(q, x + 256 * b, xs + (XS) * b, &a1, &o1);                        \
             }                                                                                 \
             y[r] = va_sum(a0) + o0;                                                           \
             if (two) y[r + 1] = va_sum(a1) + o1;                                              \
         }                                                                                     \
     }
 
-BLOCK256_ROWS(q4_k_rows, blk_q4_k, 144)
-BLOCK256_ROWS(q5_k_rows, blk_q5_k, 176)
+BLOCK256_ROWS(q2_k_rows, blk_q2_k, 84, 16)
+BLOCK256_ROWS(q4_k_rows, blk_q4_k, 144, 8)
+BLOCK256_ROWS(q5_k_rows, blk_q5_k, 176, 8)
+BLOCK256_ROWS(iq2_xxs_rows, blk_iq2_xxs, 66, 8)
 #if DS4K_ISA == 0
-BLOCK256_ROWS(q6_k_rows, blk_q6_k, 210)
+BLOCK256_ROWS(q6_k_rows, blk_q6_k, 210, 8)
 #endif
 
 /* ---------------------------------------------------------------- F32 / F16 / BF16 rows */
@@ -586,13 +663,13 @@ typedef struct {
     int64_t first[DS4K_MAX_PARTS + 1]; /* first global chunk of each part */
     int64_t chunk_rows[DS4K_MAX_PARTS];
     int64_t row0[DS4K_MAX_PARTS];      /* first output row of each part */
-    const float *x, *xs;
+    const float *x, *xs, *xs16; /* per-32 and per-16 sums of x (those a part's type needs) */
     float *y;
     int64_t cols;
 } gemv_job;
 
-static void rows_of(int type, const uint8_t *w, int64_t cols, const float *x, const float *xs, float *y,
-                    int64_t r0, int64_t r1) {
+static void rows_of(int type, const uint8_t *w, int64_t cols, const float *x, const float *xs, const float *xs16,
+                    float *y, int64_t r0, int64_t r1) {
     const int64_t nb = cols / (ds4k_block_weights(type) ? ds4k_block_weights(type) : 1);
     switch (type) {
     case DS4K_Q4_0: q4_0_rows(w, nb, x, xs, y, r0, r1); break;
@@ -603,6 +680,8 @@ static void rows_of(int type, const uint8_t *w, int64_t cols, const float *x, co
     case DS4K_Q4_K: q4_k_rows(w, nb, x, xs, y, r0, r1); break;
     case DS4K_Q5_K: q5_k_rows(w, nb, x, xs, y, r0, r1); break;
     case DS4K_Q6_K: q6_k_rows(w, nb, x, xs, y, r0, r1); break;
+    case DS4K_Q2_K: q2_k_rows(w, nb, x, xs16, y, r0, r1); break;
+    case DS4K_IQ2_XXS: iq2_xxs_rows(w, nb, x, xs, y, r0, r1); break;
     default: dense_rows(type, w, cols, x, y, r0, r1); break;
     }
 }
@@ -614,7 +693,7 @@ static void gemv_chunk(void *ctx, int64_t c) {
     const ds4k_mat *m = &j->parts[k];
     int64_t r0 = (c - j->first[k]) * j->chunk_rows[k], r1 = r0 + j->chunk_rows[k];
     if (r1 > m->rows) r1 = m->rows;
-    rows_of(m->type, m->w, j->cols, j->x, j->xs, j->y + j->row0[k], r0, r1);
+    rows_of(m->type, m->w, j->cols, j->x, j->xs, j->xs16, j->y + j->row0[k], r0, r1);
 }
 
 /* A matrix is cut into an even number of equal chunks of at most CHUNK_BYTES, or for a
@@ -631,7 +710,7 @@ static void gemv_chunk(void *ctx, int64_t c) {
 static int gemv(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int nth) {
     if (nparts < 1 || nparts > DS4K_MAX_PARTS || cols <= 0 || cols > GEMV_MAX_COLS) return -1;
     gemv_job job = {.parts = parts, .nparts = nparts, .x = x, .y = y, .cols = cols};
-    int need_sums = 0;
+    int need_sums = 0, need_sums16 = 0;
     int64_t row = 0;
     for (int k = 0; k < nparts; k++) {
         const ds4k_mat *m = &parts[k];
@@ -647,6 +726,7 @@ static int gemv(const ds4k_mat *parts, int nparts, const float *x, float *y, int
         job.row0[k] = row;
         row += m->rows;
         need_sums |= m->type == DS4K_Q4_1 || m->type == DS4K_Q5_1 || m->type == DS4K_Q4_K || m->type == DS4K_Q5_K;
+        need_sums16 |= m->type == DS4K_Q2_K;
     }
     float xs[GEMV_MAX_COLS / 32];
     if (need_sums) {
@@ -658,6 +738,16 @@ static int gemv(const ds4k_mat *parts, int nparts, const float *x, float *y, int
         }
     }
     job.xs = xs;
+    float xs16[GEMV_MAX_COLS / 16];
+    if (need_sums16) {
+        if (cols % 16) return -1;
+        for (int64_t b = 0; b < cols / 16; b++) {
+            float s = 0.0f;
+            for (int k = 0; k < 16; k++) s += x[b * 16 + k];
+            xs16[b] = s;
+        }
+    }
+    job.xs16 = xs16;
     ds4k_run_chunks(gemv_chunk, &job, job.first[nparts], nth);
     return 0;
 }

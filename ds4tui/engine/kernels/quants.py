@@ -26,9 +26,11 @@ TYPES: dict[str, tuple[int, int, int]] = {
     "q5_0": (6, 32, 22),
     "q5_1": (7, 32, 24),
     "q8_0": (8, 32, 34),
+    "q2_k": (10, 256, 84),
     "q4_k": (12, 256, 144),
     "q5_k": (13, 256, 176),
     "q6_k": (14, 256, 210),
+    "iq2_xxs": (16, 256, 66),
 }
 TYPE_IDS = {name: v[0] for name, v in TYPES.items()}
 # Types whose GGUF blocks the kernels read as they are (f32 is read from the fp32 copy).

@@ -2,7 +2,7 @@
 
 Owns: picking, per internal matrix of the llama layout (engine/llama/config.py) (layers.{i}.wqkv/wo/w13/w2, and the
 head: "embed" when tied, else "lm_head"), the file's own blocks for every type the kernels
-read (quants.BLOCK_TYPES: F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K),
+read (quants.BLOCK_TYPES: F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ2_XXS),
 applying the same row operations the fp32 conversion applies (q/k un-permutation, fusing
 by stacking rows: a block never spans two rows), and how they travel in the converted
 safetensors copy ("raw.<name>.<k>" uint8 tensors, one per row part, types in meta.json).

@@ -87,6 +87,10 @@ static inline vb vb_sub(vb v, int8_t k) { return _mm_sub_epi8(v, _mm_set1_epi8(k
 static inline vb vb_bits_hi(vb v, int s, int mask) {
     return _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(v, _mm_cvtsi32_si128(s)), _mm_set1_epi8((char)mask)), 4);
 }
+/* byte j = (v_j >> s) & mask, for the 2-bit quants of Q2_K (s + bits of mask <= 8) */
+static inline vb vb_bits(vb v, int s, int mask) {
+    return _mm_and_si128(_mm_srl_epi16(v, _mm_cvtsi32_si128(s)), _mm_set1_epi8((char)mask));
+}
 /* byte j = bit j of `bits` ? 16 : 0 */
 static inline vb vb_from_bits16(uint32_t bits) {
 #if DS4K_ISA >= 2
@@ -106,6 +110,10 @@ static inline vb vb_or(vb a, vb b) { for (int i = 0; i < 16; i++) a.b[i] |= b.b[
 static inline vb vb_sub(vb v, int8_t k) { for (int i = 0; i < 16; i++) v.b[i] = (uint8_t)(v.b[i] - k); return v; }
 static inline vb vb_bits_hi(vb v, int s, int mask) {
     for (int i = 0; i < 16; i++) v.b[i] = (uint8_t)(((v.b[i] >> s) & mask) << 4);
+    return v;
+}
+static inline vb vb_bits(vb v, int s, int mask) {
+    for (int i = 0; i < 16; i++) v.b[i] = (uint8_t)((v.b[i] >> s) & mask);
     return v;
 }
 static inline vb vb_from_bits16(uint32_t bits) {

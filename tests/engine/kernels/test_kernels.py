@@ -56,6 +56,10 @@ def random_blocks(qtype: str, rows: int, cols: int, seed: int, scale: float = 0.
         b[..., 0:2], b[..., 2:4] = f16(scale / 300), f16(scale / 60)  # d, dmin
     elif qtype == "q6_k":
         b[..., 208:210] = f16(scale / 1000)
+    elif qtype == "q2_k":
+        b[..., 80:82], b[..., 82:84] = f16(scale / 20), f16(scale / 20)  # d, dmin
+    elif qtype == "iq2_xxs":  # every byte pattern is a valid block; d sets the magnitude
+        b[..., 0:2] = f16(scale / 200)
     return b.reshape(rows, -1)
 
 
@@ -71,6 +75,40 @@ def test_c_dequantization_is_ggufs_bit_for_bit(qtype, variant):
     with qgemv.use_variant(variant):
         got = qgemv.dequantize_c(blocks, qtype, 512)
     assert torch.equal(bits(got), bits(want))
+
+
+def iq2_xxs_every_code() -> torch.Tensor:
+    """IQ2_XXS blocks whose groups of 8 run through every grid index, every 7-bit sign field
+    and every 4-bit scale (32 groups per block, 8 blocks per row)."""
+    rows, nb = 4, 8
+    b = np.zeros((rows, nb, 66), dtype=np.uint8)
+    b[..., 0:2] = np.array([0.01], dtype=np.float16).view(np.uint8)
+    g = np.arange(rows * nb * 32).reshape(rows, nb, 8, 4)  # [row, block, sub-block, group]
+    a0 = (g % 256).astype(np.uint32) << (8 * np.arange(4, dtype=np.uint32))
+    a1 = ((g * 37) % 128).astype(np.uint32) << (7 * np.arange(4, dtype=np.uint32))
+    words = np.stack([a0.sum(-1, dtype=np.uint32), a1.sum(-1, dtype=np.uint32) | ((g[..., 0] // 4 % 16).astype(np.uint32) << 28)], -1)
+    b[..., 2:] = words.astype("<u4").view(np.uint8).reshape(rows, nb, 64)
+    return torch.from_numpy(b.reshape(rows, -1))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_iq2_xxs_grid_signs_and_scales_are_ggufs(variant):
+    from gguf.quants import IQ2_XXS
+
+    blocks = iq2_xxs_every_code()
+    want = quants.dequantize(blocks, "iq2_xxs", 2048)
+    with qgemv.use_variant(variant):
+        got = qgemv.dequantize_c(blocks, "iq2_xxs", 2048)
+    assert torch.equal(bits(got), bits(want))
+    # The format itself: magnitudes / db are codebook entries, an even number of negatives per 8.
+    IQ2_XXS.init_grid()
+    grid = torch.from_numpy(np.asarray(IQ2_XXS.grid, dtype=np.float32).reshape(256, 8))
+    groups = got.reshape(-1, 8)
+    idx = torch.arange(groups.shape[0]) % 256
+    scale = groups.abs() / grid[idx]
+    assert torch.allclose(scale, scale[:, :1].expand_as(scale), rtol=1e-6)
+    assert ((groups < 0).sum(1) % 2 == 0).all() and (groups < 0).any()
+    assert set(grid.unique().tolist()) == {8.0, 25.0, 43.0}
 
 
 @pytest.mark.parametrize("qtype", ["f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"])

@@ -55,6 +55,8 @@ VARIANT_PRECISIONS = [(v, "fp32") for v in qgemv.variants()] + [("avx512", "bf16
     ("q8_0", 40, 768, 517),    # a prefill chunk's size and more
     ("q4_1", 45, 576, 130),    # SmolLM2's width: 256-column dequantization passes and a 64-column rest
     ("bf16", 20, 328, 97),     # a rest of 72 columns: the transposed tile's 8-column masked end
+    ("q2_k", 48, 2048, 130),   # DeepSeek V4 Flash's routed experts (ds4's Q2 file): down ...
+    ("iq2_xxs", 40, 1024, 100),  # ... and gate/up
 ])
 def test_long_and_wide_products_equal_the_dequantized_matmul(variant, qtype, rows, cols, n, precision):
     """The paths qgemm.c takes for many activation rows or wide rows, in every variant; with
