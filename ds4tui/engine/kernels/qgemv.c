@@ -455,16 +455,60 @@ static inline void blk_q2_k(const uint8_t *p, const float *x, const float *xs16,
 #endif
 }
 
-/* IQ2_XXS: 8 sub-blocks of 32 signed bytes (dequant.c's iq2xxs_quants: 4 grid lookups and
- * the signs applied in the byte domain), each dot product scaled by its db. */
+/* IQ2_XXS. The vector builds read each group of 8 weights as floats straight from two small
+ * constant tables (built by the compiler from dequant.c's lists): the codebook entry as 8 floats (8 KB) and
+ * the group's sign pattern as 8 sign-bit masks (4 KB); an xor applies the signs. That is
+ * two loads, an xor and an FMA per 8 weights, against a widening and a conversion per 8 and
+ * the byte-domain sign step of dequant.c's iq2xxs_quants (3x the instructions; the
+ * portable build keeps that path). ±g is exact either way, so the products are the same. */
+#if DS4K_ISA >= 1
+#define IQ2XXS_F(v, j) (float)(((v) >> (8 * (j))) & 255)
+#define IQ2XXS_GRIDF(v) {IQ2XXS_F(v, 0), IQ2XXS_F(v, 1), IQ2XXS_F(v, 2), IQ2XXS_F(v, 3), \
+                         IQ2XXS_F(v, 4), IQ2XXS_F(v, 5), IQ2XXS_F(v, 6), IQ2XXS_F(v, 7)},
+#define IQ2XXS_M(v, j) ((((v) >> (8 * (j))) & 1) ? 0x80000000u : 0u)
+#define IQ2XXS_SIGNF(v) {IQ2XXS_M(v, 0), IQ2XXS_M(v, 1), IQ2XXS_M(v, 2), IQ2XXS_M(v, 3), \
+                         IQ2XXS_M(v, 4), IQ2XXS_M(v, 5), IQ2XXS_M(v, 6), IQ2XXS_M(v, 7)},
+static const float iq2xxs_gridf[256][8] __attribute__((aligned(32))) = {IQ2XXS_GRID(IQ2XXS_GRIDF)};
+static const uint32_t iq2xxs_signf[128][8] __attribute__((aligned(32))) = {IQ2XXS_SIGNS(IQ2XXS_SIGNF)};
+
+/* group l of a sub-block (grid index byte l of a0, sign field l of a1) as 8 signed floats */
+static inline __m256 iq2xxs_group8(uint32_t a0, uint32_t a1, int l) {
+    const __m256 g = _mm256_load_ps(iq2xxs_gridf[(a0 >> (8 * l)) & 255]);
+    return _mm256_xor_ps(g, _mm256_load_ps((const float *)iq2xxs_signf[(a1 >> (7 * l)) & 127]));
+}
+#endif
+
 static inline void blk_iq2_xxs(const uint8_t *p, const float *x, const float *xs, va *acc, float *off) {
     (void)xs, (void)off;
+    const float d = h2f(p);
     for (int ib = 0; ib < 8; ib++) {
+#if DS4K_ISA >= 1
+        uint32_t a0, a1;
+        memcpy(&a0, p + 2 + 8 * ib, 4);
+        memcpy(&a1, p + 6 + 8 * ib, 4);
+        const float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+        const float *xb = x + 32 * ib;
+#if DS4K_ISA >= 2
+        const __m512 w0 = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(iq2xxs_group8(a0, a1, 0))),
+                                                              _mm256_castps_pd(iq2xxs_group8(a0, a1, 1)), 1));
+        const __m512 w1 = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(iq2xxs_group8(a0, a1, 2))),
+                                                              _mm256_castps_pd(iq2xxs_group8(a0, a1, 3)), 1));
+        *acc = _mm512_fmadd_ps(_mm512_set1_ps(db), va_dot32(w0, w1, vf_load(xb), vf_load(xb + 16)), *acc);
+#else
+        __m256 s = _mm256_mul_ps(iq2xxs_group8(a0, a1, 0), _mm256_loadu_ps(xb));
+        s = _mm256_fmadd_ps(iq2xxs_group8(a0, a1, 1), _mm256_loadu_ps(xb + 8), s);
+        s = _mm256_fmadd_ps(iq2xxs_group8(a0, a1, 2), _mm256_loadu_ps(xb + 16), s);
+        s = _mm256_fmadd_ps(iq2xxs_group8(a0, a1, 3), _mm256_loadu_ps(xb + 24), s);
+        *acc = _mm256_fmadd_ps(_mm256_set1_ps(db), s, *acc);
+#endif
+#else
         vb lo, hi;
         float db;
         iq2xxs_quants(p, ib, &lo, &hi, &db);
         *acc = va_scale_add(db, va_dot32(vf_i8(lo), vf_i8(hi), vf_load(x + 32 * ib), vf_load(x + 32 * ib + 16)), *acc);
+#endif
     }
+    (void)d;
 }
 
 static inline void blk_q4_k(const uint8_t *p, const float *x, const float *xs, va *acc, float *off) {
