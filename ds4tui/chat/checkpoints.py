@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import TYPE_CHECKING, BinaryIO, Callable
 
 from ds4tui.cache.entry import Acceptor, inspect_file
 from ds4tui.cache.events import Miss, Rejected, Saved
@@ -30,8 +30,10 @@ from ds4tui.chat.matching import match_sessions
 from ds4tui.chat.model_memo import remember, spec_for
 from ds4tui.format.payload import read_fingerprint
 from ds4tui.engine.errors import EngineError
-from ds4tui.engine.model import Model
-from ds4tui.engine.session import Session
+
+if TYPE_CHECKING:  # annotations only: SavedSession (and chat/transcripts.py) stay torch-free
+    from ds4tui.engine.model import Model
+    from ds4tui.engine.session import Session
 
 
 # The problem of a titled session written by another model of the same family (SmolLM2 and

@@ -97,18 +97,27 @@ class ConversationStore:
     def create(self, *, title: str | None, model: str = "", engine: str = "local",
                system_prompt: str | None = None, settings: dict | None = None,
                created_at: float | None = None, forked_from: str | None = None,
-               source: str | None = None) -> str:
-        """A new, empty conversation; returns its id. `source` (e.g. "kv:<sha>") records an
-        import, so that `imported(source)` finds it and a second import does nothing."""
+               source: str | None = None, messages: Iterable[dict] = (),
+               updated_at: float | None = None, kv_sha: str | None = None, kv_tokens: int = 0) -> str:
+        """A new conversation; returns its id. `source` (e.g. "kv:<sha>") records an import, so
+        that `imported(source)` finds it and a second import does nothing; an import gives its
+        `messages` (the shown path) and times too, so that it is all there or not at all: a
+        crash never leaves a chat marked imported with its messages missing."""
         chat_id = uuid.uuid4().hex
         now = time.time()
+        path = [(str(m["role"]), str(m["content"])) for m in messages]
         with self._transaction() as db:
             db.execute(f"INSERT INTO conversations ({_META}) VALUES (?,?,?,?,?,?,?,?,?,?,?,0,0)",
                        (chat_id, title, model, engine, system_prompt, json.dumps(settings or {}),
-                        created_at or now, now, None, 0, forked_from))
+                        created_at or now, updated_at or now, kv_sha, int(kv_tokens), forked_from))
+            ids = self._sync_path(db, chat_id, path, {}) if path else []
+            if ids:
+                db.execute("UPDATE conversations SET head = ?, shown = ? WHERE id = ?", (ids[-1], len(ids), chat_id))
             if source is not None:
                 db.execute("INSERT OR REPLACE INTO imports (source, conversation, imported_at) VALUES (?,?,?)",
                            (source, chat_id, now))
+        if ids:
+            self._paths[chat_id] = [(r, c, i) for (r, c), i in zip(path, ids)]
         return chat_id
 
     def commit(self, chat_id: str, messages: Iterable[dict], alternatives: dict[int, list[str]] | None = None,
