@@ -1,10 +1,11 @@
 """Transcripts in and out: a stored text parsed back into messages, Markdown and JSON
 export (OpenAI messages shape), and the JSON a chat is imported from.
 
-Torch-free on purpose (`ds4tui kv export` and `kv grep` run without loading a model):
-the chat template is chosen from the text itself when it is one ds4tui knows by its
-markers (ChatML, the DeepSeek V4 template); anything else needs the model's own template
-(`--model`), which the caller loads.
+Torch-free on purpose (`ds4tui kv export`, `kv grep` and `ds4tui chats` run without
+loading a model). A stored text is read by the one transcript parser
+(engine/text/transcripts.py: ChatML, DeepSeek V4, Gemma and Llama 3, known by their
+first markers); a text in any other template needs the model's own (`--model`), which
+the caller loads.
 """
 
 from __future__ import annotations
@@ -14,27 +15,21 @@ import time
 from typing import Any, Sequence
 
 from ds4tui.chat.next_turn import without_open_turn
-from ds4tui.engine.text.dsv4_chat import BOS, Dsv4ChatTemplate
-from ds4tui.engine.text.hf_tokenizer import IM_START, ChatMLTemplate
+from ds4tui.engine.text.transcripts import parse_transcript
 
 ROLES = ("system", "user", "assistant")
 
-
-def template_for(text: str):
-    """The template that wrote `text`, judged by its first marker; None when unknown."""
-    if text.startswith(IM_START):
-        return ChatMLTemplate(None)
-    if text.startswith(BOS):
-        return Dsv4ChatTemplate()
-    return None
+UNKNOWN_TEMPLATE = "the text is not in a chat template ds4tui knows without its model (ChatML, DeepSeek V4, Gemma, Llama 3)"
 
 
 def parse_text(text: str, template=None) -> list[dict]:
-    """Messages of a stored transcript. ValueError when no template fits it."""
-    template = template or template_for(text)
-    if template is None:
-        raise ValueError("the text is not in a chat template ds4tui recognizes without its model (use --model)")
-    return without_open_turn([{"role": m["role"], "content": m["content"]} for m in template.parse(text)])
+    """Messages of a stored transcript, the opened next turn left out (chat/next_turn.py).
+    `template` (a loaded model's own) reads it instead when given: it knows what that template
+    writes by itself. ValueError when nothing reads it."""
+    messages = template.parse(text) if template is not None else parse_transcript(text)
+    if messages is None:
+        raise ValueError(UNKNOWN_TEMPLATE)
+    return without_open_turn([{"role": m["role"], "content": m["content"]} for m in messages])
 
 
 def _when(ts: int | None) -> str:

@@ -69,8 +69,10 @@ def register(subparsers) -> None:
     p = verbs.add_parser("export", parents=[common], help="a chat as Markdown or JSON (OpenAI messages)",
                          description="Export one file's transcript, parsed back from its stored text with the chat "
                                      "template: Markdown, or JSON {title, created_at, last_used, sha, messages}. "
-                                     "ChatML and DeepSeek V4 transcripts need no model; others name it with --model.")
-    p.add_argument("query", metavar="SHA_OR_TITLE", help="a sha prefix, or a titled session's exact title")
+                                     "ChatML, DeepSeek V4, Gemma and Llama 3 transcripts need no model; others name "
+                                     "it with --model.")
+    p.add_argument("query", metavar="SHA_OR_TITLE",
+                   help="a sha prefix, or a titled session's title or its start (as --resume takes it)")
     p.add_argument("--format", choices=("md", "json"), default="md", help="md (default) or json")
     p.add_argument("--model", metavar="SPEC", help="parse with this model's chat template (loaded only if needed)")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
@@ -401,21 +403,23 @@ def cmd_grep(args) -> int:
 
 
 def _find_export(store, query: str) -> str:
-    """A sha prefix, else the exact title of one titled session."""
+    """The one file `query` names, by the rule `--resume` uses (chat/matching.py): a sha prefix
+    (of any file), else a titled session's exact title, the title in any case, or its start."""
     from ds4tui.cache.entry import inspect_file
+    from ds4tui.chat.matching import match_sessions
 
-    if _HEX.match(query) and store.find(query):
-        return _resolve(store, query)
-    titled = []
+    files = []
     for sha in store.shas():
         e = inspect_file(store.path_for(sha), deep=True, preview_bytes=0)
-        if e.valid and e.header is not None and e.header.titled and e.title == query:
-            titled.append(sha)
-    if not titled:
+        titled = e.valid and e.header is not None and e.header.titled and e.title is not None
+        files.append((sha, e.title if titled else ""))
+    found = match_sessions(query, files, lambda f: f[0], lambda f: f[1])
+    if not found:
         raise CliError(f"no .kv file or titled session matches {query!r} in {store.dir}")
-    if len(titled) > 1:
-        raise CliError(f"{query!r} names {len(titled)} sessions: {', '.join(s[:12] for s in titled[:8])}")
-    return titled[0]
+    if len(found) > 1:
+        shown = ", ".join(f"{sha[:12]} {safe_text(title, 40)}".rstrip() for sha, title in found[:8])
+        raise CliError(f"ambiguous: {len(found)} files match: {shown}{', ...' if len(found) > 8 else ''}")
+    return found[0][0]
 
 
 def cmd_export(args) -> int:
@@ -432,37 +436,46 @@ def cmd_export(args) -> int:
     if raw is None:
         raise CliError(f"{sha[:12]}: its text could not be read")
     text = raw.decode("utf-8", errors="replace")
-    template = transcript.template_for(text)
-    if template is None and args.model:
+    try:
+        messages = transcript.parse_text(text)
+    except ValueError as exc:
+        if not args.model:
+            raise CliError(f"{sha[:12]}: {exc}; name the model that wrote it with --model") from None
         from ds4tui.engine import EngineError, load_model
 
         try:
             template = load_model(args.model).chat
         except EngineError as exc:
             raise CliError(str(exc)) from None
-    try:
-        messages = transcript.parse_text(text, template)
-    except ValueError as exc:
-        raise CliError(f"{sha[:12]}: {exc}") from None
+        try:
+            messages = transcript.parse_text(text, template)
+        except ValueError as exc:
+            raise CliError(f"{sha[:12]}: {exc}") from None
     h = e.header
     title = e.title if h.titled else None
     if args.format == "json":
         out = json.dumps(transcript.to_json(messages, title, h.created_at, h.last_used, sha), indent=2) + "\n"
     else:
         out = transcript.to_markdown(messages, title, h.created_at, h.last_used)
-    if args.output:
+    write_or_print(out, args.output, as_json=args.format == "json")
+    return 0
+
+
+def write_or_print(out: str, output: str | None, *, as_json: bool) -> None:
+    """An export to `output` as it is, or to stdout terminal-safe (JSON is ASCII-escaped
+    already; Markdown keeps its newlines, every other control character escaped)."""
+    if output:
         try:
-            with open(args.output, "w", encoding="utf-8") as fp:
+            with open(output, "w", encoding="utf-8") as fp:
                 fp.write(out)
         except OSError as exc:  # a missing folder, no permission, a full disk: one line, not a traceback
-            raise CliError(f"cannot write {args.output}: {exc.strerror or exc}") from None
-    elif args.format == "json":
+            raise CliError(f"cannot write {output}: {exc.strerror or exc}") from None
+    elif as_json:
         print(out, end="")  # json.dumps escapes every non-ASCII and control character
     else:
         from ds4tui.format.display import safe_lines
 
-        print(safe_lines(out), end="")  # newlines kept, every other control escaped
-    return 0
+        print(safe_lines(out), end="")
 
 
 def cmd_evict(args) -> int:
