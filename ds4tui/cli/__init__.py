@@ -16,7 +16,7 @@ import sys
 from ds4tui.cli.errors import CliError
 
 # Group modules, in the order `ds4tui --help` lists them.
-GROUPS = ["kv", "models", "bench", "browse", "serve", "imports"]
+GROUPS = ["chats", "kv", "models", "bench", "browse", "serve", "imports"]
 
 
 def build_parser() -> argparse.ArgumentParser:
