@@ -207,3 +207,33 @@ def test_a_store_that_fails_stops_the_import_in_one_line(tmp_path):
     report = import_existing(store, kv, tr)
     assert report.imported == 0 and report.error and "\n" not in report.error
     assert "stopped" in report.summary()
+
+
+def test_chats_a_controller_saved_come_through_as_it_held_them(tmp_path):
+    """Real files: titled sessions the chat controller wrote on tiny-llama (its template adds
+    a default system prompt, which the text holds and so the import does)."""
+    from ds4tui.engine.loader import load_model
+    from tests.chat.conftest import Recorder, make_controller
+
+    model = load_model("tiny-llama")
+    kv = tmp_path / "kv"
+    ctl = make_controller(model, kv, max_tokens=4)
+    a = ctl.new_conversation()
+    ctl.send(a.key, "Where is the lighthouse keeper?", Recorder())
+    ctl.send(a.key, "And the harbour?", Recorder())
+    b = ctl.new_conversation("Answer in French.")
+    ctl.send(b.key, "Something else entirely.", Recorder())
+    ctl.rename(b.key, "Groceries")
+    store = open_store(None)
+    report = import_existing(store, kv, None)
+    assert (report.imported, report.skipped) == (2, [])
+    chats = {c.kv_sha: store.load(c.id) for c in store.list()}
+    assert set(chats) == {a.saved_sha, b.saved_sha}
+    for conv in (a, b):
+        chat = chats[conv.saved_sha]
+        rendered = model.chat.render(list(chat.messages), add_generation_prompt=False)
+        assert rendered == model.chat.render(conv.messages, add_generation_prompt=False)
+        assert [m for m in chat.messages if m["role"] != "system"] == [m for m in conv.messages
+                                                                     if m["role"] != "system"]
+        assert chat.title == conv.title and chat.created_at == conv.created_at
+    assert chats[b.saved_sha].system_prompt == "Answer in French." and chats[b.saved_sha].title == "Groceries"
