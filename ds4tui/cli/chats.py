@@ -137,10 +137,10 @@ def _one(store, query: str):
     found = store.find(query) if store is not None else []
     if not found:
         where = safe_text(str(store.path)) if store is not None else "the store (no chat stored yet)"
-        raise CliError(f"no chat matches {safe_text(query)!r} in {where} (see `ds4tui chats ls`)")
+        raise CliError(f"no chat matches {query!r} in {where} (see `ds4tui chats ls`)")
     if len(found) > 1:
         names = "; ".join(f"{c.id[:ID_CHARS]} {safe_text(c.display_title, 40)}" for c in found[:8])
-        raise CliError(f"ambiguous: {len(found)} chats match {safe_text(query)!r}: {names}"
+        raise CliError(f"ambiguous: {len(found)} chats match {query!r}: {names}"
                        f"{'; ...' if len(found) > 8 else ''}")
     return store.load(found[0].id)
 

@@ -241,3 +241,10 @@ def test_chats_loads_no_torch(dirs, capsys):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "NOTORCH" in out.stderr, out.stderr
     assert "Gemma colours" in out.stdout
+
+
+def test_a_name_with_control_characters_is_echoed_escaped(dirs, capsys):
+    imported(capsys, dirs)
+    code, _, err = run(capsys, "chats", "show", "x\x1b]0;t\x07\u202e")
+    assert code == 1 and "\x1b" not in err and "\x07" not in err and "\u202e" not in err
+    assert "'x\\x1b]0;t\\x07\\u202e'" in err
