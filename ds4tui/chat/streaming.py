@@ -22,12 +22,14 @@ class ReplyStream:
 
     `feed` returns the newly displayable text (possibly ""); once a stop string
     is seen, `stopped` is True and `text` ends right before it. `finish` flushes
-    whatever was held back, except the bytes of a character the reply stopped inside (the
-    token limit cut it): those are dropped, never shown as U+FFFD. Bytes that can never be
-    part of a character (invalid UTF-8) still show as U+FFFD where they are.
+    whatever was held back; the bytes of a character the reply stopped inside (the token
+    limit cut it) become one U+FFFD, or with `drop_partial` are dropped (the server: an
+    API reply never ends in U+FFFD). Bytes that can never be part of a character (invalid
+    UTF-8) show as U+FFFD where they are either way.
     """
 
-    def __init__(self, stop_strings: Sequence[str] = ()) -> None:
+    def __init__(self, stop_strings: Sequence[str] = (), drop_partial: bool = False) -> None:
+        self._drop_partial = drop_partial
         self._stops = tuple(s for s in stop_strings if s)
         self._longest = max((len(s) for s in self._stops), default=0)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -48,8 +50,11 @@ class ReplyStream:
         return self._release(final=False)
 
     def finish(self) -> str:
-        """End of generation: release everything but an unfinished last character."""
-        self._decoder.reset()  # its buffer holds only the start of a character that never ended
+        """End of generation: decode any dangling bytes (or drop them) and release everything."""
+        if self._drop_partial:
+            self._decoder.reset()  # its buffer holds only the start of a character that never ended
+        elif not self.stopped:
+            self._text += self._decoder.decode(b"", final=True)
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:

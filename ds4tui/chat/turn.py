@@ -48,6 +48,12 @@ class TurnOptions:
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()  # stop strings on top of the chat template's own
     cancel: threading.Event | None = None  # this turn's own cancel flag (default: the controller's)
+    # A scheduler sharing the engine between turns (serve/scheduler.py): `between` is called
+    # between prefill chunks (others run meanwhile), `decode` replaces session.decode (it may
+    # run the step together with other turns' decodes).
+    between: Callable[[], None] | None = None
+    drop_partial: bool = False  # a reply cut inside a character ends before it (no U+FFFD)
+    decode: Callable[[Session, int], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +120,7 @@ class TurnPipeline:
             raise ContextFullError(f"context full: the prompt needs {base + len(suffix)} tokens,"
                                    f" the context holds {session.ctx_size}")
         on_event(PrefillStarted(total=len(suffix), cached=base, source=source))
-        if not self._prefill(conv, suffix, source, on_event, cancel):
+        if not self._prefill(conv, suffix, source, on_event, cancel, options.between):
             on_event(Cancelled(prefilled=len(session.tokens) - base))
             return None
         # The session now holds the prompt: its old tokens plus the suffix.
@@ -232,8 +238,9 @@ class TurnPipeline:
         return Prefix(self.model.tokenizer.encode(rest) if rest else [], "live", replayed=cost.replay)
 
     def _prefill(self, conv: Conversation, suffix: Sequence[int], source: str, on_event: EventFn,
-                 cancel: threading.Event) -> bool:
-        """Prefill `suffix`, pausing at checkpoint points; False when cancelled (state stays consistent)."""
+                 cancel: threading.Event, between: Callable[[], None] | None = None) -> bool:
+        """Prefill `suffix`, pausing at checkpoint points; False when cancelled (state stays consistent).
+        `between`: called before each chunk (a scheduler's yield point)."""
         session = conv.session
         assert session is not None
         base, base_text = len(session.tokens), conv.session_text
@@ -242,6 +249,11 @@ class TurnPipeline:
         total = len(suffix)
         started = time.perf_counter()
         offset = 0
+        should_stop = cancel.is_set
+        if between is not None:
+            def should_stop() -> bool:
+                between()
+                return cancel.is_set()
 
         def progress(done: int, _total: int) -> None:
             done += offset
@@ -252,7 +264,7 @@ class TurnPipeline:
 
         for at, reason in stops + [(end, None)]:
             seg = suffix[offset : at - base]
-            if seg and not session.prefill(seg, on_progress=progress, should_stop=cancel.is_set):
+            if seg and not session.prefill(seg, on_progress=progress, should_stop=should_stop):
                 conv.session_text = base_text + self.text_of(session.tokens[base:])
                 return False
             offset = at - base
@@ -289,9 +301,10 @@ class TurnPipeline:
         if seed_offset and params.seed is not None:
             params = replace(params, seed=params.seed + seed_offset)  # a seeded regenerate still differs
         sampler = Sampler(params)
-        stream = ReplyStream(tuple(self.model.chat.stop_strings) + options.stop)
+        stream = ReplyStream(tuple(self.model.chat.stop_strings) + options.stop, drop_partial=options.drop_partial)
         max_tokens = options.max_tokens or self.settings.max_tokens(conv)
         eos = tok.eos_ids
+        decode = options.decode
         logits = session.logits
         text = bytearray(conv.session_text)
         generated, stop, ttft = 0, "max-tokens", None
@@ -318,7 +331,7 @@ class TurnPipeline:
             out = stream.feed(piece)
             if out:
                 on_event(TokenText(out))
-            logits = session.decode(token)
+            logits = session.decode(token) if decode is None else decode(session, token)
             text += piece
             generated += 1
             if stream.stopped:

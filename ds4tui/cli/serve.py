@@ -30,8 +30,10 @@ def register(subparsers) -> None:
     p.add_argument("--ctx", type=int, help="context size of each session in tokens")
     p.add_argument("--api-key-env", metavar="VAR", help="require `Authorization: Bearer $VAR` on /v1 routes")
     p.add_argument("--live-sessions", type=int, metavar="N", help="sessions kept in memory (LRU; the rest park on disk)")
+    p.add_argument("--parallel", type=int, default=4, metavar="N",
+                   help="requests run and decoded together (default 4; each holds a live session)")
     p.add_argument("--queue-size", type=int, default=16, metavar="N",
-                   help="requests that may wait behind the running one; more get 429 (default 16)")
+                   help="requests that may wait behind the running ones; more get 429 (default 16)")
     p.add_argument("--max-body-mb", type=int, default=8, metavar="N", help="largest request body (default 8)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN call the API (repeatable; `localhost`: any port on this "
@@ -61,7 +63,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError("--max-body-mb must be positive")
     options = ServeOptions(host=args.host, port=args.port, api_key=key, queue_size=args.queue_size,
                            max_body_bytes=args.max_body_mb << 20, log_level=args.log_level,
-                           cors_origins=tuple(args.cors_origin))
+                           cors_origins=tuple(args.cors_origin), parallel=args.parallel)
     try:
         check_model(config.model)
         return run(config, options)

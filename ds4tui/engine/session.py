@@ -115,10 +115,19 @@ class Session(ABC):
         """Feed one token; returns (and keeps in `self.logits`) the next-token logits."""
         self._check_room(1)
         logits = self._forward([token], want_logits=True)
+        self._decoded(token, logits)
+        return logits
+
+    def _decoded(self, token: int, logits: torch.Tensor) -> None:
         self.tokens.append(token)
         self.logits = logits
         self._note_call_end()
-        return logits
+
+    def _forward_together(self, others: Sequence["Session"], tokens: Sequence[int]) -> list[torch.Tensor] | None:
+        """One decode step of this session and `others` (its first token is this session's):
+        the next-token logits of each, in one forward, or None where the family cannot (then
+        each decodes on its own). Must not touch self.tokens."""
+        return None
 
     def _note_call_end(self) -> None:
         """Remember where a prefill or decode call ended: a replay after a rewind feeds the
@@ -267,6 +276,24 @@ class Session(ABC):
         the payload is still being read; that prefill is then as fast as the work left.
         The default ignores them: the prefill does all of it."""
         self.load_payload(fp, nbytes)
+
+
+def decode_together(sessions: Sequence[Session], tokens: Sequence[int]) -> list[torch.Tensor]:
+    """`sessions[i].decode(tokens[i])` for every i, as one step over the batch where the
+    family runs one (LlamaSession: one forward, each weight read once for all of them), else
+    one after another. Each session's own state moves as its decode would move it."""
+    if len(sessions) != len(tokens):
+        raise ValueError("one token per session")
+    if len(sessions) > 1:
+        for s in sessions:
+            s._check_room(1)
+        first = sessions[0]
+        logits = first._forward_together(sessions[1:], tokens)
+        if logits is not None:
+            for s, t, out in zip(sessions, tokens, logits):
+                s._decoded(t, out)
+            return logits
+    return [s.decode(t) for s, t in zip(sessions, tokens)]
 
 
 def timed(fn: Callable[[], object]) -> tuple[object, float]:

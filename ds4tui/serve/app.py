@@ -184,14 +184,14 @@ async def _complete(request: Request, job: Job, rid: str, model: str) -> Respons
     """Wait for the whole reply; a client that disconnects meanwhile cancels it."""
     created = int(time.time())
     item: object = None
-    getter = asyncio.ensure_future(job.events.get())
+    getter = asyncio.ensure_future(job.get())
     try:
         while not isinstance(item, End):
             done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
             if done:
                 item = getter.result()
                 if not isinstance(item, End):
-                    getter = asyncio.ensure_future(job.events.get())
+                    getter = asyncio.ensure_future(job.get())
             elif await request.is_disconnected():
                 job.cancel.set()  # the engine stops at its next chunk and hands back End
     finally:
@@ -216,9 +216,11 @@ async def _stream(job: Job, rid: str, model: str) -> AsyncIterator[str]:
     finished = False
     try:
         while True:
-            item = await job.events.get()
+            item = await job.get()
             if isinstance(item, End):
                 break
+            if job.dropped is not None:
+                continue  # cancelled for not reading: what is still queued is skipped
             if first:  # OpenAI's first chunk names the role
                 first = False
                 yield _json(p.chunk(rid, model, created, delta={"role": "assistant", "content": ""}))
@@ -233,7 +235,10 @@ async def _stream(job: Job, rid: str, model: str) -> AsyncIterator[str]:
             elif isinstance(item, TokenText) and item.text:
                 yield _json(p.chunk(rid, model, created, delta={"content": item.text}))
         finished = True
-        if item.error is not None:
+        if job.dropped is not None:
+            yield _json(p.error_body(f"the server cancelled this request: {job.dropped}", kind="server_error",
+                                     code="client_too_slow"))
+        elif item.error is not None:
             yield _json(_failure(item.error)[1])
         elif item.result is not None:
             c = item.result

@@ -32,6 +32,7 @@ class ServeOptions:
     queue_size: int = DEFAULT_QUEUE
     max_body_bytes: int = DEFAULT_MAX_BODY_MB << 20
     log_level: str = "info"
+    parallel: int = 4  # requests decoded together (serve/worker.py DEFAULT_PARALLEL)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed (CORS); none: no CORS headers
 
 
@@ -52,6 +53,8 @@ def check_options(options: ServeOptions) -> None:
         raise ServeError(f"--port must be within 1..65535, got {options.port}")
     if options.queue_size < 0:
         raise ServeError("--queue-size must be >= 0")
+    if not 1 <= options.parallel <= 64:
+        raise ServeError(f"--parallel must be within 1..64, got {options.parallel}")
     for origin in options.cors_origins:
         if origin not in ("*", "localhost") and not origin.startswith(("http://", "https://")):
             raise ServeError(f"--cors-origin {origin!r}: expected *, localhost or an origin such as "
@@ -71,7 +74,7 @@ def run(config: Config, options: ServeOptions) -> int:
 
     model = load_model(config.model)
     controller = ChatController(model, config)
-    engine = EngineQueue(StatelessChats(controller), options.queue_size)
+    engine = EngineQueue(StatelessChats(controller), options.queue_size, parallel=options.parallel)
     engine.run_sync(controller.warm_up)
     # Out of the collector's reach: a full collection over the model's and the server's startup
     # objects held the GIL for ~100 ms in the middle of a request (screens/app.py, _freeze_heap).
@@ -87,7 +90,7 @@ def run(config: Config, options: ServeOptions) -> int:
                      cors_origins=options.cors_origins)
     where = "no disk cache" if config.no_disk_cache else f"cache {config.cache_path()}"
     print(f"ds4tui serve: {model.info.name} at http://{options.host}:{options.port}/v1 ({where},"
-          f" {config.live_sessions} live sessions, {options.queue_size} may wait"
+          f" {config.live_sessions} live sessions, {options.parallel} decoded together, {options.queue_size} may wait"
           f"{', API key required' if options.api_key else ''})", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level,
                                            timeout_graceful_shutdown=5, lifespan="on"))

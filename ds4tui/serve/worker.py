@@ -1,16 +1,19 @@
-"""The server's engine: one thread runs requests in arrival order, a bounded line waits.
+"""The server's engine: up to `parallel` requests run together, a bounded line waits.
 
 Owns: admitting a request (or refusing it when `max_waiting` already wait: the
-server answers 429), running it on the one engine thread with its own cancel
-flag, handing the turn's events to the event loop as they happen, the
-Retry-After estimate, and the counters /health shows. One thread because one
-forward already uses every core the engine has; a second would only slow both.
-Leaves the mapping of requests to sessions to chat/stateless.py.
+server answers 429), running it with its own cancel flag on a thread of its own
+that shares the engine through the scheduler's baton (serve/scheduler.py: one
+thread runs at a time, decodes are stepped together), handing the turn's events
+to the event loop as they happen, cancelling a request whose client does not
+read its stream (its unread text past `max_unread` chunks), the Retry-After
+estimate, and the counters /health shows. Leaves the mapping of requests to
+sessions to chat/stateless.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import threading
 import time
@@ -23,6 +26,7 @@ from ds4tui.chat.stateless import Completion, StatelessChats
 from ds4tui.chat.turn import TurnOptions
 from ds4tui.engine.sampling import SamplingParams
 from ds4tui.serve.protocol import ChatRequest, RequestError
+from ds4tui.serve.scheduler import Scheduler
 
 STREAMED = (PrefillStarted, PrefillProgress, TokenText)  # what a streaming client is shown
 RECENT_WEIGHT = 0.2  # of the newest request in the running mean Retry-After is based on
@@ -30,6 +34,11 @@ FIRST_GUESS_S = 1.0  # that mean before any request has finished
 # Retry-After is the expected wait times a random factor in [1, 1 + JITTER): refused clients
 # come back spread out instead of all at once (into a line that is full again).
 JITTER = 1.0
+DEFAULT_PARALLEL = 4  # requests decoded together
+# Text chunks a streaming request may have waiting for its client before it is cancelled:
+# a client that stops reading then costs a bounded buffer, and its slot goes to others.
+DEFAULT_MAX_UNREAD = 2048
+log = logging.getLogger("uvicorn.error")
 
 
 @dataclass
@@ -64,37 +73,59 @@ class Job:
     request: ChatRequest
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
+    unread: int = 0  # text chunks put and not yet taken by the request's coroutine
+    dropped: str | None = None  # why the server cancelled it (a client that does not read)
 
     def put(self, item: object) -> None:
         """From the engine thread: queue an item for the request's coroutine."""
+        if isinstance(item, TokenText):
+            self.unread += 1  # an int's += is one bytecode under the GIL: no lost update with get()
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
         except RuntimeError:  # the loop is gone (server shutting down): nobody is listening
             pass
 
+    async def get(self) -> object:
+        """On the event loop: the next item for the client."""
+        item = await self.events.get()
+        if isinstance(item, TokenText):
+            self.unread -= 1
+        return item
+
 
 class EngineQueue:
-    def __init__(self, chats: StatelessChats, max_waiting: int, rng: random.Random | None = None) -> None:
+    def __init__(self, chats: StatelessChats, max_waiting: int, rng: random.Random | None = None, *,
+                 parallel: int = DEFAULT_PARALLEL, max_unread: int = DEFAULT_MAX_UNREAD) -> None:
+        if parallel < 1:
+            raise ValueError("parallel must be >= 1")
         self.chats = chats
         self.max_waiting = max_waiting
+        self.parallel = parallel
+        self.max_unread = max_unread
         self.counters = Counters()
+        self.scheduler = Scheduler()
         self._rng = rng or random.Random()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ds4tui-engine")
+        # One thread per running request (the rest wait in the executor's queue, in arrival
+        # order) and one for run_sync's work; the scheduler lets one of them run at a time.
+        self._executor = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="ds4tui-engine")
+        self._sync = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ds4tui-engine-sync")
         self._lock = threading.Lock()
         self._pending = 0  # running + waiting
-        self._running = False
+        self._running = 0
         self._jobs: set[Job] = set()
 
     def state(self) -> dict[str, Any]:
         with self._lock:
-            running = int(self._running)
-            return {"running": running, "waiting": self._pending - running,
-                    "max_waiting": self.max_waiting, **self.counters.as_dict()}
+            s = self.scheduler
+            return {"running": self._running, "waiting": self._pending - self._running,
+                    "max_waiting": self.max_waiting, "parallel": self.parallel,
+                    "batch_mean": round(s.stepped / s.steps, 2) if s.steps else 0.0,
+                    **self.counters.as_dict()}
 
     def submit(self, request: ChatRequest) -> Job | None:
         """Queue a request (call on the event loop); None when the line is full."""
         with self._lock:
-            if self._pending >= 1 + self.max_waiting:
+            if self._pending >= self.parallel + self.max_waiting:
                 self.counters.refused += 1
                 return None
             self._pending += 1
@@ -124,25 +155,29 @@ class EngineQueue:
         requests' times x the requests ahead (running and waiting), x a random factor in
         [1, 1 + JITTER) so that clients refused together do not all retry together."""
         with self._lock:
-            wait = self.counters.recent_s * max(1, self._pending)
+            # The line moves `parallel` requests per request time; a newcomer waits for the
+            # ones ahead of it and then its own slot.
+            ahead = max(1, self._pending - self.parallel + 1)
+            wait = self.counters.recent_s * ahead / self.parallel
         return wait * (1.0 + JITTER * self._rng.random())
 
     def _run(self, job: Job) -> None:
         with self._lock:
-            self._running = True
+            self._running += 1
         started = time.perf_counter()
         result: Completion | None = None
         error: BaseException | None = None
         try:
             if not job.cancel.is_set():  # the client left while waiting: nothing to do
-                emit = job.put if job.request.stream else _ignore
-                result = self.chats.complete(job.request.messages, lambda e: _forward(e, emit),
-                                             self._options(job))
+                emit = self._emitter(job) if job.request.stream else _ignore
+                with self.scheduler.running():
+                    result = self.chats.complete(job.request.messages, lambda e: _forward(e, emit),
+                                                 self._options(job))
         except Exception as exc:  # reported to the client; the engine goes on
             error = exc
         finally:
             with self._lock:
-                self._running = False
+                self._running -= 1
                 self._pending -= 1
                 self._jobs.discard(job)
                 c = self.counters
@@ -173,7 +208,19 @@ class EngineQueue:
             presence_penalty=r.presence_penalty or 0.0,
         )
         return TurnOptions(sampling=sampling, max_tokens=r.max_tokens or cfg.max_tokens, stop=r.stop,
-                           cancel=job.cancel)
+                           cancel=job.cancel, between=self.scheduler.between, decode=self.scheduler.decode,
+                           drop_partial=True)
+
+    def _emitter(self, job: Job):
+        """job.put, cancelling the job once its client has left `max_unread` text chunks unread."""
+        def emit(event: object) -> None:
+            job.put(event)
+            if job.unread > self.max_unread and job.dropped is None:
+                job.dropped = f"its client left {job.unread} chunks unread"
+                log.warning("request cancelled: %s (a client that does not read its stream)", job.dropped)
+                job.cancel.set()
+
+        return emit
 
     def cancel_all(self) -> None:
         """Every running or waiting request stops at its next chunk (server shutdown)."""
@@ -182,11 +229,16 @@ class EngineQueue:
                 job.cancel.set()
 
     def run_sync(self, fn, *args) -> Any:
-        """Run `fn` on the engine thread and wait (startup warm-up, shutdown saves)."""
-        return self._executor.submit(fn, *args).result()
+        """Run `fn` on an engine thread, holding the baton, and wait (startup warm-up, shutdown saves)."""
+        def held() -> Any:
+            with self.scheduler.running():
+                return fn(*args)
+
+        return self._sync.submit(held).result()
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self._sync.shutdown(wait=True)
 
 
 def _forward(event: object, emit) -> None:

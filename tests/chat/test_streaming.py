@@ -15,14 +15,20 @@ def test_multibyte_characters_split_across_tokens_are_emitted_whole():
     assert stream.finish() == "" and stream.text == "a€b"
 
 
-def test_a_character_cut_by_the_end_is_dropped_not_shown_as_a_replacement():
+def test_a_dangling_partial_character_becomes_one_replacement_at_the_end():
     stream = ReplyStream()
     assert stream.feed("ok ".encode() + "é".encode()[:1]) == "ok "
+    assert stream.finish() == "\ufffd"
+
+
+def test_drop_partial_drops_a_character_cut_by_the_end():
+    stream = ReplyStream(drop_partial=True)
+    assert stream.feed("ok ".encode() + "é".encode()[:1]) == "ok "
     assert stream.finish() == "" and stream.text == "ok "
-    cut = ReplyStream()
+    cut = ReplyStream(drop_partial=True)
     assert cut.feed("🙂".encode()[:3]) == "" and cut.finish() == "" and cut.text == ""
     # bytes that cannot start or continue any character stay visible as U+FFFD
-    bad = ReplyStream()
+    bad = ReplyStream(drop_partial=True)
     assert bad.feed(b"a\xffb") + bad.finish() == "a\ufffdb"
 
 

@@ -211,12 +211,12 @@ def test_cors_is_off_by_default(server):
 def test_retry_after_follows_the_line_and_is_spread():
     from ds4tui.serve.worker import JITTER, EngineQueue
 
-    queue = EngineQueue(chats=None, max_waiting=4, rng=random.Random(7))
-    queue.counters.recent_s = 2.0
-    for pending in (1, 3, 5):
-        queue._pending = pending
-        waits = [queue.retry_after() for _ in range(200)]
-        base = 2.0 * pending
-        assert all(base <= w < base * (1 + JITTER) for w in waits)
-        assert max(waits) - min(waits) > 0.5 * base * JITTER  # spread over the range, not one value
-    queue._executor.shutdown()
+    for parallel, cases in ((1, {1: 2.0, 3: 6.0, 5: 10.0}), (4, {4: 0.5, 8: 2.5, 12: 4.5})):
+        queue = EngineQueue(chats=None, max_waiting=8, rng=random.Random(7), parallel=parallel)
+        queue.counters.recent_s = 2.0
+        for pending, base in cases.items():  # 2 s x (the line ahead + 1) / parallel
+            queue._pending = pending
+            waits = [queue.retry_after() for _ in range(200)]
+            assert all(base <= w < base * (1 + JITTER) for w in waits)
+            assert max(waits) - min(waits) > 0.5 * base * JITTER  # spread over the range, not one value
+        queue.close()

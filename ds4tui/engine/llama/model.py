@@ -475,6 +475,66 @@ class LlamaModel(Model):
             return None
         return self._logits(x[-1:])
 
+    def decode_batch(self, kvs: list[KvBuffers], tokens: list[int], positions: list[int]) -> list[torch.Tensor]:
+        """One decode step for B sequences together: token b at position positions[b] of the
+        session whose buffers are kvs[b] (each its own KV and position). The products run over
+        the B rows at once (each weight read once per step for all of them, through the
+        file's blocks: qgemm.c), RoPE and attention per row over that row's own buffers.
+        Returns each row's float32 logits [V]. The same math as B one-token forwards up to
+        float summation order (the fused step is a GEMV, this a GEMM): tests/engine/llama
+        states the tolerance. Without the C kernels and blocks: B forwards, one after another.
+        Call under torch.inference_mode()."""
+        b = len(tokens)
+        if not (self._c_kernels and self._block_products()) or b == 1:
+            return [self.forward(kv, [t], pos, True) for kv, t, pos in zip(kvs, tokens, positions)]
+        cfg = self.cfg
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        nqk = (hq + hkv) * d
+        eps, scale, w = cfg.rms_norm_eps, cfg.attn_scale, cfg.sliding_window
+        small = b <= _SMALL_ROWS or qgemv.backend() != "scalar"
+        at = torch.tensor(positions, dtype=torch.long)
+        ropes = {False: (self.cos[at].contiguous(), self.sin[at].contiguous()),  # [B, D/2]
+                 True: (self.local_cos[at].contiguous(), self.local_sin[at].contiguous())}
+        x = F.embedding(torch.tensor(tokens, dtype=torch.long), self.embed)  # [B, H]
+        if cfg.embed_scale != 1.0:
+            x = x * torch.tensor(cfg.embed_scale, dtype=torch.float32)
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, eps)
+            qkv = layer.wqkv(h, small)  # [B, (Hq + 2 Hkv) D]
+            cos, sin = ropes[layer.sliding]
+            qk = qk_rope(qkv, hq + hkv, d, cos, sin, layer.qk_norm, eps)  # [B, Hq + Hkv, D]
+            v_all_new = qkv[:, nqk:].view(b, hkv, d)
+            outs = []
+            for r in range(b):
+                pos, buf = positions[r], kvs[r][i]
+                k_all, v_all = buf[0], buf[1]
+                k_new = qk[r, hq:].unsqueeze(1).to(k_all.dtype)  # [Hkv, 1, D]
+                v_new = v_all_new[r].unsqueeze(1).to(k_all.dtype)
+                q = qk[r:r + 1, :hq]
+                if layer.sliding:
+                    outs.append(attend(q, k_all, v_all, qpos=pos, kbase=pos, k_new=k_new, v_new=v_new,
+                                       window=w, scale=scale))
+                    _ring_write(k_all, v_all, k_new, v_new, pos)
+                else:
+                    k_all[:, pos] = k_new[:, 0]
+                    v_all[:, pos] = v_new[:, 0]
+                    outs.append(attend(q, k_all, v_all, qpos=pos, kbase=pos + 1, scale=scale))
+            o = layer.wo(torch.cat(outs), small)
+            if layer.post_attn_norm is not None:
+                o = rms_norm(o, layer.post_attn_norm, eps)
+            x = x + o
+            h = rms_norm(x, layer.ffn_norm, eps)
+            o = layer.w2(glu(layer.w13(h, small), cfg.act), small)
+            if layer.post_ffn_norm is not None:
+                o = rms_norm(o, layer.post_ffn_norm, eps)
+            x = x + o
+        out = F.rms_norm(x, (cfg.hidden_size,), self.norm, eps)
+        logits = self.lm_head(out, True).float()  # [B, V]
+        if cfg.final_logit_softcapping:
+            cap = cfg.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return list(logits.unbind(0))
+
     def _logits(self, last: torch.Tensor) -> torch.Tensor:
         """float32 logits [V] of the final layer's output row last [1, H]."""
         cfg = self.cfg

@@ -53,6 +53,7 @@ its own type: an f16 file into an f32 session, or the reverse, is rejected.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import BinaryIO, Callable, Iterator, Protocol, Sequence, Union
 
 import numpy as np
@@ -95,6 +96,12 @@ LLAMA_PAYLOAD_VERSION = 1
 # The K/V types a session can hold ("f16" rounds each row once, when it is written).
 KV_DTYPES = {"f16": torch.float16, "f32": torch.float32}
 DEFAULT_KV_DTYPE = "f16"
+
+# One decode step for several sessions at once (LlamaModel.decode_batch); DS4TUI_BATCH_DECODE=0
+# decodes each on its own (the fused C step), one after another.
+def batch_decode_enabled() -> bool:
+    return os.environ.get("DS4TUI_BATCH_DECODE", "1") != "0"
+
 
 # Memory the marks of a session with sliding layers may hold in ring copies.
 MARK_BYTES = 64 << 20
@@ -222,6 +229,24 @@ class LlamaSession(Session):
         if not self.swa.replaying:
             self._maybe_snapshot(len(self.tokens) + len(tokens))
         return out
+
+    def _forward_together(self, others: Sequence[Session], tokens: Sequence[int]) -> list[torch.Tensor] | None:
+        batch = [self, *others]
+        model = self.model
+        if (not hasattr(model, "decode_batch") or not batch_decode_enabled()
+                or any(not isinstance(s, LlamaSession) or s.model is not model or s.swa.replaying for s in batch)):
+            return None
+        vocab = model.cfg.vocab_size
+        for s, t in zip(batch, tokens):
+            s._check_live()
+            if not 0 <= t < vocab:
+                raise ValueError(f"token id {t} outside vocab of {vocab}")
+            s._ahead = None  # as any forward of its own would
+        with torch.inference_mode():
+            logits = model.decode_batch([s.kv for s in batch], list(tokens), [len(s.tokens) for s in batch])
+        for s in batch:
+            s._maybe_snapshot(len(s.tokens) + 1)
+        return logits
 
     def reset(self) -> None:
         self._ahead = None
