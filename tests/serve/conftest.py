@@ -120,3 +120,21 @@ def greedy_controller(model, **config):
     values = dict(model=model.info.name, temperature=0.0, no_disk_cache=True, live_sessions=16)
     values.update(config)
     return ChatController(model, Config(**values))
+
+
+def reference_replies(model, conversations: list[list[dict]], max_tokens: int) -> list[str]:
+    """The embedded engine's greedy reply to each message list, one after another, alone: the
+    same StatelessChats the server runs (a later list reuses an earlier one's live session, as
+    on the server), without the server (and its scheduler) around it."""
+    from ds4tui.chat.stateless import StatelessChats
+    from ds4tui.chat.turn import TurnOptions
+    from ds4tui.engine.sampling import SamplingParams
+
+    chats = StatelessChats(greedy_controller(model, max_tokens=max_tokens))
+    options = TurnOptions(sampling=SamplingParams(temperature=0.0), max_tokens=max_tokens, drop_partial=True)
+    out = []
+    for messages in conversations:
+        done = chats.complete(messages, lambda e: None, options)
+        assert done is not None
+        out.append(done.text)
+    return out

@@ -44,7 +44,7 @@ def _client_run(url: str, c: int, out: dict, errors: list) -> None:
 
 
 def test_eight_clients_twenty_turns(server, tiny_llama):
-    from tests.serve.conftest import greedy_controller
+    from tests.serve.conftest import reference_replies
 
     out: dict = {}
     errors: list = []
@@ -60,14 +60,15 @@ def test_eight_clients_twenty_turns(server, tiny_llama):
     assert not any(th.is_alive() for th in threads), "a client did not finish in time"
     assert errors == []
 
-    # The reference: each conversation replayed on the embedded engine, greedy, alone.
-    ref = greedy_controller(tiny_llama, max_tokens=MAX_TOKENS)
+    # The reference: each conversation's requests (as its client sent them) on the embedded
+    # engine, greedy, alone.
     for c in range(CLIENTS):
-        conv = ref.new_conversation()
-        expected = []
+        conversation, requests = [], []
         for t in range(TURNS):
-            assert ref.send(conv.key, f"client {c} turn {t}: what comes next?") is not None
-            expected.append(conv.messages[-1]["content"])
+            conversation.append({"role": "user", "content": f"client {c} turn {t}: what comes next?"})
+            requests.append(list(conversation))
+            conversation.append({"role": "assistant", "content": out[c]["replies"][t]})
+        expected = reference_replies(tiny_llama, requests, MAX_TOKENS)
         assert out[c]["replies"] == expected, f"client {c} got someone else's or a wrong reply"
 
     state = server.health()

@@ -28,14 +28,9 @@ def ask(c: openai.OpenAI, messages, **kw):
 
 def reference(model, messages, max_tokens=8) -> str:
     """The greedy reply of the embedded engine (cold prefill of the same rendered prompt)."""
-    from tests.serve.conftest import greedy_controller
+    from tests.serve.conftest import reference_replies
 
-    ctl = greedy_controller(model, max_tokens=max_tokens)
-    conv = ctl.new_conversation()
-    conv.messages = [dict(m) for m in messages[:-1]]
-    done = ctl.send(conv.key, messages[-1]["content"])
-    assert done is not None
-    return conv.messages[-1]["content"]
+    return reference_replies(model, [messages], max_tokens)[0]
 
 
 def test_models_and_health(server):
