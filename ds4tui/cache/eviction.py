@@ -21,13 +21,13 @@ be loaded.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from ds4tui.cache.entry import KvEntry
 from ds4tui.format.kvc import REASON_CONTINUED
 from ds4tui.cache.policy import CachePolicy, ScoreParts
+from ds4tui.cache.prefixes import PrefixTree
 from ds4tui.format.display import human_bytes
 
 _ZERO = ScoreParts(0.0, 1.0, 1.0, 0.0)
@@ -81,56 +81,49 @@ def mark_superseded(entries: list[KvEntry], read_text: Callable[[KvEntry], bytes
     """Set `superseded` on continued entries strictly covered by a newer file, and
     `held_by`/`duplicate` on anonymous entries a titled session holds.
 
-    Only texts of possible superseders are read, each at most once.
+    Texts are read only when there is something to decide (a titled session beside
+    anonymous files, or a continued checkpoint), each once; the relations come from one
+    sort of them (prefixes.PrefixTree), not from comparing every pair.
     """
-    texts: dict[str, bytes | None] = {}
-
-    def cached_text(f: KvEntry) -> bytes | None:
-        if f.path not in texts:
-            texts[f.path] = read_text(f)
-        return texts[f.path]
-
-    _mark_held_by_titled(entries, cached_text)
-    waypoints = [e for e in entries if _usable(e) and e.header.reason_code == REASON_CONTINUED
-                 and not e.header.titled and e.header.text_bytes > 0 and e.sha]
-    if not waypoints:
+    usable = [e for e in entries if _usable(e) and e.sha and e.header.text_bytes > 0]
+    waypoints = [e for e in usable if e.header.reason_code == REASON_CONTINUED and not e.header.titled]
+    has_titled = any(e.header.titled for e in usable)
+    if not waypoints and not (has_titled and any(not e.header.titled for e in usable)):
         return
-
-    def text_of(f: KvEntry | Incoming) -> bytes | None:
-        return f.text if isinstance(f, Incoming) else cached_text(f)
-
-    others: list[KvEntry | Incoming] = [f for f in entries if _usable(f) and not f.header.titled]
-    if incoming is not None:
-        others.append(incoming)
+    tree = PrefixTree({id(e): read_text(e) for e in usable})
+    by_id = {id(e): e for e in usable}
+    _mark_held_by_titled(usable, tree, by_id)
     for e in waypoints:
-        for f in others:
-            if f is e or not _covers(f if isinstance(f, Incoming) else f.header, e):
-                continue
-            text = text_of(f)
-            if text is not None and hashlib.sha1(text[:e.header.text_bytes]).hexdigest() == e.sha:
+        for k in tree.extensions(id(e)):
+            f = by_id[k]
+            if not f.header.titled and _covers(f.header, e):
                 e.superseded = True
                 break
+        else:
+            text = tree.text(id(e))
+            if (incoming is not None and text is not None and _covers(incoming, e)
+                    and incoming.text.startswith(text)):
+                e.superseded = True
 
 
-def _mark_held_by_titled(entries: list[KvEntry], text_of: Callable[[KvEntry], bytes | None]) -> None:
-    """Anonymous entries whose text a titled session of the same model starts with."""
-    titled = [f for f in entries if _usable(f) and f.header.titled and f.sha]
-    anonymous = [e for e in entries if _usable(e) and not e.header.titled and e.sha and e.header.text_bytes > 0]
-    if not titled or not anonymous:
-        return
-    for e in anonymous:
+def _mark_held_by_titled(usable: list[KvEntry], tree: PrefixTree, by_id: dict[int, KvEntry]) -> None:
+    """Anonymous entries whose text a titled session of the same model starts with: the one
+    whose text equals it when there is one (a duplicate), else the last such session listed."""
+    order = {id(e): i for i, e in enumerate(usable)}
+    for e in usable:
         h = e.header
-        for f in titled:
-            if f.header.text_bytes < h.text_bytes or not _same_model(f.header, h):
-                continue
-            text = text_of(f)
-            if text is None or hashlib.sha1(text[:h.text_bytes]).hexdigest() != e.sha:
-                continue
-            e.held_by = f.sha
-            e.duplicate = f.header.text_bytes == h.text_bytes
-            e.superseded = True
-            if e.duplicate:
-                break
+        if h.titled:
+            continue
+        same = [by_id[k] for k in tree.same(id(e)) if by_id[k].header.titled and _same_model(by_id[k].header, h)]
+        if same:
+            holder = min(same, key=lambda f: order[id(f)])
+            e.held_by, e.duplicate, e.superseded = holder.sha, True, True
+            continue
+        longer = [by_id[k] for k in tree.extensions(id(e)) if by_id[k].header.titled
+                  and _same_model(by_id[k].header, h)]
+        if longer:
+            holder = max(longer, key=lambda f: order[id(f)])
+            e.held_by, e.duplicate, e.superseded = holder.sha, False, True
 
 
 def score_entries(entries: Iterable[KvEntry], policy: CachePolicy, now: float) -> None:

@@ -20,6 +20,7 @@ from ds4tui.cache.entry import NOT_LOADABLE, PREVIEW_BYTES, Acceptor, KvEntry, i
 from ds4tui.format.kvc import PREFIX_BYTES, KvcFormatError, read_kvc
 from ds4tui.cache.safe_open import open_regular
 from ds4tui.cache.store import KvStore
+from ds4tui.cache.prefixes import PrefixTree
 from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, read_fingerprint
 
 # Texts searched by the filter stay in memory; past this a file is searched by
@@ -163,32 +164,31 @@ def chat_of(entries: list[KvEntry], texts: TextIndex) -> dict[str, ChatOf]:
     """For each untitled file, the titled session (same model) it belongs to: the one whose
     text equals or extends it (the store's `held_by`), or the one it extends (a checkpoint
     written after the chat's last save). A file that starts several sessions (a shared
-    system prompt) belongs to none of them: it is `shared` by them."""
+    system prompt) belongs to none of them: it is `shared` by them. The relations come
+    from one sort of the texts (prefixes.PrefixTree)."""
     titled = [e for e in entries if e.header is not None and e.header.titled and e.sha and not e.corrupt]
+    untitled = [e for e in entries if e.header is not None and not e.header.titled and not e.corrupt]
+    if not titled or not untitled:
+        return {}
+    tree = PrefixTree({e.path: texts.text(e.path) or None for e in titled + untitled})
+    is_titled = {e.path: e for e in titled}
     out: dict[str, ChatOf] = {}
-    for e in entries:
-        if e.header is None or e.header.titled or e.corrupt or not titled:
+    for e in untitled:
+        model = e.header.model_id
+        mine = [is_titled[p] for p in tree.same(e.path) + tree.extensions(e.path)
+                if p in is_titled and is_titled[p].header.model_id == model]
+        if len(mine) > 1:
+            out[e.path] = ChatOf(shared=len(mine))
             continue
-        text = texts.text(e.path)
-        if not text:
-            continue
-        extends, started = [], []
-        for t in titled:
-            if t.header.model_id != e.header.model_id:
+        if mine:
+            owner = mine[0]
+        else:  # the longest session it extends
+            extends = [is_titled[p] for p in tree.prefixes(e.path)
+                       if p in is_titled and is_titled[p].header.model_id == model]
+            if not extends:
                 continue
-            other = texts.text(t.path)
-            if not other:
-                continue
-            if other.startswith(text):
-                started.append(t)
-            elif text.startswith(other):
-                extends.append(t)
-        if len(started) == 1 or (not started and extends):
-            # The closest: the session it starts, else the longest one it extends.
-            owner = started[0] if started else max(extends, key=lambda t: t.header.text_bytes)
-            out[e.path] = ChatOf(owner.sha, owner.title)
-        elif len(started) > 1:
-            out[e.path] = ChatOf(shared=len(started))
+            owner = max(extends, key=lambda t: t.header.text_bytes)
+        out[e.path] = ChatOf(owner.sha, owner.title)
     return out
 
 
