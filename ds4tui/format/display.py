@@ -98,6 +98,20 @@ def score_text(score: float) -> str:
     return f"{value / 1_000_000:.1f}M"
 
 
+def count_text(n: int, width: int) -> str:
+    """A count in at most `width` characters, never cut: whole when it fits, else with a unit
+    (4294967295 in 4 columns: `4.3G`; 12345: `12k`). A count no unit can fit shows whole."""
+    whole = str(n)
+    if len(whole) <= width or n < 0:
+        return whole
+    for unit, size in (("k", 10**3), ("M", 10**6), ("G", 10**9), ("T", 10**12)):
+        v = n / size
+        for shown in (f"{v:.1f}{unit}", f"{v:.0f}{unit}"):
+            if len(shown) <= width and not shown.startswith("1000"):
+                return shown
+    return whole
+
+
 def relative_time(ts: int | None, now: float, never: str = "never") -> str:
     """`just now`, `5m ago`, `3h ago`, `2d ago`; a future stamp (a writer with a skewed
     clock) reads `in 5m`. Below a minute it is "just now", never "0m ago"."""

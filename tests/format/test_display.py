@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ds4tui.format.display import human_bytes, one_line, safe_lines, safe_text
+from ds4tui.format.display import count_text, human_bytes, one_line, safe_lines, safe_text
 
 # Every character the rule keeps off the terminal: C0, DEL, C1, bidi embedding/override/isolate.
 UNSAFE = ([chr(c) for c in range(0x20)] + [chr(c) for c in range(0x7F, 0xA0)]
@@ -51,3 +51,24 @@ def test_one_line_collapses_whitespace_then_escapes_and_cuts():
 ])
 def test_human_bytes(n, shown):
     assert human_bytes(n) == shown
+
+
+@pytest.mark.parametrize("n, width, shown", [
+    (7, 4, "7"), (9999, 4, "9999"), (12345, 4, "12k"), (99_999, 4, "100k"), (999_999, 4, "1.0M"),
+    (4294967295, 4, "4.3G"), (4294967295, 6, "4295M"), (4294967295, 10, "4294967295"), (123456, 6, "123456"),
+])
+def test_a_count_fits_its_column_and_is_never_cut(n, width, shown):
+    assert count_text(n, width) == shown and len(shown) <= width
+
+
+def test_the_browser_hits_cell_of_the_largest_count_is_whole():
+    from ds4tui.cache.entry import KvEntry
+    from ds4tui.format.kvc import KvcHeader
+    from ds4tui.screens.widgets.kv_table import COLUMNS, row_cells
+
+    h = KvcHeader(quant_bits=8, reason_code=1, ext_flags=0, model_id=0x80, tokens=4294967295, hits=4294967295,
+                  ctx_size=4096, payload_abi=128, created_at=1, last_used=1, payload_bytes=0, text_bytes=0)
+    cells = row_cells(KvEntry(path="x.kv", sha=None, file_bytes=52, header=h), now=2)
+    widths = {c.key: c.width for c in COLUMNS}
+    assert cells["hits"].plain == "4.3G" and len(cells["hits"].plain) <= widths["hits"]
+    assert cells["tokens"].plain == "4295M"  # 6 columns: the closer unit that fits

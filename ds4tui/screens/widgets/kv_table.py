@@ -20,7 +20,7 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from ds4tui.cache.entry import KvEntry
-from ds4tui.format.display import human_bytes, relative_time, score_text
+from ds4tui.format.display import count_text, human_bytes, relative_time, score_text
 from ds4tui.chat.file_names import BELONGS, FileName, name_of
 from ds4tui.screens.widgets.kv_format import safe_cell
 from ds4tui.screens.widgets.title_fit import fitted_title
@@ -123,16 +123,17 @@ def row_cells(e: KvEntry, now: float, name: FileName | None = None, title_width:
               ) -> dict[str, Text]:
     h = e.header
 
-    def num(v: int | None) -> Text:
-        return Text("—" if v is None else str(v), justify="right")
+    def num(v: int | None, key: str) -> Text:
+        # Within the column's width, never cut: 4294967295 hits read `4.3G`, not `4294`.
+        return Text("—" if v is None else count_text(v, _BY_KEY[key].width), justify="right")
 
     cells = [
         title_cell(e, name, title_width),
         Text(relative_time(h.last_used, now) if h else "—"),
         Text(relative_time(h.created_at, now) if h else "—"),
         Text(human_bytes(e.file_bytes), justify="right"),
-        num(h.tokens if h else None),
-        num(h.hits if h else None),
+        num(h.tokens if h else None, "tokens"),
+        num(h.hits if h else None, "hits"),
         Text(h.reason if h else "—"),
         Text(e.model if h else "—"),
         Text("●" if e.pinned else "", style="bold magenta"),
