@@ -86,6 +86,9 @@ def add_bench_command(subparsers) -> None:
     p.add_argument("--no-moves", action="store_true", help="skip the regenerate / edit / fork timings")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--cache-dir", help="cache directory to use (default: a temporary one, removed afterwards)")
+    p.add_argument("--files", type=int, help="instead: time kv ls, the lookup, eviction planning and the browser's"
+                   " first screen over a generated directory of this many files (goal: <= 1 s each)")
+    p.add_argument("--payload-kib", type=int, default=16, help="with --files: payload size of each file (default 16)")
     p.add_argument("--side", choices=["cold", "hit"], help=argparse.SUPPRESS)
     p.add_argument("--page-cache", choices=["hot", "cold"], default="hot", help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
@@ -99,6 +102,8 @@ def run_bench_cache(args: argparse.Namespace) -> int:
         return 0
     from ds4tui.cli.errors import CliError
 
+    if args.files is not None:
+        return _run_scale(args)
     if args.tokens < 64:
         raise CliError("--tokens must be at least 64")
     if args.runs < 1:
@@ -110,6 +115,18 @@ def run_bench_cache(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         print(_table(result))
+    return 0
+
+
+def _run_scale(args: argparse.Namespace) -> int:
+    from ds4tui.bench.cache_scale import run_scale, scale_table
+    from ds4tui.cli.errors import CliError
+
+    if args.files < 1:
+        raise CliError("--files must be at least 1")
+    with tempfile.TemporaryDirectory(prefix="ds4tui-bench-scale-") as tmp:
+        result = run_scale(args.files, args.payload_kib << 10, Path(tmp))
+    print(json.dumps(result, indent=2) if args.json else scale_table(result))
     return 0
 
 

@@ -8,6 +8,8 @@ checks that none of those ended up in sys.modules.
     entry.py     one file decoded for people (KvEntry, inspect_file, Acceptor)
     policy.py    tunables: store length, frontiers, headroom, eviction score
     eviction.py  superseded checkpoints, the victim order, the dry-run EvictionPlan
+    prefixes.py  which stored texts start with which (one sort, for eviction and the browser)
+    index.py     the header index: each file version's listing fields and text, in SQLite beside the files
     store.py     KvStore, the facade the rest of ds4tui holds: lookup, load, save, touch, pin, evict
     listing.py   the directory under its budget: names, every file decoded and scored
     lookup.py    the files whose text prefixes a prompt (stat-keyed header and text-SHA memos)

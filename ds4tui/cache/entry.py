@@ -37,7 +37,7 @@ from ds4tui.cache.integrity import verify_file
 from ds4tui.cache.policy import ScoreParts
 from ds4tui.format.display import safe_text
 from ds4tui.cache.safe_open import NotRegularFile, open_regular
-from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, MODEL_ID_DSV4_CUSTOM, MODEL_ID_LLAMA
+from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, MODEL_ID_DSV4_CUSTOM, MODEL_ID_LLAMA, read_fingerprint
 
 # Model ids ds4tui has an engine for; files with other ids are listed, never loaded.
 DS4TUI_MODEL_IDS = frozenset({MODEL_ID_LLAMA, MODEL_ID_DSV4_CUSTOM})
@@ -192,11 +192,14 @@ def _judge(entry: KvEntry, acceptor: Acceptor | None) -> KvEntry:
 
 
 def inspect_file(path: str | os.PathLike, *, acceptor: Acceptor | None = ANY_DS4TUI,
-                 deep: bool = True, preview_bytes: int = PREVIEW_BYTES, verify: bool = False) -> KvEntry:
+                 deep: bool = True, preview_bytes: int = PREVIEW_BYTES, verify: bool = False,
+                 keep: dict | None = None) -> KvEntry:
     """Decode one file. `deep` also reads the text (hash check), the payload's
     DSV4 header (token count check) and the trailers; without it only the 52
     header bytes are read, which is what eviction and lookup need. `verify`
-    (with `deep`) reads the whole file to check its checksum."""
+    (with `deep`) reads the whole file to check its checksum. `keep` (a dict) receives
+    what the header index stores beside the entry: "head" (the raw header bytes), "text",
+    "fingerprint" (a ds4tui payload's model fingerprint)."""
     path = Path(path)
     entry = KvEntry(path=str(path), sha=sha_from_name(path.name), file_bytes=0, deep=deep)
     try:
@@ -204,12 +207,12 @@ def inspect_file(path: str | os.PathLike, *, acceptor: Acceptor | None = ANY_DS4
             st = os.fstat(fp.fileno())
             entry.file_bytes = st.st_size
             entry.stat_key = (st.st_ino, st.st_size, st.st_mtime_ns)
-            failed = _read_header(entry, fp)
+            failed = _read_header(entry, fp, keep)
             if failed is not None:
                 return failed
             if not deep:
                 return _judge(entry, acceptor)
-            return _inspect_deep(entry, fp, acceptor, preview_bytes, verify)
+            return _inspect_deep(entry, fp, acceptor, preview_bytes, verify, keep)
     except FileNotFoundError:
         return _fail(entry, "file not found", corrupt=False)
     except NotRegularFile as exc:
@@ -231,9 +234,11 @@ def _header_failed(entry: KvEntry, head: bytes, exc: KvcFormatError) -> KvEntry:
     return _fail(entry, str(exc), corrupt=True)
 
 
-def _read_header(entry: KvEntry, fp) -> KvEntry | None:
+def _read_header(entry: KvEntry, fp, keep: dict | None = None) -> KvEntry | None:
     """Fill entry.magic and entry.header from the first 52 bytes; the failed entry if they do not decode."""
     head = fp.read(PREFIX_BYTES)
+    if keep is not None:
+        keep["head"] = head
     entry.magic = safe_text(head[:3])
     try:
         entry.header = decode_header(head)
@@ -242,11 +247,16 @@ def _read_header(entry: KvEntry, fp) -> KvEntry | None:
     return None
 
 
-def _inspect_deep(entry: KvEntry, fp, acceptor: Acceptor | None, preview_bytes: int, verify: bool) -> KvEntry:
+def _inspect_deep(entry: KvEntry, fp, acceptor: Acceptor | None, preview_bytes: int, verify: bool,
+                  keep: dict | None = None) -> KvEntry:
     try:
         kf = read_kvc(fp)
     except KvcFormatError as exc:
         return _fail(entry, str(exc), corrupt=True)
+    if keep is not None:
+        keep["text"] = kf.text
+        if kf.header.payload_abi == DS4TUI_PAYLOAD_ABI and kf.payload_header is not None:
+            keep["fingerprint"] = read_fingerprint(fp, kf.payload_offset, kf.header.payload_bytes)
     _fill_from_file(entry, kf, preview_bytes)
     entry.checksum = "none" if kf.checksum is None else "unchecked"
     if verify and kf.checksum is not None:
@@ -283,3 +293,41 @@ def _fill_from_file(entry: KvEntry, kf: KvcFile, preview_bytes: int) -> None:
         "trailer_bytes": kf.trailer_bytes,
         "extra_bytes": kf.extra_bytes,
     }
+
+
+# The fields of an acceptor-free deep inspection that the header index stores (index.py).
+_RECORD_FIELDS = ("sha", "file_bytes", "magic", "error", "corrupt", "not_loadable", "title",
+                  "text_preview", "payload", "trailers", "checksum", "stat_key")
+
+
+def entry_record(e: KvEntry) -> dict:
+    """`e` (inspected with acceptor=None, deep) as the header index stores it."""
+    out = {f: getattr(e, f) for f in _RECORD_FIELDS}
+    out["title_bytes"] = e.title_bytes.hex() if e.title_bytes is not None else None
+    return out
+
+
+def entry_from_record(path: str, head: bytes, record: dict, acceptor: Acceptor | None) -> KvEntry | None:
+    """The entry `inspect_file(path, acceptor=acceptor)` would give for the indexed version;
+    None when the record is not one this code wrote (the file is then read instead)."""
+    try:
+        e = KvEntry(path=path, sha=record["sha"], file_bytes=int(record["file_bytes"]), deep=True)
+        for f in _RECORD_FIELDS[2:]:
+            setattr(e, f, record[f])
+        e.stat_key = tuple(record["stat_key"]) if record["stat_key"] else None
+        tb = record.get("title_bytes")
+        e.title_bytes = bytes.fromhex(tb) if tb is not None else None
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    try:
+        e.header = decode_header(head)
+    except KvcFormatError:
+        e.header = None
+    if e.header is None and e.error is None:
+        return None  # claims a valid file whose header does not decode
+    if e.valid and e.header is not None and acceptor is not None:
+        why = acceptor.why_not(e.header)
+        if why:
+            e.not_loadable = why
+            _fail(e, NOT_LOADABLE + why, corrupt=False)
+    return e

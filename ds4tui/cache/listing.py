@@ -11,13 +11,15 @@ existing files (edits.py); `KvStore` (store.py) puts them together.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from ds4tui.cache import eviction, files
-from ds4tui.cache.entry import ANY_DS4TUI, Acceptor, KvEntry, inspect_file
+from ds4tui.cache.entry import ANY_DS4TUI, Acceptor, KvEntry, entry_from_record, entry_record, inspect_file
+from ds4tui.cache.index import FileRecord, HeaderIndex
 from ds4tui.cache.policy import DEFAULT_POLICY, MIB, CachePolicy
 from ds4tui.cache.safe_open import CacheDirError, dir_problem
 from ds4tui.format.kvc import kv_name, sha_from_name
@@ -32,6 +34,8 @@ class CacheDirectory:
         self.policy = policy
         self.budget_bytes = int((budget_mb if budget_mb is not None else policy.budget_mb) * MIB)
         self._clock = clock
+        self.index = HeaderIndex(self.dir)
+        self._records: dict[str, FileRecord] = {}  # path -> the index's record, as of the last scan
 
     def now(self) -> float:
         """The injected clock (Unix seconds): last_used, created_at and scores read it."""
@@ -67,17 +71,81 @@ class CacheDirectory:
         return [s for s in self.shas() if s.startswith(prefix)]
 
     def scan(self, *, deep: bool = False, acceptor: Acceptor | None = None, verify: bool = False) -> list[KvEntry]:
-        """Every cache file, decoded (`verify`: checksums checked too). Files that vanish mid-scan are skipped."""
-        entries = []
-        shas = self.shas()
+        """Every cache file, decoded (`verify`: checksums checked too). Files that vanish mid-scan are skipped.
+
+        A file whose version (inode, size, mtime) the header index holds is not opened: its
+        entry, raw header and text come from there (index.py); the others are read whole
+        (`deep` or not) and indexed. `verify` reads every file."""
+        found = self.stat_keys()
         files.remove_stale_tmp(self.dir, self.policy.stale_tmp_s)  # crashed writers' leftovers, at once
-        for sha in shas:
-            e = inspect_file(self.path_for(sha), acceptor=acceptor, deep=deep, verify=verify)
+        # A deep listing names every file from its text; a quick one (a save's or an eviction's)
+        # fetches a text only if scoring asks for it (text_of), so none is held in memory.
+        records = self.index.load(with_text=deep) if not verify else {}
+        fresh: dict[str, FileRecord] = {}
+        entries, self._records = [], {}
+        read_at = time.time()
+        base = str(self.dir)
+        for name in sorted(found):
+            path = os.path.join(base, name)
+            rec = records.get(name)
+            e = None
+            if rec is not None and rec.fresh_for(found[name]):
+                e = entry_from_record(path, rec.head, rec.entry, acceptor)
+            if e is None:
+                keep: dict = {}
+                e = inspect_file(path, acceptor=None, deep=True, verify=verify, keep=keep)
+                if e.error == "file not found":
+                    continue
+                rec = None
+                if e.regular and e.stat_key is not None and "head" in keep:
+                    text = keep.get("text")
+                    rec = FileRecord(e.stat_key, keep["head"], entry_record(e), text, keep.get("fingerprint"),
+                                     read_at, hashlib.sha1(text).hexdigest() if text is not None else None)
+                    fresh[name] = rec
+                    e = entry_from_record(path, rec.head, rec.entry, acceptor) or e
+                elif acceptor is not None:
+                    e = inspect_file(path, acceptor=acceptor, deep=True, verify=verify)
             if repaired(e, acceptor):
-                e = inspect_file(self.path_for(sha), acceptor=acceptor, deep=deep, verify=verify)
-            if e.error != "file not found":
-                entries.append(e)
+                e = inspect_file(path, acceptor=acceptor, deep=True, verify=verify)
+                rec = None
+            if rec is not None:
+                self._records[e.path] = rec
+            entries.append(e)
+        if fresh or records.keys() - found.keys():
+            self.index.store(fresh, keep=set(found))
+        if not deep:
+            for rec in fresh.values():
+                rec.text = None
         return entries
+
+    def stat_keys(self) -> dict[str, files.StatKey]:
+        """Every cache-file name in the directory with its (inode, size, mtime_ns): one scandir, no opens.
+
+        Raises CacheDirError when the path is not a readable directory."""
+        try:
+            with os.scandir(self.dir) as it:
+                found = {}
+                for entry in it:
+                    if sha_from_name(entry.name):
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except FileNotFoundError:
+                            continue
+                        found[entry.name] = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise self.dir_error(exc) from None
+        return found
+
+    def indexed_text(self, path: str) -> bytes | None:
+        """The text of the file at `path` as the last scan's index record holds it, or None."""
+        rec = self._records.get(path)
+        return rec.text if rec is not None else None
+
+    def record(self, path: str) -> FileRecord | None:
+        """What the last scan knew of the file at `path` (raw header, text, fingerprint), if indexed."""
+        return self._records.get(path)
 
     def entries(self, acceptor: Acceptor | None = ANY_DS4TUI, *, verify: bool = False) -> list[KvEntry]:
         """Every file fully inspected and scored: what `kv ls` and the cache browser show."""
@@ -85,12 +153,40 @@ class CacheDirectory:
 
     def score(self, entries: list[KvEntry], incoming: eviction.Incoming | None = None) -> list[KvEntry]:
         """Fill in `superseded` and `score` (reads the texts of possible superseders)."""
-        eviction.mark_superseded(entries, self.text_of, incoming)
+        held = self._fetch_texts(entries)
+        try:
+            eviction.mark_superseded(entries, self.text_of, incoming)
+        finally:
+            for rec in held:
+                rec.text = None  # a quick scan's texts are not kept in memory
         eviction.score_entries(entries, self.policy, self.now())
         return entries
 
+    def _fetch_texts(self, entries: list[KvEntry]) -> list[FileRecord]:
+        """Give the indexed records of `entries` that lack their text (a quick scan's) the index's
+        copy, in one query; the records filled."""
+        want = {os.path.basename(e.path): rec.key for e in entries
+                if (rec := self._records.get(e.path)) is not None and rec.text is None and e.stat_key == rec.key}
+        if not want:
+            return []
+        got = self.index.texts(want)
+        filled = []
+        for e in entries:
+            rec = self._records.get(e.path)
+            name = os.path.basename(e.path)
+            if rec is not None and rec.text is None and name in got:
+                rec.text = got[name]
+                filled.append(rec)
+        return filled
+
     def text_of(self, e: KvEntry) -> bytes | None:
-        """The stored text of a listed file (None when it cannot be read back)."""
+        """The stored text of a listed file (None when it cannot be read back): the index's
+        copy when the last scan had the same version of the file."""
+        rec = self._records.get(e.path)
+        if rec is not None and e.stat_key == rec.key:
+            text = rec.text if rec.text is not None else self.index.text(os.path.basename(e.path), rec.key)
+            if text is not None and len(text) == e.header.text_bytes:
+                return text
         return files.read_text(e.path, e.header.text_bytes)
 
     def temp_bytes(self) -> int:

@@ -3,7 +3,9 @@
 Owns: `PrefixLookup`, the per-message lookup and the two memos that keep it to one
 stat per file: each file's decoded header keyed by (inode, size, mtime_ns), and a
 titled file's text SHA-1 under the same key (a titled session is named by its title,
-so what it holds must be hashed from its text, once per file version).
+so what it holds must be hashed from its text, once per file version). A file the memo
+does not know is taken from the header index (index.py) when it holds that version, so
+the first message after a start opens no file that has not changed.
 Leaves to loading.py checking and restoring the file it picks (which re-reads the
 header, so a stale memo can cost a hit, never load a wrong file).
 """
@@ -15,9 +17,8 @@ import os
 from pathlib import Path
 
 from ds4tui.cache import files
-from ds4tui.cache.entry import Acceptor, KvEntry, inspect_file
+from ds4tui.cache.entry import Acceptor, KvEntry, entry_from_record, inspect_file
 from ds4tui.cache.listing import CacheDirectory, repaired
-from ds4tui.format.kvc import sha_from_name
 
 StatKey = tuple[int, int, int]  # (inode, size, mtime_ns): a file version
 
@@ -94,21 +95,32 @@ class PrefixLookup:
         files.remove_stale_tmp(d.dir, d.policy.stale_tmp_s)
         memo, self._headers = self._headers, {}
         entries = []
+        indexed: dict | None = None  # the header index, read (without texts) at the first miss
         for name in sorted(found):
             key = found[name]
             old = memo.get(name)
             if old is not None and old[0] == key and old[1] == acceptor:
                 e = old[2]
+                self._headers[name] = (key, acceptor, e)
+                entries.append(e)
+                continue
+            if indexed is None:
+                indexed = d.index.load(with_text=False)
+            rec = indexed.get(name)
+            path = d.dir / name
+            e = entry_from_record(str(path), rec.head, rec.entry, acceptor) if rec and rec.fresh_for(key) else None
+            if e is not None:
+                if rec.text_sha is not None:
+                    self._text_shas[name] = (key, rec.text_sha)
             else:
-                path = d.dir / name
                 e = inspect_file(path, acceptor=acceptor, deep=False)
-                if repaired(e, acceptor):
-                    e = inspect_file(path, acceptor=acceptor, deep=False)
-                    try:
-                        st = os.stat(path, follow_symlinks=False)
-                        key = (st.st_ino, st.st_size, st.st_mtime_ns)
-                    except OSError:
-                        continue
+            if repaired(e, acceptor):
+                e = inspect_file(path, acceptor=acceptor, deep=False)
+                try:
+                    st = os.stat(path, follow_symlinks=False)
+                    key = (st.st_ino, st.st_size, st.st_mtime_ns)
+                except OSError:
+                    continue
             if e.error == "file not found":
                 continue
             self._headers[name] = (key, acceptor, e)
@@ -121,19 +133,4 @@ class PrefixLookup:
         """Every cache-file name in the directory with its stat key (one scandir, no opens).
 
         Raises CacheDirError when the path is not a readable directory."""
-        d = self.directory
-        try:
-            with os.scandir(d.dir) as it:
-                found = {}
-                for entry in it:
-                    if sha_from_name(entry.name):
-                        try:
-                            st = entry.stat(follow_symlinks=False)
-                        except FileNotFoundError:
-                            continue
-                        found[entry.name] = (st.st_ino, st.st_size, st.st_mtime_ns)
-        except FileNotFoundError:
-            found = {}
-        except OSError as exc:
-            raise d.dir_error(exc) from None
-        return found
+        return self.directory.stat_keys()

@@ -39,6 +39,8 @@ class BrowserScan:
     fingerprints: dict[str, bytes] = field(default_factory=dict)  # path -> 32-byte model fingerprint
     # Untitled files -> the chat they belong to (see `chat_of`).
     chats: dict[str, ChatOf] = field(default_factory=dict)
+    # Files whose checksum this scan left unread (a first screen; a second pass reads them).
+    unchecked: int = 0
 
 
 @dataclass(frozen=True)
@@ -56,28 +58,33 @@ class TextIndex:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # path -> ((inode, size, mtime_ns), casefolded text, preview, text)
-        self._texts: dict[str, tuple[tuple[int, int, int], str, str, str]] = {}
+        # path -> ((inode, size, mtime_ns), casefolded text or None until needed, preview, text)
+        self._texts: dict[str, tuple[tuple[int, int, int], str | None, str, str]] = {}
 
-    def refresh(self, e: KvEntry) -> None:
-        """Make sure `e`'s text is current; give a corrupt file (no preview from inspection) one."""
-        try:
-            st = os.lstat(e.path)
-        except OSError:
-            return
-        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+    def refresh(self, e: KvEntry, known: bytes | None = None) -> None:
+        """Make sure `e`'s text is current; give a corrupt file (no preview from inspection) one.
+        `known`: the text of the version `e.stat_key` names, when the header index had it."""
+        key = e.stat_key
+        if key is None or known is None:
+            try:
+                st = os.lstat(e.path)
+            except OSError:
+                return
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
         with self._lock:
             cached = self._texts.get(e.path)
         if cached is None or cached[0] != key:
             text = ""
-            if e.header is not None:
+            if known is not None:
+                text = known[:FILTER_TEXT_CAP].decode("utf-8", "replace")
+            elif e.header is not None:
                 try:
                     with open_regular(e.path) as fp:
                         fp.seek(PREFIX_BYTES)
                         text = fp.read(min(e.header.text_bytes, FILTER_TEXT_CAP)).decode("utf-8", "replace")
                 except OSError:
                     pass
-            cached = (key, text.casefold(), text[:PREVIEW_BYTES], text)
+            cached = (key, None, text[:PREVIEW_BYTES], text)  # casefolded when the filter first needs it
             with self._lock:
                 self._texts[e.path] = cached
         if not e.text_preview:
@@ -103,6 +110,9 @@ class TextIndex:
             return True
         with self._lock:
             cached = self._texts.get(e.path)
+            if cached is not None and cached[1] is None:
+                cached = (cached[0], cached[3].casefold(), cached[2], cached[3])
+                self._texts[e.path] = cached
         return needle in (cached[1] if cached else (e.text_preview or "").casefold())
 
 
@@ -114,27 +124,35 @@ class ChecksumIndex:
         self._lock = threading.Lock()
         self._verdicts: dict[str, tuple[tuple[int, int], str, str | None]] = {}  # path -> (key, verdict, error)
 
-    def apply(self, e: KvEntry) -> None:
-        """Fill e.checksum ("ok" / "mismatch"); a mismatch makes the entry corrupt with its reason."""
+    def apply(self, e: KvEntry, *, read: bool = True) -> bool:
+        """Fill e.checksum ("ok" / "mismatch"); a mismatch makes the entry corrupt with its reason.
+        Without `read` only a verdict already known is applied. False when `e` still has an
+        unchecked checksum."""
         if e.checksum != "unchecked":
-            return
-        try:
-            st = os.lstat(e.path)
-        except OSError:
-            return
-        key = (st.st_ino, st.st_size)
+            return True
+        if e.stat_key is not None:
+            key = (e.stat_key[0], e.stat_key[1])
+        else:
+            try:
+                st = os.lstat(e.path)
+            except OSError:
+                return True
+            key = (st.st_ino, st.st_size)
         with self._lock:
             cached = self._verdicts.get(e.path)
         if cached is None or cached[0] != key:
+            if not read:
+                return False
             checked = inspect_file(e.path, acceptor=None, verify=True, preview_bytes=0)
             if checked.checksum not in ("ok", "mismatch"):
-                return
+                return True
             cached = (key, checked.checksum, checked.error if checked.checksum == "mismatch" else None)
             with self._lock:
                 self._verdicts[e.path] = cached
         e.checksum = cached[1]
         if cached[2]:
             e.error, e.corrupt, e.not_loadable = cached[2], True, None
+        return True
 
     def forget_except(self, paths: set[str]) -> None:
         with self._lock:
@@ -143,13 +161,20 @@ class ChecksumIndex:
 
 
 def scan(store: KvStore, acceptor: Acceptor, *, gen: int, now: float, texts: TextIndex,
-         model_fingerprint: bytes | None = None, checksums: ChecksumIndex | None = None) -> BrowserScan:
+         model_fingerprint: bytes | None = None, checksums: ChecksumIndex | None = None,
+         read_checksums: bool = True) -> BrowserScan:
     """Every file, scored, with its raw header bytes and fingerprint; `texts` (and `checksums`)
-    are brought up to date."""
+    are brought up to date. Without `read_checksums` only verdicts already known are applied
+    (no file is read whole): `unchecked` then says how many are still to read."""
     result = BrowserScan(gen, now, store.entries(acceptor=acceptor))
     for e in result.entries:
-        if checksums is not None:
-            checksums.apply(e)
+        if checksums is not None and not checksums.apply(e, read=read_checksums):
+            result.unchecked += 1
+        rec = store.record(e.path)
+        if rec is not None and rec.key == e.stat_key:  # the header index had this version
+            _from_record(e, rec, result, model_fingerprint)
+            texts.refresh(e, rec.text)
+            continue
         _read_raw(e, result, model_fingerprint)
         texts.refresh(e)
     paths = {e.path for e in result.entries}
@@ -192,6 +217,12 @@ def chat_of(entries: list[KvEntry], texts: TextIndex) -> dict[str, ChatOf]:
     return out
 
 
+def _from_record(e: KvEntry, rec, result: BrowserScan, model_fingerprint: bytes | None) -> None:
+    result.raw_headers[e.path] = rec.head
+    if rec.fingerprint is not None:
+        _fingerprint(e, rec.fingerprint, result, model_fingerprint)
+
+
 def _read_raw(e: KvEntry, result: BrowserScan, model_fingerprint: bytes | None) -> None:
     try:
         if not e.regular:
@@ -204,8 +235,11 @@ def _read_raw(e: KvEntry, result: BrowserScan, model_fingerprint: bytes | None) 
             fingerprint = read_fingerprint(fp, PREFIX_BYTES + h.text_bytes, h.payload_bytes)
     except OSError:
         return
-    if fingerprint is None:
-        return
+    if fingerprint is not None:
+        _fingerprint(e, fingerprint, result, model_fingerprint)
+
+
+def _fingerprint(e: KvEntry, fingerprint: bytes, result: BrowserScan, model_fingerprint: bytes | None) -> None:
     result.fingerprints[e.path] = fingerprint
     if model_fingerprint is not None and e.valid and fingerprint != model_fingerprint:
         # The header matched (same family id); the weights or config did not.

@@ -12,7 +12,7 @@ functions, no Textual; the browser's scan worker calls `name_files` off the UI t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 from ds4tui.cache.entry import KvEntry
 from ds4tui.cache.scan import BrowserScan, ChatOf, TextIndex, chat_of
@@ -59,10 +59,11 @@ def name_files(scan: BrowserScan, texts: TextIndex) -> dict[str, FileName]:
     return {e.path: name_of(e, scan.chats, texts.text(e.path)) for e in scan.entries}
 
 
-def name_entries(entries: list[KvEntry]) -> dict[str, FileName]:
-    """path -> its name, for entries read without a browser scan (each file's text is read once)."""
+def name_entries(entries: list[KvEntry], text_of: Callable[[str], bytes | None] | None = None) -> dict[str, FileName]:
+    """path -> its name, for entries read without a browser scan. `text_of(path)`: a file's
+    text when known (the header index's, `KvStore.indexed_text`); else each is read once."""
     texts = TextIndex()
     for e in entries:
-        texts.refresh(e)
+        texts.refresh(e, text_of(e.path) if text_of is not None else None)
     chats = chat_of(entries, texts)
     return {e.path: name_of(e, chats, texts.text(e.path)) for e in entries}

@@ -216,7 +216,7 @@ def cmd_ls(args) -> int:
         return 0
     from ds4tui.chat.file_names import name_entries
 
-    names = {path: name.text for path, name in name_entries(entries).items()}
+    names = {path: name.text for path, name in name_entries(entries, store.indexed_text).items()}
     for line in ls_lines(entries, time.time(), shutil.get_terminal_size().columns, names):
         print(line)
     total = sum(e.file_bytes for e in entries)
@@ -483,7 +483,7 @@ def cmd_evict(args) -> int:
     if budget < 0:
         raise CliError("--budget-mb must be >= 0")
     store = _store(args, budget_mb=budget, write=not args.dry_run)
-    total = sum(e.file_bytes for e in store.scan())
+    total = sum(key[1] for key in store.stat_keys().values())  # one scandir: the pass scans for itself
     ev = store.evict(dry_run=args.dry_run)
     verb = "would evict" if args.dry_run else "evicted"
     for f in ev.files:

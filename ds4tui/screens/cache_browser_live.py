@@ -66,10 +66,16 @@ class LiveListing:
 
     @work(thread=True, group="scan", description="scan the cache directory")
     def _scan_worker(self, gen: int) -> None:
-        result = cache_scan.scan(self.store, self.acceptor, gen=gen, now=self._clock(), texts=self._texts,
-                                 model_fingerprint=self.model.fingerprint if self.model else None,
-                                 checksums=self._checksums)
-        self.post_message(self._Scanned(result, name_files(result, self._texts)))
+        """Two passes: every row from the header index first (no file read whole), then, when
+        some checksums are still unknown, again once they have been read (whole files: seconds
+        for a directory of large new files), so the first screen never waits for them."""
+        for read_checksums in (False, True):
+            result = cache_scan.scan(self.store, self.acceptor, gen=gen, now=self._clock(), texts=self._texts,
+                                     model_fingerprint=self.model.fingerprint if self.model else None,
+                                     checksums=self._checksums, read_checksums=read_checksums)
+            self.post_message(self._Scanned(result, name_files(result, self._texts)))
+            if not result.unchecked or gen != self._gen:
+                return  # all known, or a newer scan has started
 
     def _show_scan(self, scan: cache_scan.BrowserScan, names: dict[str, FileName]) -> None:
         """A scan finished: the gauge, the map and the table show it, unless a newer one is shown."""

@@ -13,6 +13,7 @@ import pytest
 from ds4tui.cache import Acceptor, CachePolicy, Hit, KvStore, Miss, Rejected, Saved, SaveFailed, inspect_file
 from ds4tui.cache import eviction
 from ds4tui.cache.events import Evicted
+from ds4tui.cache.index import INDEX_NAME
 from ds4tui.cache.loading import LoadWithText
 from ds4tui.format.kvc import EXT_PINNED, parse_kvc
 from tests.cache.kvc_builders import dsv4_payload, header_bytes, titled_name, write_kv
@@ -274,7 +275,7 @@ def test_file_vanishing_between_scan_and_open_is_a_miss(store):
 def test_a_failed_save_leaves_the_directory_as_it_was(store, failure, message):
     first = save(store, "existing checkpoint").event
     titled = save(store, "a titled session", title="My chat", created_at=123).event
-    before = {p.name: p.read_bytes() for p in store.dir.iterdir()}
+    before = {p.name: p.read_bytes() for p in store.dir.iterdir() if p.name != INDEX_NAME}
 
     def write(fp):
         fp.write(b"x" * 10)
@@ -285,7 +286,7 @@ def test_a_failed_save_leaves_the_directory_as_it_was(store, failure, message):
         res = store.save("new text", tokens=1, reason="evict", engine=ENGINE, payload_bytes=1000,
                          write_payload=write, **kw)
         assert isinstance(res.event, SaveFailed) and message in res.event.reason
-    after = {p.name: p.read_bytes() for p in store.dir.iterdir()}
+    after = {p.name: p.read_bytes() for p in store.dir.iterdir() if p.name != INDEX_NAME}  # the index: a cache
     assert after == before and {first.sha + ".kv", titled.sha + ".kv"} == set(after)
 
 

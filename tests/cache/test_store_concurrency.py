@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 from ds4tui.cache import Acceptor, KvStore, inspect_file
+from ds4tui.cache.index import INDEX_NAME
 
 ENGINE = Acceptor(model_id=0x80, ctx_size=4096, quant_bits=8)
 
@@ -56,7 +57,7 @@ def test_two_processes_saving_and_evicting_leave_a_consistent_directory(tmp_path
     for p in procs:
         out, err = p.communicate(timeout=60)
         assert p.returncode == 0, err[-2000:]
-    names = [p.name for p in directory.iterdir()]
+    names = [p.name for p in directory.iterdir() if p.name != INDEX_NAME]
     assert not [n for n in names if ".tmp" in n], names
     store = KvStore(directory, budget_mb=1)
     entries = store.scan(deep=True)

@@ -16,6 +16,7 @@ import pytest
 
 from ds4tui.cache import Acceptor, KvStore, inspect_file
 from ds4tui.cache import files as cache_files
+from ds4tui.cache.index import INDEX_NAME
 from ds4tui.cache.integrity import HashingWriter
 from tests.cache.kvc_builders import dsv4_payload
 
@@ -110,7 +111,7 @@ def test_enospc_mid_payload_is_a_save_failure_with_no_trace(tmp_path, monkeypatc
     res = store.save(b"kept and more", tokens=5, reason="cold", engine=ENGINE, payload_bytes=len(data),
                      write_payload=lambda fp: [fp.write(data[i:i + 1000]) for i in range(0, len(data), 1000)])
     assert not res.ok and res.event.reason.startswith("disk full (ENOSPC)")
-    assert sorted(os.listdir(tmp_path)) == [Path(kept.path).name]
+    assert sorted(set(os.listdir(tmp_path)) - {INDEX_NAME}) == [Path(kept.path).name]  # the index: a cache
     assert Path(kept.path).read_bytes() == before
 
 

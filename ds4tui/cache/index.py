@@ -1,0 +1,176 @@
+"""The header index: what a listing needs of each file, kept beside the files in one SQLite file.
+
+Owns `.ds4tui-index.sqlite` in the cache directory (not a cache-file name: ds4 and every
+scan ignore it) and `FileRecord`, one file version as the deep inspection saw it (the raw
+52 header bytes, the verdict without any engine's acceptor, title, preview, payload and
+trailer summaries, the model fingerprint) plus its text, which eviction's prefix relations
+and the browser's names and filter read. A row is keyed by the file's name and valid only
+for the (inode, size, mtime_ns) it was read at: a hit or a pin rewrites header bytes and
+moves the mtime, a save renames a new inode in, and either makes the row stale, so that file
+alone is read again. A row read within RACY_S of its file's mtime is not reused (an
+in-place write in the same clock tick would leave the mtime as it was; git's "racy" rule).
+
+Never trusted over the file: a load, an eviction, a pin re-read the file itself (under its
+lock). When the index cannot be opened or written (a read-only directory, a damaged file,
+another process holding a write lock too long) every listing reads the files as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+INDEX_NAME = ".ds4tui-index.sqlite"
+SCHEMA = 3
+RACY_S = 2.0
+BUSY_MS = 2000
+
+StatKey = tuple[int, int, int]
+
+
+@dataclass
+class FileRecord:
+    """One file version: `head` its first (up to) 52 bytes, `entry` the inspection's fields,
+    `text` its stored text (None when it could not be read)."""
+
+    key: StatKey
+    head: bytes
+    entry: dict
+    text: bytes | None
+    fingerprint: bytes | None = None
+    read_at: float = 0.0
+    text_sha: str | None = None  # SHA-1 of the text (a titled file's name does not tell it)
+
+    def fresh_for(self, key: StatKey) -> bool:
+        """Whether this row describes the version `key` names and may be reused for it."""
+        return tuple(key) == tuple(self.key) and self.read_at - key[2] / 1e9 >= RACY_S
+
+
+class HeaderIndex:
+    """The index of one directory. Thread-safe; every method degrades to a no-op on failure.
+
+    A connection is opened per call and closed after it: an open file in the directory would
+    keep the directory alive after an `rm -r` (the watch would never hear it go), and a
+    short-lived connection never holds a lock another process waits on."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.path = Path(directory) / INDEX_NAME
+        self._lock = threading.Lock()
+        self._unusable = False  # not a database, or a newer ds4tui's: the files are read instead
+
+    def _connect(self, *, create: bool) -> sqlite3.Connection | None:
+        if self._unusable:
+            return None
+        try:
+            if not self.path.parent.is_dir() or (not create and not self.path.exists()):
+                return None
+            db = sqlite3.connect(self.path, timeout=BUSY_MS / 1000, isolation_level=None)
+        except (sqlite3.Error, OSError):
+            return None
+        try:
+            # The rollback journal (not WAL): one file in the cache directory, a journal only
+            # while a write runs; writes are rare (new file versions) and short.
+            db.execute("PRAGMA synchronous=OFF")  # a cache of the files: losing it costs a re-read
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA:
+                self._unusable = True
+                db.close()
+                return None
+            if version < SCHEMA and create:
+                db.execute("DROP TABLE IF EXISTS files")  # an older layout: rebuilt from the files
+                db.execute("CREATE TABLE files (name TEXT PRIMARY KEY, ino INTEGER, size INTEGER,"
+                           " mtime_ns INTEGER, read_at REAL, head BLOB, entry TEXT, text BLOB, fingerprint BLOB,"
+                           " text_sha TEXT)")
+                db.execute(f"PRAGMA user_version={SCHEMA}")
+            elif version < SCHEMA:
+                db.close()
+                return None
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            if not isinstance(exc, sqlite3.OperationalError):
+                self._unusable = True  # "file is not a database": damaged or foreign
+            return None
+        return db
+
+    def load(self, *, with_text: bool = True) -> dict[str, FileRecord]:
+        """Every row (name -> record; `text` None unless `with_text`); empty when the index is unusable."""
+        with self._lock:
+            db = self._connect(create=False)  # reading alone never creates the file
+            if db is None:
+                return {}
+            try:
+                rows = db.execute("SELECT name, ino, size, mtime_ns, read_at, head, entry,"
+                                  f" {'text' if with_text else 'NULL'}, fingerprint, text_sha FROM files").fetchall()
+            except sqlite3.Error:
+                return {}
+            finally:
+                db.close()
+        out = {}
+        for name, ino, size, mtime_ns, read_at, head, entry, text, fingerprint, text_sha in rows:
+            try:
+                out[name] = FileRecord((ino, size, mtime_ns), bytes(head), json.loads(entry),
+                                       bytes(text) if text is not None else None,
+                                       bytes(fingerprint) if fingerprint is not None else None, read_at,
+                                       text_sha)
+            except (ValueError, TypeError):
+                continue  # a damaged row: the file is read again
+        return out
+
+    def text(self, name: str, key: StatKey) -> bytes | None:
+        """The indexed text of `name` if the row is for version `key`, else None."""
+        with self._lock:
+            db = self._connect(create=False)
+            if db is None:
+                return None
+            try:
+                row = db.execute("SELECT text FROM files WHERE name = ? AND ino = ? AND size = ? AND mtime_ns = ?",
+                                 (name, *key)).fetchone()
+            except sqlite3.Error:
+                return None
+            finally:
+                db.close()
+        return bytes(row[0]) if row and row[0] is not None else None
+
+    def texts(self, keys: dict[str, StatKey]) -> dict[str, bytes]:
+        """name -> indexed text, for the names of `keys` whose row is for that version."""
+        with self._lock:
+            db = self._connect(create=False)
+            if db is None:
+                return {}
+            try:
+                rows = db.execute("SELECT name, ino, size, mtime_ns, text FROM files").fetchall()
+            except sqlite3.Error:
+                return {}
+            finally:
+                db.close()
+        return {name: bytes(text) for name, ino, size, mtime_ns, text in rows
+                if text is not None and keys.get(name) == (ino, size, mtime_ns)}
+
+    def store(self, records: dict[str, FileRecord], keep: set[str] | None = None) -> None:
+        """Write `records`; with `keep`, drop rows of names not in it (files gone)."""
+        with self._lock:
+            db = self._connect(create=True)
+            if db is None:
+                return
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                db.executemany(
+                    "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(name, *r.key, r.read_at, r.head, json.dumps(r.entry),
+                      r.text, r.fingerprint, r.text_sha)
+                     for name, r in records.items()])
+                if keep is not None:
+                    gone = [(n,) for (n,) in db.execute("SELECT name FROM files") if n not in keep]
+                    db.executemany("DELETE FROM files WHERE name = ?", gone)
+                db.execute("COMMIT")
+            except sqlite3.Error:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            finally:
+                db.close()

@@ -1,0 +1,101 @@
+"""The header index: a listing opens only files whose version it does not hold, and never
+believes it over a file that changed."""
+
+from __future__ import annotations
+
+import os
+import random
+
+from ds4tui.cache import KvStore, entry as entry_mod
+from ds4tui.cache.index import INDEX_NAME
+from ds4tui.cache.prefixes import PrefixTree
+from tests.cache.kvc_builders import dsv4_payload, title_trailer, titled_name, write_kv
+
+PAST = 1_700_000_000
+
+
+def _dir(tmp_path, n=6):
+    d = tmp_path / "kv"
+    for i in range(n):
+        write_kv(d, f"<|im_start|>user\nquestion {i}<|im_end|>\n".encode(), dsv4_payload(5), tokens=5, model=0x80, abi=128)
+    title = b"a titled chat"
+    write_kv(d, b"<|im_start|>user\nquestion 0<|im_end|>\nmore", dsv4_payload(5), tokens=5, model=0x80, abi=128,
+             ext=1 << 3, trailers=title_trailer(title), name=titled_name(title, PAST), created=PAST)
+    for p in d.iterdir():
+        os.utime(p, (PAST, PAST))  # older than the index's racy window
+    return d
+
+
+def _opens(monkeypatch) -> list:
+    seen = []
+    real = entry_mod.open_regular
+
+    def counting(path, **kw):
+        seen.append(os.path.basename(path))
+        return real(path, **kw)
+    monkeypatch.setattr(entry_mod, "open_regular", counting)
+    return seen
+
+
+def _view(entries):
+    return sorted(repr((e.to_json(), e.superseded, e.held_by, e.score)) for e in entries)
+
+
+def test_a_second_listing_opens_no_file_and_says_the_same(tmp_path, monkeypatch):
+    d = _dir(tmp_path)
+    first = KvStore(d).entries()
+    assert (d / INDEX_NAME).exists()
+    opens = _opens(monkeypatch)
+    again = KvStore(d).entries()  # a fresh process's listing, from the index
+    assert opens == []
+    assert _view(again) == _view(first)
+    assert any(e.held_by for e in again)  # relations come from the indexed texts
+
+
+def test_a_file_changed_in_place_or_replaced_is_read_again(tmp_path, monkeypatch):
+    d = _dir(tmp_path)
+    store = KvStore(d)
+    entries = store.entries()
+    victim = entries[0]
+    assert store.set_pinned(victim.sha, True)  # a header write in place: the mtime moves
+    opens = _opens(monkeypatch)
+    again = {e.sha: e for e in KvStore(d).entries()}
+    assert again[victim.sha].pinned
+    assert opens == [os.path.basename(victim.path)]
+
+
+def test_a_file_written_just_now_is_not_trusted_from_the_index(tmp_path, monkeypatch):
+    d = _dir(tmp_path)
+    fresh = write_kv(d, b"just written", dsv4_payload(5), tokens=5, model=0x80, abi=128)
+    KvStore(d).entries()
+    opens = _opens(monkeypatch)
+    KvStore(d).entries()
+    assert opens == [fresh.name]  # within the racy window of its mtime: read again
+
+
+def test_a_damaged_or_foreign_index_is_ignored(tmp_path):
+    d = _dir(tmp_path)
+    expect = _view(KvStore(d).entries())
+    (d / INDEX_NAME).write_bytes(b"not a database at all" * 100)
+    assert _view(KvStore(d).entries()) == expect
+    import sqlite3
+    (d / INDEX_NAME).unlink()
+    KvStore(d).entries()
+    db = sqlite3.connect(d / INDEX_NAME)
+    db.execute("UPDATE files SET entry = '{\"sha\": 1}'")  # rows this code did not write
+    db.commit()
+    db.close()
+    assert _view(KvStore(d).entries()) == expect
+
+
+def test_the_prefix_tree_agrees_with_comparing_every_pair():
+    rng = random.Random(3)
+    texts = {}
+    for i in range(300):
+        base = rng.choice([b"", b"sys A ", b"sys B ", b"sys A more "])
+        texts[i] = base + bytes(rng.choice(b"ab") for _ in range(rng.randrange(0, 6)))
+    tree = PrefixTree(texts)
+    for k, t in texts.items():
+        assert sorted(tree.prefixes(k)) == sorted(j for j, u in texts.items() if len(u) < len(t) and t.startswith(u))
+        assert sorted(tree.extensions(k)) == sorted(j for j, u in texts.items() if len(u) > len(t) and u.startswith(t))
+        assert sorted(tree.same(k)) == sorted(j for j, u in texts.items() if u == t)
