@@ -4,7 +4,9 @@ Owns: how many tokens a checkpoint stores (trim + align), when cold and
 continued checkpoints are due, the 1% budget headroom, and the eviction score.
 Leaves to callers: deciding to save at all, and every file operation (store.py).
 
-All numbers default to ds4's (ds4_kvstore.c); the reasons, in short:
+The numbers default to ds4's (ds4_kvstore.c) except the last two, which are ds4tui's
+own (the design it follows; ds4's code scores (decayed hits + 1) x tokens / size);
+the reasons, in short:
 - trim 32 tail tokens: a tokenizer may merge text across the prompt boundary,
   so the last few tokens of a prompt are not a stable prefix of the next one;
 - align to 2048: the prefill chunk schedule is 2048-aligned, so a checkpoint on
@@ -15,8 +17,8 @@ All numbers default to ds4's (ds4_kvstore.c); the reasons, in short:
 - 1% headroom: a file that just fits must not be evicted by its own budget pass;
 - hits decay with a 6 h half-life: hits are evidence of usefulness only while
   the workload still resembles the one that produced them;
-- cold/evict/shutdown are deliberate anchors and weigh 2x;
-- a continued checkpoint whose text is a strict prefix of a newer file is a
+- (ds4tui's) cold/evict/shutdown are deliberate anchors and weigh 2x;
+- (ds4tui's) a continued checkpoint whose text is a strict prefix of a newer file is a
   waypoint on a path already covered: pressed to 5%..50% of its score, nearer
   50% the more (recent) hits it has.
 """
@@ -34,7 +36,8 @@ ANCHOR_REASONS = frozenset({REASON_COLD, REASON_EVICT, REASON_SHUTDOWN})
 
 @dataclass(frozen=True)
 class CachePolicy:
-    """Tunables of the disk cache; the defaults are ds4's."""
+    """Tunables of the disk cache; the defaults are ds4's but for the anchor weight and the
+    superseded factors (ds4tui's)."""
 
     budget_mb: int = 4096
     min_tokens: int = 512
@@ -128,7 +131,7 @@ class CachePolicy:
               created_at: int, reason_code: int, superseded: bool, now: float,
               titled: bool = False) -> ScoreParts:
         """Eviction score parts; the lowest score goes first. A titled session (the user's
-        own, named) weighs as an anchor, as ds4's cold/evict/shutdown files do."""
+        own, named) weighs as an anchor, as cold/evict/shutdown files do (both ds4tui's weights, not ds4's)."""
         eff = self.effective_hits(hits, last_used, created_at, now)
         anchor = self.anchor_weight if reason_code in ANCHOR_REASONS or titled else 1.0
         factor = 1.0

@@ -381,7 +381,18 @@ def cmd_edit(args) -> int:
     if not store.set_pinned(sha, args.verb == "pin"):
         raise CliError(f"{sha[:12]}: cannot {args.verb}: not a writable regular KVC file")
     print(f"{'pinned' if args.verb == 'pin' else 'unpinned'} {sha}")
+    if args.verb == "pin" and ds4_reads(store.path_for(sha)):
+        print("note: a ds4 file: the pin holds against ds4tui only; ds4 ignores it and may still"
+              " evict or consume the file (README, \"Sharing a directory with ds4\")")
     return 0
+
+
+def ds4_reads(path) -> bool:
+    """Whether ds4's store would list this file (quant_bits 2 or 4, no ds4tui mark): its own."""
+    from ds4tui.cache import inspect_file
+
+    e = inspect_file(path, acceptor=None, deep=False)
+    return e.header is not None and e.header.quant_bits in (2, 4)
 
 
 def cmd_grep(args) -> int:

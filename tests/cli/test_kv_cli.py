@@ -154,6 +154,15 @@ def test_pin_unpin_rm(kvdir, capsys):
     assert code == 1 and "no .kv file matches" in err
 
 
+def test_pinning_a_ds4_file_says_the_pin_holds_against_ds4tui_only(kvdir, capsys):
+    ds4_file = next(p for p in kvdir.glob("*.kv") if p.read_bytes()[4] == 2)  # quant 2: ds4 lists it
+    ours = next(p for p in kvdir.glob("*.kv") if p.read_bytes()[7] == 0x80)
+    code, out, _ = run(capsys, "kv", "pin", ds4_file.name[:40])
+    assert code == 0 and out.startswith("pinned ") and "holds against ds4tui only" in out
+    code, out, _ = run(capsys, "kv", "pin", ours.name[:40])
+    assert code == 0 and "ds4" not in out
+
+
 def test_ambiguous_prefix_lists_the_candidates(kvdir, capsys):
     write_kv(kvdir, b"x", dsv4_payload(1), tokens=1, name="ab" + "0" * 38 + ".kv")
     write_kv(kvdir, b"y", dsv4_payload(1), tokens=1, name="ab" + "1" * 38 + ".kv")
