@@ -17,7 +17,7 @@ WORKER = textwrap.dedent("""
     from ds4tui.format.payload import Dsv4Header, pack_dsv4_header, DSV4_MAGIC
 
     directory, seed, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    deadline = time.time() + 20
+    deadline = time.time() + 300  # a hang guard: the go file comes at once
     while not os.path.exists(go) and time.time() < deadline:  # start together
         time.sleep(0.005)
     rng = random.Random(seed)
@@ -55,7 +55,7 @@ def test_two_processes_saving_and_evicting_leave_a_consistent_directory(tmp_path
              for seed in (1, 2)]
     go.touch()
     for p in procs:
-        out, err = p.communicate(timeout=60)
+        out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-2000:]
     names = [p.name for p in directory.iterdir() if p.name != INDEX_NAME]
     assert not [n for n in names if ".tmp" in n], names
@@ -75,7 +75,7 @@ PINNER = textwrap.dedent("""
     from ds4tui.cache import Acceptor, KvStore
 
     directory, go, done, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    deadline = time.time() + 20
+    deadline = time.time() + 300  # a hang guard: the go file comes at once
     while not os.path.exists(go) and time.time() < deadline:
         time.sleep(0.002)
     rng = random.Random(7)
@@ -114,7 +114,7 @@ EVICTOR = textwrap.dedent("""
     from ds4tui.cache import KvStore
 
     directory, go, done = sys.argv[1], sys.argv[2], sys.argv[3]
-    deadline = time.time() + 20
+    deadline = time.time() + 300  # a hang guard: the evictor stops when the pinner is done
     while not os.path.exists(go) and time.time() < deadline:
         time.sleep(0.002)
     store = KvStore(directory, budget_mb=64)
@@ -136,9 +136,9 @@ def test_a_pin_or_a_newer_save_made_during_another_processs_eviction_is_never_lo
     evictor = subprocess.Popen([sys.executable, "-c", EVICTOR, str(directory), str(go), str(done)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     go.touch()
-    out, err = pinner.communicate(timeout=120)
+    out, err = pinner.communicate(timeout=300)
     assert pinner.returncode == 0, err[-2000:]
-    out, err = evictor.communicate(timeout=60)
+    out, err = evictor.communicate(timeout=300)
     assert evictor.returncode == 0, err[-2000:]
     passes, removed = map(int, out.split())
     assert passes > 5 and removed > 0  # the two really ran side by side

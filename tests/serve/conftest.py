@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-STARTUP_S = 60.0
-STOP_S = 20.0
+STARTUP_S = 300.0
+STOP_S = 60.0
 API_KEY = "test-key-0123456789"
 
 
@@ -33,9 +33,9 @@ class Server:
     log: Path
 
     def health(self) -> dict:
-        return httpx.get(f"{self.root}/health", timeout=5).json()
+        return httpx.get(f"{self.root}/health", timeout=60).json()
 
-    def wait_health(self, predicate, timeout: float = 20.0) -> dict:
+    def wait_health(self, predicate, timeout: float = 120.0) -> dict:
         """Poll /health until predicate(state) holds; the last state (the test asserts on it)."""
         deadline = time.monotonic() + timeout
         state = self.health()

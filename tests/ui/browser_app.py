@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
-
-import pytest
 from textual import on
 from textual.app import App
 
 from ds4tui.engine.model import ModelInfo
 from ds4tui.screens.cache_browser import CacheBrowserScreen
 from tests.ui.kv_fixtures import ABI_DS4TUI, FINGERPRINT, LLAMA, NOW
+from tests.ui.toasts import KeepsToasts
+from tests.ui.waiting import until
 
-TIMEOUT_S = 5.0
 TEST_MODEL = ModelInfo(name="test-llama", family="llama", model_id=LLAMA, quant_bits=4,
                        fingerprint=FINGERPRINT, n_ctx=8192, payload_abi=ABI_DS4TUI)
 
 
-class BrowserHost(App):
+class BrowserHost(KeepsToasts, App):
     """Stands in for the chat app: pushes the browser and keeps its messages."""
 
     def __init__(self, directory, **kwargs) -> None:
@@ -42,16 +40,6 @@ class BrowserHost(App):
     def shown(self) -> tuple[str, ...]:
         """The SHAs of the last refresh, in display order."""
         return self.refreshes[-1] if self.refreshes else ()
-
-
-async def until(pilot, condition, what: str, timeout: float = TIMEOUT_S) -> None:
-    """Let the app run until `condition()` holds; fail after `timeout` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await pilot.pause(0.02)
 
 
 async def select(pilot, sha: str) -> None:

@@ -20,8 +20,9 @@ from ds4tui.config import Config
 from ds4tui.chat.controller import ChatController
 from ds4tui.screens.chat import ChatScreen
 from ds4tui.screens.widgets.conversation_list import ConversationList
+from tests.ui.toasts import KeepsToasts
+from tests.ui.waiting import HANG_S
 
-TIMEOUT_S = 30.0
 SIZE = (100, 30)
 
 
@@ -36,7 +37,7 @@ def chat_config(model, **values) -> Config:
     return Config(**{"model": model.info.name, "temperature": 0.0, "max_tokens": 8, **values})
 
 
-class ChatHost(Ds4TuiApp):
+class ChatHost(KeepsToasts, Ds4TuiApp):
     """Ds4TuiApp that records the chat screen's messages as they bubble up."""
 
     def __init__(self, model, *, config: Config | None = None, controller: ChatController | None = None,
@@ -57,7 +58,7 @@ class ChatHost(Ds4TuiApp):
             self._news.set()
 
     async def wait_for(self, kind: type, predicate=lambda m: True, *, after: int = 0,
-                       timeout: float = TIMEOUT_S) -> Message:
+                       timeout: float = HANG_S) -> Message:
         """The first recorded message of `kind` (from index `after`) satisfying `predicate`."""
         self._news = self._news or asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -266,12 +266,12 @@ async def test_toasts_are_sentence_case_like_the_chats(tmp_path):
         await pilot.press("t")
         await select(pilot, shas["ds4"])
         await pilot.press("enter")
-        await until(pilot, lambda: len(app._notifications) == 2, "two toasts")
+        await until(pilot, lambda: len(app.toasts) == 2, "two toasts")
         await pilot.press("escape")  # the transcript the refused resume opened
         await select(pilot, shas["cold"])
         await pilot.press("p")
-        await until(pilot, lambda: len(app._notifications) == 3, "three toasts")
-        notes = [n.message for n in app._notifications]
+        await until(pilot, lambda: len(app.toasts) == 3, "three toasts")
+        notes = [n.message for n in app.toasts]
         assert notes[0] == "Only titled sessions have a name to change"
         assert notes[1].startswith("Not loadable here: payload ABI 2")
         assert notes[2].startswith("Pinned ")

@@ -163,7 +163,7 @@ async def test_settings_of_a_chat_that_is_answering_wait_for_the_reply(tiny_llam
         await pilot.press("f3")
         await pilot.pause()
         assert isinstance(app.screen, ChatScreen)
-        assert any("after the reply" in n.message for n in app._notifications)
+        assert any("after the reply" in n.message for n in app.toasts)
         controller.gate.set()
         await app.wait_for(ChatScreen.TurnEnded)
         await pilot.press("f3")
@@ -228,7 +228,7 @@ async def test_a_broken_saved_session_stays_listed_with_its_reason(tiny_llama):
         sidebar.focus()
         await pilot.press("enter")
         await pilot.pause()
-        notes = [n.message for n in app._notifications]
+        notes = [n.message for n in app.toasts]
         assert any("cannot be resumed" in n and broken.entry.problem in n for n in notes)
         assert all(c.saved_sha != conv.saved_sha for c in app.chat.controller.list())
 
@@ -263,7 +263,7 @@ async def test_a_session_of_another_model_is_listed_without_advice_to_delete_it(
         sidebar.focus()
         await pilot.press("enter")
         await pilot.pause()
-        note = [n.message for n in app._notifications if "cannot be resumed" in n.message][0]
+        note = [n.message for n in app.toasts if "cannot be resumed" in n.message][0]
         assert row.entry.problem in note and "delete" not in note
         assert "\x1b" not in note and "Other model \\e[2J chat" in note
 
@@ -275,11 +275,11 @@ async def test_a_base_model_is_announced_when_it_is_ready(tiny_llama):
     app = ChatHost(tiny_llama, config=replace(chat_config(tiny_llama), model="gemma3-270m"))
     async with app.run_test(size=SIZE):
         await app.wait_for(ChatScreen.ModelReady)
-        assert [n.title for n in app._notifications] == ["Base model"]
+        assert [n.title for n in app.toasts] == ["Base model"]
     plain = ChatHost(tiny_llama)
     async with plain.run_test(size=SIZE):
         await plain.wait_for(ChatScreen.ModelReady)
-        assert not [n for n in plain._notifications if n.title == "Base model"]
+        assert not [n for n in plain.toasts if n.title == "Base model"]
 
 
 async def test_a_cache_dir_that_is_a_file_is_a_notice_and_the_chat_goes_on(tiny_llama, tmp_path):
@@ -289,7 +289,7 @@ async def test_a_cache_dir_that_is_a_file_is_a_notice_and_the_chat_goes_on(tiny_
     async with app.run_test(size=SIZE) as pilot:
         await app.wait_for(ChatScreen.ModelReady)
         await pilot.pause()
-        assert any("disk cache off" in n.message for n in app._notifications)
+        assert any("disk cache off" in n.message for n in app.toasts)
         ended = await send(pilot, "still answered")
         assert ended.done is not None and not_a_dir.read_text() == "a regular file"
 async def test_palette_lists_quit_once(tiny_llama):
@@ -389,7 +389,7 @@ async def test_the_palette_shows_the_model_info_line(tiny_llama):
         await pilot.pause()
         line = tiny_llama.describe()
         assert line.startswith("llama, ") and "layers" in line and "chat:" in line
-        assert any(n.message == line for n in app._notifications)
+        assert any(n.message == line for n in app.toasts)
 
 
 async def test_a_resumed_reply_cut_off_by_the_context_is_marked(tiny_llama):

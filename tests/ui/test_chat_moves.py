@@ -100,7 +100,7 @@ async def test_find_a_chat(tiny_llama, tmp_path):
         app.chat.open_file(app.chat.controller.get(app.chat._active).saved_sha)
         await app.wait_for(ChatScreen.Resumed, after=mark)
         await pilot.pause()
-        notes = [n.message for n in app._notifications]
+        notes = [n.message for n in app.toasts]
         assert any("already open" in n for n in notes) and not any(n.startswith("Resumed") for n in notes)
 
 
@@ -162,7 +162,7 @@ async def test_a_message_sent_while_loading_is_queued(tiny_llama, tmp_path, monk
             await pilot.press(key)
             await pilot.pause()
             assert isinstance(app.screen, ChatScreen), key
-            assert [n.message for n in app._notifications] == ["The model is still loading."], key
+            assert [n.message for n in app.toasts] == ["The model is still loading."], key
         loaded.set()
         ended = await app.wait_for(ChatScreen.TurnEnded)
         assert ended.done is not None
@@ -214,7 +214,7 @@ async def test_escape_leaves_edit_mode_and_a_busy_chat_says_why_keys_wait(tiny_l
         await pilot.press("enter")
         await pilot.pause()
         assert app.chat._editing is None and status.activity == "" and len(app.chat.controller.list()) == 1
-        assert any("unchanged" in n.message for n in app._notifications)
+        assert any("unchanged" in n.message for n in app.toasts)
         # Editing, then another chat: the edit does not follow into it.
         app.chat._pane(key).log.query(UserMessage).last().focus()
         await pilot.press("e")
@@ -226,5 +226,5 @@ async def test_escape_leaves_edit_mode_and_a_busy_chat_says_why_keys_wait(tiny_l
         app.clear_notifications()
         await pilot.press("ctrl+r")
         await pilot.pause()
-        assert any("Wait for the reply" in n.message for n in app._notifications)
+        assert any("Wait for the reply" in n.message for n in app.toasts)
         app.chat._engine_job = False

@@ -14,6 +14,7 @@ from ds4tui.screens.chat import ChatScreen
 from ds4tui.screens.widgets import fmt
 from ds4tui.screens.widgets.chat_log import ChatLog
 from tests.ui.chat_app import SIZE, ChatHost, GatedController, chat_config, send, tiny_llama  # noqa: F401
+from tests.ui.waiting import until
 
 
 @pytest.fixture(autouse=True)
@@ -52,6 +53,10 @@ def test_prefill_progress_bar(snap_compare, tiny_llama):
         await app.wait_for(ChatScreen.EngineEvent, lambda m: isinstance(m.event, ev.PrefillProgress))
         app.clear_notifications()
         await pilot.wait_for_scheduled_animations()
+        # The log follows the long message a frame after it grows (Textual's anchor); on a
+        # busy machine the capture could come first: wait for the bottom, not for a time.
+        log = app.chat.query_one(ChatLog)
+        await until(pilot, lambda: log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y, "the log's bottom")
         await pilot.pause()
 
     try:

@@ -13,6 +13,8 @@ import pytest
 
 from ds4tui.screens.terminal_watch import terminal_gone
 
+HANG_S = 120  # a guard against a hang, not a speed: under load a step can take seconds
+
 
 def test_not_a_terminal_is_never_gone():
     r, w = os.pipe()
@@ -33,7 +35,7 @@ def test_a_hung_up_controlling_terminal_is_gone(tmp_path):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         try:
             seen = []
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + HANG_S
             while time.monotonic() < deadline:
                 gone = terminal_gone(0)
                 if not seen or seen[-1] != gone:
@@ -45,7 +47,7 @@ def test_a_hung_up_controlling_terminal_is_gone(tmp_path):
         finally:
             os._exit(0)
     # The parent: wait until the child has seen its live terminal, then hang it up.
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline and not (out.exists() and out.read_text()):
         time.sleep(0.02)
     assert out.read_text() == "False"

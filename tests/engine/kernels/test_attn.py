@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ds4tui.engine.kernels import attn, qgemv
 
-pytestmark = pytest.mark.skipif(qgemv.library() is None, reason="needs the compiled kernels (torch backend here)")
+pytestmark = pytest.mark.usefixtures("kernels")
 
 # (S, Hq, Hkv, D, first query position, window): a short message after 4K restored tokens
 # (several key spans merged), a 512-token chunk from 0 (causal block skipping), a single
@@ -138,7 +138,7 @@ DEEP_CASES = [
     (7, 4, 2, 96, 1500, 0),
     (300, 9, 3, 64, 1200, 0),
 ]
-needs_bf16 = pytest.mark.skipif(not qgemv.bf16_available(), reason="needs a CPU with AVX-512 and AVX512_BF16")
+needs_bf16 = pytest.mark.usefixtures("bf16_cpu")
 
 
 def bf16_exact(shape, g):

@@ -18,7 +18,6 @@ from ds4tui.engine.llama.weights import make_info
 from tests.engine.kernels.test_llama_step_archs import (  # noqa: F401 (tiny: a fixture)
     CONFIGS, CTX, _blocks, _tensors, arch_model, tiny)
 
-VARIANTS = qgemv.variants()
 # Gemma 3's fields (embedding scale, q/k norms, post norms, GeGLU, query scale) on global
 # layers only: the plain buffer of a model without rings.
 GLOBAL_GEMMA = dict(CONFIGS["gemma3"], layer_types=(FULL,) * 4, sliding_window=0)
@@ -84,7 +83,6 @@ def _same(model, kv_dtype, variant, chunks, ctx: int = CTX) -> list[torch.Tensor
     return kv_c
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
 @pytest.mark.parametrize("arch", C_ARCHS)
 def test_c_layers_equal_the_python_steps(tiny, arch, kv_dtype, variant):
@@ -99,7 +97,6 @@ def test_c_layers_equal_the_python_steps(tiny, arch, kv_dtype, variant):
             assert t[:, :, :end].abs().sum() > 0 and not t[:, :, end:].any()
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
 def test_c_layers_on_rings_overrun_and_shorter_than_the_window(tiny, kv_dtype, variant):
     """A chunk longer than a sliding layer's ring (only its last rows stay), and a context

@@ -151,7 +151,7 @@ def test_readers_see_the_same_bytes_while_the_blocks_move(file, wanted):
     reader.start()
     try:
         move = MoveInBackground(path, {"raw.b.0": big})
-        assert move.wait(timeout=30) > 0
+        assert move.wait(timeout=300) > 0
     finally:
         stop.set()
         reader.join()

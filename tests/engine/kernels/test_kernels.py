@@ -25,8 +25,6 @@ from ds4tui.engine.llama.tiny import CONFIG, random_llama_weights
 
 BLOCK_TYPES = list(quants.BLOCK_TYPES)
 TYPES = BLOCK_TYPES + ["f32"]
-# Every variant this CPU runs; the scalar one is the reference for the others.
-VARIANTS = qgemv.variants()
 # SmolLM2's head_dim (64) at toy width, rows and columns multiples of 256 so that every
 # type (K-quants included) fits; 4 query heads per KV head; 2 layers.
 WIDE = dict(CONFIG, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=1)
@@ -67,7 +65,6 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int32)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("qtype", TYPES)
 def test_c_dequantization_is_ggufs_bit_for_bit(qtype, variant):
     blocks = random_blocks(qtype, 7, 512, seed=1)
@@ -91,7 +88,6 @@ def iq2_xxs_every_code() -> torch.Tensor:
     return torch.from_numpy(b.reshape(rows, -1))
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 def test_iq2_xxs_grid_signs_and_scales_are_ggufs(variant):
     from gguf.quants import IQ2_XXS
 
@@ -119,7 +115,6 @@ def test_quantize_is_ggufs_and_round_trips(qtype):
     assert (back - w).abs().max() <= tol * w.abs().max()
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("rows", [301, 302])
 def test_matvec_and_matmul_equal_the_dequantized_product(qtype, variant, rows):
@@ -141,7 +136,6 @@ def test_matvec_and_matmul_equal_the_dequantized_product(qtype, variant, rows):
         m.matvec(x[0, :-1])
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 def test_row_parts_of_different_types_stack(variant):
     """A fused matrix in parts (Q4_K q/k rows, Q6_K v rows): the same as its dequantized rows."""
     cols = 256
@@ -161,7 +155,6 @@ def test_row_parts_of_different_types_stack(variant):
     assert [t for t, _ in merged.parts] == ["q4_k", "q6_k"]  # same-type neighbours merged
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 def test_results_do_not_depend_on_the_thread_count(variant):
     m = qgemv.QuantMatrix(random_blocks("q4_k", 1000, 512, seed=4), "q4_k", 512)
     x = torch.randn(23, 512)
@@ -193,7 +186,7 @@ def test_the_widest_variant_this_cpu_runs_is_chosen():
     else:
         expected = "scalar"
     assert qgemv.backend() == expected, qgemv.backend_reason()
-    assert VARIANTS[-1] == expected and VARIANTS[0] == "scalar"
+    assert qgemv.variants()[-1] == expected and qgemv.variants()[0] == "scalar"
     with pytest.raises(ValueError):
         with qgemv.use_variant("avx1024"):
             pass
@@ -299,7 +292,7 @@ def test_fused_step_reads_and_writes_f16_kv_like_the_torch_forward(tiny, qtype):
 
 
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
-@pytest.mark.parametrize("variant", VARIANTS[1:])
+@pytest.mark.parametrize("variant", qgemv.ISAS[1:], indirect=True)
 def test_every_variant_steps_like_the_scalar_one(tiny, variant, kv_dtype):
     """f16: the scalar build's own f32 -> f16 rounding and f16 reads against F16C's."""
     model = wide_model(tiny.tokenizer, tiny.chat, MIX)
@@ -368,6 +361,7 @@ FALLBACK_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a fresh interpreter per variant, with torch and a model
 @pytest.mark.parametrize("forced", ["scalar", "torch"])
 def test_forced_variants_compute_the_same(forced, tmp_path):
     if forced == "scalar" and qgemv._compiler() is None:
@@ -477,6 +471,7 @@ def test_a_type_gguf_cannot_dequantize_is_a_one_line_error(tmp_path, monkeypatch
     assert "\n" not in msg and "blk.0.ffn_down.weight" in msg and "I8" in msg and "Q4_K" in msg
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
 def test_smollm2_decodes_through_the_file_blocks(kv_dtype):
@@ -525,7 +520,6 @@ def test_other_architectures_build_only_the_portable_variant(monkeypatch):
     assert [name for _, name in qgemv._objects("cc")][2:] == ["isa_scalar.o", "isa_avx2.o", "isa_avx512.o"]
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 def test_long_chunks_take_the_blocks_with_every_vector_variant(tiny, variant, monkeypatch):
     """A 300-row chunk (over _SMALL_ROWS) multiplies by the file's blocks with AVX2 and AVX-512
     (their qgemm.c tiles beat torch's fp32 GEMM at every size) and by the fp32 copy with

@@ -19,7 +19,6 @@ from ds4tui.engine.llama.weights import make_info
 from ds4tui.engine.loader import load_model
 from tests.engine.kernels.test_kernels import random_blocks
 
-VARIANTS = qgemv.variants()
 # Hidden, FFN and q widths are multiples of 256 so that K-quant blocks fit every matrix.
 BASE = dict(vocab_size=384, hidden_size=256, intermediate_size=512, num_layers=3, num_heads=4, num_kv_heads=1,
             head_dim=64, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=512, tie_word_embeddings=False)
@@ -127,7 +126,6 @@ def _worst(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
     return max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want))
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
 @pytest.mark.parametrize("weights", ["f32", "mix"])
 @pytest.mark.parametrize("arch", list(CONFIGS))

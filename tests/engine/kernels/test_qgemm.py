@@ -14,7 +14,7 @@ from ds4tui.engine.kernels import qgemm, qgemv
 from ds4tui.engine.loader import load_model
 from tests.engine.kernels.test_kernels import random_blocks, wide_model
 
-pytestmark = pytest.mark.skipif(qgemv.library() is None, reason="needs the compiled kernels (torch backend here)")
+pytestmark = pytest.mark.usefixtures("kernels")
 
 
 @pytest.mark.parametrize("qtype", ["q4_1", "q8_0", "q4_k", "bf16"])
@@ -43,11 +43,18 @@ def bf16_tiles(qtype: str, n: int) -> bool:
 
 
 # (variant, precision of long products): every variant in fp32, and the AVX-512 variant's bf16
-# tiles where the CPU has AVX512_BF16.
-VARIANT_PRECISIONS = [(v, "fp32") for v in qgemv.variants()] + [("avx512", "bf16")] * qgemv.bf16_available()
+# tiles (the `variant` fixture skips one this CPU lacks, `precision` bf16 without AVX512_BF16).
+VARIANT_PRECISIONS = [(v, "fp32") for v in qgemv.ISAS] + [("avx512", "bf16")]
 
 
-@pytest.mark.parametrize("variant,precision", VARIANT_PRECISIONS)
+@pytest.fixture
+def precision(request) -> str:
+    if request.param == "bf16" and not qgemv.bf16_available():
+        pytest.skip("needs a CPU with AVX-512 and AVX512_BF16")
+    return request.param
+
+
+@pytest.mark.parametrize("variant,precision", VARIANT_PRECISIONS, indirect=True)
 @pytest.mark.parametrize("qtype,rows,cols,n", [
     ("q4_1", 37, 1536, 30),    # AVX-512 short tiles over two column panels
     ("q4_k", 70, 512, 100),    # long product: transposed 32-row chunks, a partial last chunk
@@ -76,7 +83,7 @@ def test_long_and_wide_products_equal_the_dequantized_matmul(variant, qtype, row
         assert ((got.double() - exact).abs().max() / scale).item() > 1e-5
 
 
-@pytest.mark.parametrize("variant,precision", VARIANT_PRECISIONS)
+@pytest.mark.parametrize("variant,precision", VARIANT_PRECISIONS, indirect=True)
 @pytest.mark.parametrize("qtype", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("n", [7, 23, 576])
 def test_one_hot_products_are_the_dequantized_weights(variant, qtype, n, precision):
@@ -96,7 +103,7 @@ def test_one_hot_products_are_the_dequantized_weights(variant, qtype, n, precisi
     assert torch.equal(got, want)
 
 
-@pytest.mark.skipif("avx512" not in qgemv.variants(), reason="needs a CPU with AVX-512")
+@pytest.mark.usefixtures("avx512_cpu")
 def test_avx512_q4_1_rows_do_not_depend_on_how_many_are_multiplied():
     """AVX-512 Q4_1 products sum every output along its columns in one order, whether the
     first 12-activation tile dequantizes in registers alone (n <= 12) or also feeds the
@@ -110,7 +117,7 @@ def test_avx512_q4_1_rows_do_not_depend_on_how_many_are_multiplied():
             assert torch.equal(m.matmul(x[:n]), full[:n])
 
 
-@pytest.mark.skipif(not qgemv.bf16_available(), reason="needs a CPU with AVX-512 and AVX512_BF16")
+@pytest.mark.usefixtures("bf16_cpu")
 @pytest.mark.parametrize("qtype", ["q4_k", "q4_1"])
 def test_bf16_rows_do_not_depend_on_how_many_are_multiplied(qtype):
     """On the bf16 tiles each output is one sequential sum over the column pairs, whatever
@@ -125,7 +132,6 @@ def test_bf16_rows_do_not_depend_on_how_many_are_multiplied(qtype):
             assert torch.equal(m.matmul(x[:n]), full[:n]), n
 
 
-@pytest.mark.parametrize("variant", qgemv.variants())
 def test_gemm_does_not_depend_on_the_thread_count(variant):
     blocks = random_blocks("q4_1", 1000, 512, seed=4)
     m = qgemm.make_blocks(("q4_1", blocks), torch.empty(1000, 512))

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from ds4tui.engine.kernels import qgemv
 from ds4tui.engine.kernels.rows import glu, qk_rope, rms_norm
 
-pytestmark = pytest.mark.skipif(qgemv.library() is None, reason="needs the compiled kernels (torch backend here)")
+pytestmark = pytest.mark.usefixtures("kernels")
 
 
 def gen(seed: int) -> torch.Generator:

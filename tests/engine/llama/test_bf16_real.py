@@ -21,7 +21,7 @@ from ds4tui.engine.loader import load_model
 
 pytestmark = [
     pytest.mark.real_model,
-    pytest.mark.skipif(not qgemv.bf16_available(), reason="needs a CPU with AVX-512 and AVX512_BF16"),
+    pytest.mark.usefixtures("bf16_cpu"),
 ]
 
 
