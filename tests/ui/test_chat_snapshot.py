@@ -14,7 +14,7 @@ from ds4tui.screens.chat import ChatScreen
 from ds4tui.screens.widgets import fmt
 from ds4tui.screens.widgets.chat_log import ChatLog
 from tests.ui.chat_app import SIZE, ChatHost, GatedController, chat_config, send, tiny_llama  # noqa: F401
-from tests.ui.waiting import until
+from tests.ui.waiting import until_settled
 
 
 @pytest.fixture(autouse=True)
@@ -54,10 +54,11 @@ def test_prefill_progress_bar(snap_compare, tiny_llama):
         app.clear_notifications()
         await pilot.wait_for_scheduled_animations()
         # The log follows the long message a frame after it grows (Textual's anchor); on a
-        # busy machine the capture could come first: wait for the bottom, not for a time.
+        # busy machine the capture could come first: wait for its layout to settle at the
+        # bottom, not for a time.
         log = app.chat.query_one(ChatLog)
-        await until(pilot, lambda: log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y, "the log's bottom")
-        await pilot.pause()
+        await until_settled(pilot, lambda: (log.virtual_size, log.scroll_y, log.max_scroll_y, len(log.children)),
+                            lambda: log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y, "the log's bottom")
 
     try:
         assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

@@ -21,3 +21,17 @@ async def until(pilot, condition, what: str, timeout: float = HANG_S) -> None:
         if loop.time() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         await pilot.pause(0.02)
+
+
+async def until_settled(pilot, probe, condition, what: str, timeout: float = HANG_S) -> None:
+    """Until `condition()` holds and `probe()` (layout state) is the same across a pause:
+    a state a screenshot can take, not a frame in the middle of a layout."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        before = probe()
+        await pilot.pause(0.05)
+        if condition() and probe() == before:
+            return
+        if loop.time() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what} to settle")
