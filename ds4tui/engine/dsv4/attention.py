@@ -28,6 +28,7 @@ from ds4tui.engine.dsv4.cache import LayerCache
 from ds4tui.engine.dsv4.compressor import CompressorWeights, compress
 from ds4tui.engine.dsv4.config import CSA_RATIO, Dsv4Config
 from ds4tui.engine.dsv4.hc import rms_norm
+from ds4tui.engine.dsv4.linear import grouped_linear, linear
 from ds4tui.engine.dsv4.rope import Rope, apply_rope
 from ds4tui.format.swa_policy import QUERY_BLOCK  # score blocks: [64, heads, W + 64 + compressed rows] at most
 
@@ -150,11 +151,11 @@ def index_selector(
         # Lazily: a chunk whose queries all see <= k rows never needs the indexer scores.
         if not state:
             cos, sin = rope.cos_sin(torch.arange(p0, p0 + n), a.dtype)
-            qi = apply_rope((c @ w.wq_b.T).reshape(n, heads, dim), cos, sin)  # [n, IH, Id]
+            qi = apply_rope(linear(c, w.wq_b).reshape(n, heads, dim), cos, sin)  # [n, IH, Id]
             if cfg.qat_indexer_fp4:
                 qi = quant.indexer_qat(qi)
             state["q"] = qi
-            state["w"] = (a @ w.weights_proj.T) * (dim * heads) ** -0.5  # [n, IH]
+            state["w"] = linear(a, w.weights_proj) * (dim * heads) ** -0.5  # [n, IH]
         return state["q"], state["w"]
 
     def select(b0: int, b1: int, nvis: int) -> torch.Tensor:
@@ -190,11 +191,11 @@ def attention(
     n, dtype, eps = a.shape[0], a.dtype, cfg.rms_norm_eps
     heads, d = cfg.num_attention_heads, cfg.head_dim
     cos, sin = rope.cos_sin(torch.arange(p0, p0 + n), dtype)
-    c = rms_norm(a @ w.wq_a.T, w.q_norm, eps)  # [n, q_lora]
-    q = rms_norm((c @ w.wq_b.T).reshape(n, heads, d), None, eps)  # [n, H, d]
+    c = rms_norm(linear(a, w.wq_a), w.q_norm, eps)  # [n, q_lora]
+    q = rms_norm(linear(c, w.wq_b).reshape(n, heads, d), None, eps)  # [n, H, d]
     q = apply_rope(q, cos, sin)
     fin_kv = finish_kv(cfg)
-    kv = fin_kv(apply_rope(rms_norm(a @ w.wkv.T, w.kv_norm, eps), cos, sin))  # [n, d]
+    kv = fin_kv(apply_rope(rms_norm(linear(a, w.wkv), w.kv_norm, eps), cos, sin))  # [n, d]
 
     past = cache.raw_logical(p0, cfg.sliding_window).to(dtype)  # [live, d], oldest first
     keys = torch.cat([past, kv])
@@ -214,6 +215,5 @@ def attention(
     out = apply_rope(out, cos, sin, inverse=True)
     groups = cfg.o_groups
     grouped = out.reshape(n, groups, heads * d // groups)  # [n, G, heads/G * d]
-    wo_a = w.wo_a.reshape(groups, cfg.o_lora_rank, heads * d // groups)  # [G, rank, heads/G * d]
-    low = torch.einsum("ngi,gri->ngr", grouped, wo_a).reshape(n, groups * cfg.o_lora_rank)  # [n, G*rank]
-    return low @ w.wo_b.T
+    low = grouped_linear(grouped, w.wo_a, groups)  # [n, G*rank]: wo_a is [G*rank, heads/G * d]
+    return linear(low, w.wo_b)

@@ -25,6 +25,7 @@ import torch
 
 from ds4tui.engine.dsv4.cache import EMPTY_SCORE, EMPTY_THRESHOLD, CompressorState
 from ds4tui.engine.dsv4.hc import rms_norm
+from ds4tui.engine.dsv4.linear import linear
 from ds4tui.engine.dsv4.rope import Rope, apply_rope
 
 
@@ -100,8 +101,8 @@ def compress(
         return 0
     n = a.shape[0]
     slots = torch.arange(first_pos, first_pos + n) % st.ratio
-    kv = (a @ w.wkv.T).to(torch.float32)  # [n, width]
-    score = (a @ w.wgate.T + w.ape[slots]).to(torch.float32)
+    kv = linear(a, w.wkv).to(torch.float32)  # [n, width]
+    score = (linear(a, w.wgate) + w.ape[slots]).to(torch.float32)
     cand_kv, cand_sc, win0 = advance_frontier(st, kv, score, first_pos)
     m = cand_kv.shape[0]
     if m == 0:

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ds4tui.engine.dsv4.linear import linear
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """x / rms(x) over the last dim, times `weight` when given (None: the unweighted norm)."""
@@ -59,7 +61,7 @@ def hc_pre(
     """x_hc [n, hc, D] -> (sublayer input [n, D], post [n, hc], M [n, hc, hc])."""
     n, hc, d = x_hc.shape
     flat = rms_norm(x_hc.reshape(n, hc * d), None, norm_eps)  # [n, hc*D]
-    mix = flat @ w.fn.T  # [n, (2+hc)*hc]
+    mix = linear(flat, w.fn)  # [n, (2+hc)*hc]
     pre = torch.sigmoid(mix[:, :hc] * w.scale[0] + w.base[:hc]) + hc_eps
     post = 2.0 * torch.sigmoid(mix[:, hc : 2 * hc] * w.scale[1] + w.base[hc : 2 * hc])
     logits = (mix[:, 2 * hc :] * w.scale[2] + w.base[2 * hc :]).reshape(n, hc, hc)  # row-major [i, j]
@@ -77,5 +79,5 @@ def hc_head(x_hc: torch.Tensor, w: HcHeadWeights, hc_eps: float, norm_eps: float
     """Final collapse of the streams before the output norm: [n, hc, D] -> [n, D]."""
     n, hc, d = x_hc.shape
     flat = rms_norm(x_hc.reshape(n, hc * d), None, norm_eps)  # [n, hc*D]
-    pre = torch.sigmoid((flat @ w.fn.T) * w.scale[0] + w.base) + hc_eps  # [n, hc]
+    pre = torch.sigmoid(linear(flat, w.fn) * w.scale[0] + w.base) + hc_eps  # [n, hc]
     return (pre[:, :, None] * x_hc).sum(dim=1)

@@ -28,6 +28,7 @@ from ds4tui.engine.dsv4.config import Dsv4Config
 from ds4tui.engine.dsv4.net import Dsv4Net
 from ds4tui.engine.dsv4.session import Dsv4Session
 from ds4tui.engine.dsv4.weights import (
+    Dsv4Weights,
     build_weights,
     resolve,
     sources_from_dict,
@@ -65,11 +66,23 @@ class Dsv4Model(Model):
         chat: ChatTemplate,
         quant_bits: int,
     ) -> None:
+        self._setup(name, cfg, build_weights(cfg, tensors), weights_digest(tensors), tokenizer, chat, quant_bits)
+
+    @classmethod
+    def from_weights(cls, name: str, cfg: Dsv4Config, weights: Dsv4Weights, digest: bytes, tokenizer: Tokenizer,
+                     chat: ChatTemplate, quant_bits: int) -> "Dsv4Model":
+        """A model over weights already bound (a GGUF's blocks: gguf.py), identified by `digest`."""
+        self = cls.__new__(cls)
+        self._setup(name, cfg, weights, digest, tokenizer, chat, quant_bits)
+        return self
+
+    def _setup(self, name: str, cfg: Dsv4Config, weights: Dsv4Weights, digest: bytes, tokenizer: Tokenizer,
+               chat: ChatTemplate, quant_bits: int) -> None:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.chat = chat
-        fingerprint = fingerprint_of(cfg, weights_digest(tensors))
-        self.net = Dsv4Net(cfg, build_weights(cfg, tensors))
+        fingerprint = fingerprint_of(cfg, digest)
+        self.net = Dsv4Net(cfg, weights)
         self.info = ModelInfo(
             name=name,
             family="dsv4",

@@ -17,6 +17,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ds4tui.engine.dsv4.linear import ExpertBank, Weight, linear
+
 # ds4 divides by max(sum, this) rather than adding an epsilon: a fixed floor keeps the
 # normalization finite even if every selected score underflows.
 WEIGHT_SUM_FLOOR = 2.0**-14  # 6.1035e-5, ds4's value
@@ -24,13 +26,15 @@ WEIGHT_SUM_FLOOR = 2.0**-14  # 6.1035e-5, ds4's value
 
 @dataclass
 class MoeWeights:
-    gate: torch.Tensor  # [E, D] router
+    gate: Weight  # [E, D] router
     bias: torch.Tensor | None  # [E] selection-only bias (top-k layers)
     tid2eid: torch.Tensor | None  # int64 [V, k] (hash layers)
-    w1: torch.Tensor  # [E, F, D] gate projections
-    w3: torch.Tensor  # [E, F, D] up projections
-    w2: torch.Tensor  # [E, D, F] down projections
-    shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # (w1 [F, D], w3 [F, D], w2 [D, F])
+    # Routed experts, indexed by expert id: stacked tensors [E, F, D] / [E, D, F], or a GGUF's
+    # ExpertBank (each expert's rows read from the file's blocks, none copied).
+    w1: torch.Tensor | ExpertBank  # gate projections
+    w3: torch.Tensor | ExpertBank  # up projections
+    w2: torch.Tensor | ExpertBank  # down projections
+    shared: tuple[Weight, Weight, Weight] | None  # (w1 [F, D], w3 [F, D], w2 [D, F])
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
@@ -45,7 +49,7 @@ def route(
     f: torch.Tensor, token_ids: torch.Tensor, w: MoeWeights, top_k: int, scaling: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """f [n, D] -> (expert ids int64 [n, k], weights [n, k])."""
-    scores = torch.sqrt(F.softplus(f @ w.gate.T))  # [n, E]
+    scores = torch.sqrt(F.softplus(linear(f, w.gate)))  # [n, E]
     if w.tid2eid is not None:
         ids = w.tid2eid[token_ids]
     else:
@@ -75,15 +79,15 @@ def moe_forward(
     # whether it runs alone (decode) or in a batch (prefill).
     if f.shape[0] == 1:  # decode: no grouping needed (fewer, cheaper ops than the batch path)
         for slot, e in sorted(enumerate(ids[0].tolist()), key=lambda p: p[1]):
-            h = swiglu(f @ w.w1[e].T, f @ w.w3[e].T, limit)
-            out += (h @ w.w2[e].T) * weights[:, slot, None]
+            h = swiglu(linear(f, w.w1[e]), linear(f, w.w3[e]), limit)
+            out += linear(h, w.w2[e]) * weights[:, slot, None]
         ids = ids[:0]  # nothing left for the grouped loop
     for e in torch.unique(ids).tolist():
         rows, slot = (ids == e).nonzero(as_tuple=True)
         x = f[rows]  # [m, D]
-        h = swiglu(x @ w.w1[e].T, x @ w.w3[e].T, limit)  # [m, F]
-        out.index_add_(0, rows, (h @ w.w2[e].T) * weights[rows, slot, None])
+        h = swiglu(linear(x, w.w1[e]), linear(x, w.w3[e]), limit)  # [m, F]
+        out.index_add_(0, rows, linear(h, w.w2[e]) * weights[rows, slot, None])
     if w.shared is not None:
         s1, s3, s2 = w.shared
-        out = out + swiglu(f @ s1.T, f @ s3.T, limit) @ s2.T
+        out = out + linear(swiglu(linear(f, s1), linear(f, s3), limit), s2)
     return out

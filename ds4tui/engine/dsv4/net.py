@@ -17,6 +17,7 @@ from ds4tui.engine.dsv4.attention import attention
 from ds4tui.engine.dsv4.cache import LayerCache
 from ds4tui.engine.dsv4.config import Dsv4Config
 from ds4tui.engine.dsv4.hc import hc_head, hc_post, hc_pre, rms_norm
+from ds4tui.engine.dsv4.linear import linear
 from ds4tui.engine.dsv4.moe import moe_forward
 from ds4tui.engine.dsv4.rope import layer_ropes
 from ds4tui.engine.dsv4.weights import Dsv4Weights
@@ -51,7 +52,7 @@ class Dsv4Net:
     def __init__(self, cfg: Dsv4Config, weights: Dsv4Weights) -> None:
         self.cfg = cfg
         self.w = weights
-        self.dtype = weights.embed.dtype
+        self.dtype = weights.norm.dtype  # the compute dtype (a GGUF's embedding rows are f16)
         self.rope_main, self.rope_comp = layer_ropes(cfg)
 
     def forward(
@@ -67,7 +68,7 @@ class Dsv4Net:
         cfg = self.cfg
         ids = torch.tensor(tokens, dtype=torch.long)
         n, hc = ids.shape[0], cfg.hc_mult
-        x = self.w.embed[ids]  # [n, D]
+        x = self.w.embed[ids].to(self.dtype)  # [n, D]
         streams = x[:, None, :].expand(n, hc, x.shape[1]).contiguous()  # [n, hc, D]: all copies
         positions = list(range(p0, p0 + n))
         on_select = None if trace is None else trace.on_select
@@ -95,4 +96,4 @@ class Dsv4Net:
         """HC streams [m, hc, D] -> float32 logits [m, V]."""
         cfg = self.cfg
         h = hc_head(streams, self.w.hc_head, cfg.hc_eps, cfg.rms_norm_eps)
-        return (rms_norm(h, self.w.norm, cfg.rms_norm_eps) @ self.w.head.T).to(torch.float32)
+        return linear(rms_norm(h, self.w.norm, cfg.rms_norm_eps), self.w.head).to(torch.float32)

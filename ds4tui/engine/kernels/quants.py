@@ -80,12 +80,18 @@ def dequantize(blocks: torch.Tensor, qtype: str, cols: int) -> torch.Tensor:
 
 def quantize(w: torch.Tensor, qtype: str) -> torch.Tensor:
     """uint8 blocks [rows, row_bytes] for fp32 w [rows, cols], rounded by gguf.quants.quantize
-    (tests and tiny models; real weights keep the file's own blocks). gguf has no quantizer
-    for the K-quants: NotImplementedError."""
+    (tests and tiny models; real weights keep the file's own blocks); Q2_K and IQ2_XXS, which
+    gguf cannot quantize, by simple_quants' plain rounding. gguf has no quantizer for the
+    other K-quants: NotImplementedError."""
     from gguf.quants import quantize as gguf_quantize
+
+    from ds4tui.engine.kernels.simple_quants import quantize_iq2_xxs, quantize_q2_k
 
     rows, cols = w.shape
     rb = row_bytes(qtype, cols)
+    plain = {"q2_k": quantize_q2_k, "iq2_xxs": quantize_iq2_xxs}.get(qtype)
+    if plain is not None:
+        return torch.from_numpy(plain(w.detach().float().numpy()))
     out = gguf_quantize(np.ascontiguousarray(w.detach().float().numpy()), _gguf_type(qtype))
     return torch.from_numpy(np.ascontiguousarray(out).view(np.uint8).reshape(rows, rb).copy())
 

@@ -3,7 +3,8 @@
 Owns the two vocabulary kinds of `tokenizer.ggml.model`:
 - "gpt2": byte-level BPE from the vocab and merges, with the pre-tokenizer regex named
   by `tokenizer.ggml.pre` (PRE_TOKENIZERS: default/gpt2, smollm, llama3/llama-bpe,
-  qwen2; the regexes are llama.cpp's for those names).
+  qwen2, deepseek-v3/joyai-llm; the regexes are llama.cpp's for those names; DeepSeek V3's
+  and V4's are three applied in turn: digit runs, CJK and kana runs, then the rest).
 - "llama": SentencePiece-style BPE over scored pieces (Llama 2, Gemma): spaces become
   "▁", the pair whose merged piece has the highest score merges first, and characters
   outside the vocab fall back to their <0xXX> byte pieces. `tokenizers` applies merges
@@ -23,15 +24,22 @@ from ds4tui.engine.errors import WeightsError
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-# Split regexes by `tokenizer.ggml.pre` name (None: GPT-2's, which ByteLevel applies itself).
-PRE_TOKENIZERS: dict[str, str | None] = {
+# Split regexes by `tokenizer.ggml.pre` name (None: GPT-2's, which ByteLevel applies itself;
+# a tuple: several splits in turn, each over the pieces the one before left).
+PRE_TOKENIZERS: dict[str, str | tuple[str, ...] | None] = {
     "default": None,
     "gpt2": None,
     "smollm": None,  # GPT-2's, after every digit is split off on its own
     "llama3": _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     "qwen2": _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "deepseek-v3": (
+        r"\p{N}{1,3}",
+        "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+        r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
 }
-PRE_ALIASES = {"llama-bpe": "llama3", "llama-v3": "llama3", "deepseek-r1-qwen": "qwen2", "": "default"}
+PRE_ALIASES = {"llama-bpe": "llama3", "llama-v3": "llama3", "deepseek-r1-qwen": "qwen2", "joyai-llm": "deepseek-v3",
+               "hunyuan-dense": "deepseek-v3", "": "default"}
 # Pre-tokenizers whose BPE takes a word found whole in the vocab without merging (llama.cpp: ignore_merges).
 _IGNORE_MERGES = {"llama3"}
 VOCAB_KINDS = ("gpt2", "llama")
@@ -81,8 +89,9 @@ def _byte_level_bpe(tokens: Sequence[str], merges: Sequence[str], pre: str | Non
         tok.pre_tokenizer = byte_level if name != "smollm" else pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), byte_level])
     else:
+        splits = [regex] if isinstance(regex, str) else list(regex)
         tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+            *(pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in splits),
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
         ])
     tok.decoder = decoders.ByteLevel()

@@ -107,6 +107,17 @@ def test_iq2_xxs_grid_signs_and_scales_are_ggufs(variant):
     assert set(grid.unique().tolist()) == {8.0, 25.0, 43.0}
 
 
+@pytest.mark.parametrize("qtype", ["q2_k", "iq2_xxs"])
+def test_plain_2_bit_quantizers_write_blocks_near_the_weights(qtype):
+    """simple_quants (gguf-py cannot quantize these): gguf decodes its blocks to values near w."""
+    w = torch.randn(16, 512, generator=torch.Generator().manual_seed(5)) * 0.05
+    back = quants.dequantize(quants.quantize(w, qtype), qtype, 512)
+    assert ((back - w).norm() / w.norm()).item() < 0.4  # 2 bits: ~0.33 here (llama.cpp's search: less)
+    assert ((back > 0) == (w > 0)).float().mean().item() > 0.85  # signs kept (IQ2_XXS: one in 8 may flip)
+    zero = quants.dequantize(quants.quantize(torch.zeros(2, 256), qtype), qtype, 256)
+    assert torch.equal(zero, torch.zeros(2, 256))
+
+
 @pytest.mark.parametrize("qtype", ["f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"])
 def test_quantize_is_ggufs_and_round_trips(qtype):
     w = torch.randn(3, 64, generator=torch.Generator().manual_seed(2)) * 0.1
