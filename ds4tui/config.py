@@ -60,9 +60,21 @@ class Config:
     # llama.cpp's default cache) or "f32". A cache file is only read by sessions of its own type.
     # DSV4 ignores it (its cache_f16 option is part of the checkpoint's config).
     kv_dtype: str = "f16"
+    # How often a growing conversation is checkpointed (`continued` files): every this many
+    # tokens, rounded up to the alignment (ds4's 10000 and 2048: a file every 10240 tokens),
+    # so a kill -9 of the chat or the server loses at most one interval. 0: never.
+    continued_interval_tokens: int = 10000
+    checkpoint_align_tokens: int = 2048
 
     def cache_path(self) -> Path:
         return paths.cache_dir(self.cache_dir)
+
+    def cache_policy(self):
+        """The disk cache's policy with this config's budget and checkpoint interval."""
+        from ds4tui.cache.policy import CachePolicy
+
+        return CachePolicy(budget_mb=self.budget_mb, continued_interval_tokens=self.continued_interval_tokens,
+                           boundary_align_tokens=self.checkpoint_align_tokens)
 
 
 # key -> (accepted python types, checker(value) -> error text or None)
@@ -81,6 +93,9 @@ _CHECKS: dict[str, tuple[tuple[type, ...], Any]] = {
     "seed": ((int,), lambda v: None if v >= 0 else "must be >= 0"),
     "swa_policy": ((str,), check_policy_text),
     "kv_dtype": ((str,), lambda v: None if v in ("f16", "f32") else 'must be "f16" or "f32"'),
+    "continued_interval_tokens": ((int,), lambda v: None if v >= 0 else "must be >= 0 (0: no continued checkpoints)"),
+    # A multiple of 64 keeps checkpoints on the engines' prefill chunk boundaries.
+    "checkpoint_align_tokens": ((int,), lambda v: None if v > 0 and v % 64 == 0 else "must be a positive multiple of 64"),
 }
 _FLOAT_KEYS = {"temperature", "top_p", "min_p"}
 

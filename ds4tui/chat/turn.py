@@ -5,7 +5,8 @@ reuse the conversation's live session when it covers a prefix of the new prompt,
 else restore the longest cached prefix from disk, else start cold; prefill only
 the rest (in the engine's aligned chunks, with progress and cancellation), split
 where the policy wants a cold or continued checkpoint; stream the reply as whole
-characters until EOS, a stop string, the token limit or a cancel.
+characters until EOS, a stop string, the token limit or a cancel, checkpointing
+it where it reaches a continued frontier.
 
 Leaves to others: which sessions stay in memory (pool.py), file formats and the
 budget (checkpoints.py over ds4tui.cache), the math (ds4tui.engine).
@@ -292,6 +293,15 @@ class TurnPipeline:
             frontier += step
         return sorted(points.items())
 
+    def _continued_in_reply(self, conv: Conversation, session: Session, text: bytearray, on_event: EventFn) -> None:
+        """A reply that reaches a continued frontier is checkpointed there, as ds4 checks the
+        frontier at every decode step (ds4_server.c, kv_cache_maybe_store_continued): a kill -9
+        during a long reply, or before the next save, loses at most one interval."""
+        if self.checkpoints is None or not self.policy.continued_target(len(session.tokens), conv.stored_upto):
+            return
+        if self.checkpoints.save(session, bytes(text), "continued", on_event):
+            conv.stored_upto = len(session.tokens)
+
     def _generate(self, conv: Conversation, on_event: EventFn, t0: float, prompt_tokens: int,
                   prefill_s: float, options: TurnOptions, cancel: threading.Event, seed_offset: int = 0) -> Done:
         session = conv.session
@@ -334,6 +344,7 @@ class TurnPipeline:
             logits = session.decode(token) if decode is None else decode(session, token)
             text += piece
             generated += 1
+            self._continued_in_reply(conv, session, text, on_event)
             if stream.stopped:
                 stop = "stop-string"
                 break

@@ -61,3 +61,16 @@ def test_save_round_trips_awkward_strings():
     config = Config(system_prompt='Quote " backslash \\ newline\n tab\t del\x7f é', temperature=0.2)
     save_config(config)
     assert load_config() == config
+
+
+def test_the_checkpoint_interval_comes_from_the_config(tmp_path):
+    default = Config().cache_policy()
+    assert default.continued_step == 10240 and default.budget_mb == 4096  # ds4's: 10000 up to 2048
+    path = tmp_path / "config.toml"
+    path.write_text("continued_interval_tokens = 3000\ncheckpoint_align_tokens = 1024\nbudget_mb = 64\n")
+    policy = load_config(path).cache_policy()
+    assert policy.continued_step == 3072 and policy.budget_mb == 64
+    assert policy.next_continued_frontier(5000) == 6144
+    path.write_text("checkpoint_align_tokens = 100\n")
+    with pytest.raises(ConfigError, match="checkpoint_align_tokens must be a positive multiple of 64"):
+        load_config(path)

@@ -195,3 +195,33 @@ def test_cancel_while_streaming_keeps_the_partial_reply(tiny_llama, tmp_path):
     follow = Recorder()
     assert ctl.send(conv.key, "Go on.", follow) is not None
     assert follow.of(ev.PrefillStarted)[0].source == "live"
+
+
+def test_a_reply_that_reaches_a_continued_frontier_is_checkpointed_there(tiny_llama, tmp_path):
+    """The frontier a long reply crosses gets its continued file (ds4 checks it at every decode
+    step), so a kill -9 before the next save loses at most one interval; the file restores."""
+    from ds4tui.cache.policy import CachePolicy
+
+    policy = CachePolicy(min_tokens=32, boundary_trim_tokens=4, boundary_align_tokens=64,
+                         continued_interval_tokens=128, cold_max_tokens=0)
+    ctl, events = make_controller(tiny_llama, tmp_path, policy=policy, max_tokens=300), Recorder()
+    conv = ctl.new_conversation()
+    done = ctl.send(conv.key, "Hi.", events)  # a short prompt: every frontier is in the reply
+    prompt_tokens = events.of(ev.PrefillStarted)[0].total
+    assert done is not None and done.context_tokens > 256 > prompt_tokens  # crossed 128 and 256
+    continued = [s for s in events.of(ev.Saved) if s.reason == "continued"]
+    assert sorted(s.tokens for s in continued) == [128, 256]
+    # Each one holds the conversation as it stood at that token: a prefix of the session's text.
+    session_text = conv.session_text
+    for s in continued:
+        with open(s.path, "rb") as fp:
+            header = decode_header(fp.read(PREFIX_BYTES))
+            assert session_text.startswith(fp.read(header.text_bytes))
+    # A kill -9 before the reply's end: nothing but the continued files on disk. A fresh
+    # controller finds the last one for the conversation's text.
+    for s in events.of(ev.Saved):
+        if s.reason != "continued":
+            os.unlink(s.path)
+    again = make_controller(tiny_llama, tmp_path, policy=policy, max_tokens=2)
+    hits = again.checkpoints.store.lookup(session_text, again.checkpoints.acceptor())
+    assert hits and (hits[0].header.tokens, hits[0].header.reason) == (256, "continued")
