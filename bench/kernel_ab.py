@@ -22,6 +22,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,18 +57,19 @@ def main() -> int:
 
     import torch
 
-    from ds4tui.engine.kernels import qgemv
+    from ds4tui.engine.kernels import build, qgemv
     from ds4tui.engine.loader import load_model
 
     if qgemv.library() is None:
         print(f"no C kernels: {qgemv.backend_reason()}")
         return 1
-    own_dir, cc = qgemv._DIR, qgemv._compiler()
-    qgemv._DIR = Path(args.other).resolve() / "ds4tui" / "engine" / "kernels"
-    try:
-        other = qgemv._load(qgemv._build(cc))
-    finally:
-        qgemv._DIR = own_dir
+    cc = build.find_compiler()
+    if cc is None:
+        print("no C compiler: the other checkout's kernels cannot be built")
+        return 1
+    other_lib = Path(tempfile.mkdtemp(prefix="ds4tui-kernel-ab-")) / build.LIB_NAME
+    build.compile_library(cc, other_lib, Path(args.other).resolve() / "ds4tui" / "engine" / "kernels")
+    other = qgemv._load(other_lib)
     libs = {"A": other, "B": qgemv.library()}
     isa = qgemv.ISAS.index(qgemv.backend())
     other.ds4k_set_isa(isa)  # the same variant on both sides (DS4TUI_KERNELS applies to both)

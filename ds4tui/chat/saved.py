@@ -83,7 +83,9 @@ class SavedSessions:
             if broken:
                 raise LookupError(f"saved session {broken[0].title!r} ({broken[0].sha[:12]}) cannot be resumed:"
                                   f" {broken[0].problem}")
-            raise LookupError(f"no saved session matches {query!r} (see `ds4tui kv ls`)")
+            from ds4tui.command import command
+
+            raise LookupError(f"no saved session matches {query!r} (see `{command('kv ls')}`)")
         if len(matches) > 1:
             names = ", ".join(f"{m.sha[:12]} {m.title!r}" for m in matches[:5])
             raise LookupError(f"{query!r} matches {len(matches)} saved sessions: {names}")

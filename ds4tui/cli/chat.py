@@ -13,6 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ds4tui.command import command
+
 
 def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
     from ds4tui import paths
@@ -72,7 +74,7 @@ def check_model(spec: str) -> None:
 
     if resolve_registered(spec) is None:  # raises ModelNotFoundError naming the pull command
         raise ModelNotFoundError(
-            f"unknown model {spec!r}: not a file, a directory or a name from `ds4tui models list`")
+            f"unknown model {spec!r}: not a file, a directory or a name from `{command('models list')}`")
 
 
 def context_limit(spec: str) -> int | None:
@@ -158,7 +160,7 @@ def check_resume(query: str, cache_dir: Path) -> str:
 
     matches = match_sessions(query, titled, lambda t: t[0], lambda t: t[1])
     if not matches:
-        raise CliError(f"--resume {query!r}: no saved session matches in {cache_dir} (see `ds4tui kv ls`)")
+        raise CliError(f"--resume {query!r}: no saved session matches in {cache_dir} (see `{command('kv ls')}`)")
     if len(matches) > 1:
         from ds4tui.format.display import safe_text
 
@@ -201,8 +203,8 @@ def run_chat(args: argparse.Namespace) -> int:
 
     if not sys.stdout.isatty():
         # Without a terminal the full-screen UI has nowhere to draw and would spin.
-        raise CliError("the chat needs a terminal: stdout is not one (for scripts: `ds4tui kv ...`,"
-                       " `ds4tui bench ...`)")
+        raise CliError(f"the chat needs a terminal: stdout is not one (for scripts: `{command('kv ...')}`,"
+                       f" `{command('bench ...')}`)")
 
     from ds4tui.screens.app import Ds4TuiApp
 

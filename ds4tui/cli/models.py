@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ds4tui.command import command
 from ds4tui.format.display import human_bytes
 
 
@@ -103,7 +104,7 @@ def cmd_path(args: argparse.Namespace) -> int:
 
     entry = REGISTRY.get(args.name)
     if entry is None:
-        raise CliError(f"unknown model {args.name!r}: see `ds4tui models list`")
+        raise CliError(f"unknown model {args.name!r}: see `{command('models list')}`")
     if entry.builder is not None:
         path = installed_path(entry)  # print without building: `path` should be instant
     else:

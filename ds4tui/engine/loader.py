@@ -30,11 +30,16 @@ LLAMA_MODEL_TYPES = {"llama", "mistral", "smollm", "smollm2", "qwen2", "qwen3", 
 
 def load_model(spec: str, progress: Callable[[str, float], None] | None = None) -> Model:
     """`progress(what, fraction)` is called while a one-time preparation runs (a GGUF's
-    conversion to its fast-loading copy), never for a plain load."""
+    conversion to its fast-loading copy; the C kernels' compilation, what "C kernels", for an
+    install that has no built library), never for a plain load."""
     key = str(spec)
     with _LOCK:
         model = _LOADED.get(key)
         if model is None:
+            from ds4tui.engine.kernels import qgemv
+
+            # Here, with progress, rather than at the kernels' first call (a save's check).
+            qgemv.prepare(progress)
             model = _load_uncached(key, progress)
             _LOADED[key] = model
         return model
@@ -55,8 +60,10 @@ def _load_uncached(spec: str, progress: Callable[[str, float], None] | None = No
 
         registered = resolve_registered(spec)  # raises ModelNotFoundError naming the pull command
         if registered is None:
+            from ds4tui.command import command
+
             raise ModelNotFoundError(
-                f"unknown model {spec!r}: not a file, a directory or a name from `ds4tui models list`"
+                f"unknown model {spec!r}: not a file, a directory or a name from `{command('models list')}`"
             )
         path = registered
     if path.is_file() and path.suffix == ".gguf":

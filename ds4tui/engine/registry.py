@@ -95,7 +95,9 @@ REGISTRY: dict[str, Registered] = {
 
 
 def pull_command(name: str) -> str:
-    return f"ds4tui models pull {name}"
+    from ds4tui.command import command
+
+    return command(f"models pull {name}")
 
 
 def installed_path(entry: Registered) -> Path | None:

@@ -52,7 +52,12 @@ if TYPE_CHECKING:
 
 
 def preparing_text(what: str, fraction: float) -> str:
-    """The status line while a model is converted for fast loading, the first time only."""
+    """The status line while a model is converted for fast loading, or the C kernels are
+    compiled (an install without a built library), the first time only."""
+    from ds4tui.engine.kernels.build import WHAT as KERNELS  # stdlib only: no torch here
+
+    if what == KERNELS:
+        return f"compiling the C kernels (once) … {fraction:.0%}"
     return f"preparing {what} for fast loading (once) … {fraction:.0%}"
 
 

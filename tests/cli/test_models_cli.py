@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ds4tui.cli import main
+from ds4tui.command import command
 from ds4tui.engine import registry
 from ds4tui.engine.errors import ModelNotFoundError
 from ds4tui.engine.registry import REGISTRY, Registered, pull
@@ -57,7 +58,7 @@ def test_pull_rejects_a_wrong_hash(fake_model, monkeypatch):
 
 def test_missing_model_names_the_pull_command(fake_model, capsys):
     assert main(["models", "path", "smollm2-135m-instruct"]) == 1
-    assert "run `ds4tui models pull smollm2-135m-instruct`" in capsys.readouterr().err
+    assert f"run `{command('models pull smollm2-135m-instruct')}`" in capsys.readouterr().err
     with pytest.raises(ModelNotFoundError, match="not installed"):
         registry.resolve_registered("smollm2-135m-instruct")
     assert registry.resolve_registered("no-such-model") is None

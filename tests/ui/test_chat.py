@@ -5,6 +5,7 @@ from __future__ import annotations
 from textual.widgets import Label
 
 from ds4tui.chat import events as ev
+from ds4tui.engine.kernels import build
 from ds4tui.screens.chat import ChatScreen
 from ds4tui.format.display import safe_lines
 from ds4tui.screens.widgets.chat_log import AssistantMessage, ReplyMarkdown, UserMessage
@@ -355,6 +356,10 @@ async def test_first_start_conversion_is_shown_with_its_progress(tiny_llama):
         await pilot.pause()
         assert app.chat.query_one(StatusBar).model_name == (
             "preparing SmolLM2-135M-Instruct for fast loading (once) … 43%")
+        # An install without a built kernel library compiles it at the first load.
+        app.chat.post_message(ChatScreen.Preparing(build.WHAT, 0.5))
+        await pilot.pause()
+        assert app.chat.query_one(StatusBar).model_name == "compiling the C kernels (once) … 50%"
 
 
 async def test_escape_in_a_later_prefill_withdraws_only_that_message(tiny_llama):

@@ -94,6 +94,13 @@ DS4K_EXPORT int ds4k_isa(void) {
 /* Bumped when an entry point changes signature or meaning; qgemv.py checks it. */
 DS4K_EXPORT int ds4k_abi(void) { return 7; }
 
+/* build.py's key of the sources and flags this library was built from (-DDS4K_SOURCE_KEY):
+ * qgemv.py loads a prebuilt library only when it matches the sources beside it. */
+#ifndef DS4K_SOURCE_KEY
+#define DS4K_SOURCE_KEY ""
+#endif
+DS4K_EXPORT const char *ds4k_source_key(void) { return DS4K_SOURCE_KEY; }
+
 DS4K_EXPORT int ds4k_row_bytes_of(int type, int64_t cols) { return (int)ds4k_row_bytes(type, cols); }
 
 /* y[rows] = W x, W the parts stacked by rows (each ds4k_mat: blocks, type, rows). */

@@ -22,13 +22,15 @@ other types' short products stay fp32.
 `DS4TUI_BF16=auto|on|off` chooses (`on` on a CPU without it: the torch backend, with the
 reason), `bf16_products()` tells, `use_bf16(on)` switches for a block of code.
 
-The library is compiled with the system C compiler (`$CC`, else `cc`) on first use
-(objects in parallel; docs/perf.md, "Backends") into `data_dir()/kernels/<hash of sources, flags, compiler>/`,
-written to a temporary name and renamed, so concurrent first uses never load a half-written
-file; builds of older sources are pruned after a day. First use rather than `pip install`:
-editable installs need no build step, and a machine without a compiler still runs (torch
-backend). `DS4TUI_KERNELS=auto|avx512|avx2|scalar|torch` forces a variant (a forced one the
-CPU lacks gives the torch backend, with the reason in `backend_reason()`).
+The library is built with the package (setup.py runs build.py: a wheel and an editable install
+carry `libds4k.so` beside these sources) and loaded from there when its key, compiled into it,
+matches the sources here. Without one (an install whose build had no compiler, or sources
+edited since), it is compiled on first use (`prepare(progress)` reports it; objects in
+parallel; docs/perf.md, "Backends") into `data_dir()/kernels/<key>-<compiler>/`, written to a
+temporary name and renamed, so concurrent first uses never load a half-written file; builds
+of older sources are pruned after a day. A machine without either still runs (torch backend).
+`DS4TUI_KERNELS=auto|avx512|avx2|scalar|torch` forces a variant (a forced one the CPU lacks
+gives the torch backend, with the reason in `backend_reason()`).
 """
 
 from __future__ import annotations
@@ -37,10 +39,8 @@ import contextlib
 import ctypes
 import hashlib
 import os
-import platform
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -49,22 +49,14 @@ from typing import Iterator, Sequence
 import torch
 
 from ds4tui import paths
-from ds4tui.engine.kernels import quants
+from ds4tui.engine.kernels import build, quants
 from ds4tui.engine.kernels.quants import TYPE_IDS, dequantize, quantize, row_bytes  # noqa: F401 (re-exported)
 
 ABI = 7  # must equal ds4k_abi() in dispatch.c
-ISAS = ("scalar", "avx2", "avx512")  # index = the C side's ISA number
+ISAS = build.ISAS  # index = the C side's ISA number
 
 _DIR = Path(__file__).parent
-_ISA_SOURCES = ["isa.c", "dequant.c", "qgemv.c", "qgemm.c", "llama_step.c", "attn.c", "rows.c", "chunk.c", "finite.c"]
-_HEADERS = ["ds4k.h", "simd.h"]
-_ISA_FLAGS = {
-    "scalar": [],
-    "avx2": ["-mavx2", "-mfma", "-mf16c"],
-    "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
-}
-# -ffp-contract=off: dequant.c must round each product and sum on its own, like numpy.
-_COMMON_FLAGS = ["-O3", "-std=c11", "-fPIC", "-D_GNU_SOURCE", "-ffp-contract=off"]
+PREBUILT = _DIR / build.LIB_NAME  # where the package build puts the library
 
 _lock = threading.Lock()  # guards loading
 # Serializes calls into the library: its thread pool runs one job at a time.
@@ -83,57 +75,49 @@ class Mat(ctypes.Structure):
 # ---------------------------------------------------------------- building and loading
 
 
-def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
+class _NoLibrary(Exception):
+    """No library to load here; the message says why (the torch backend's reason)."""
 
 
-def _isas() -> tuple[str, ...]:
-    """The variants to build: the vector ones only for x86-64 (dispatch.c knows the same)."""
-    return ISAS if platform.machine().lower() in ("x86_64", "amd64") else ISAS[:1]
-
-
-def _objects(cc: str) -> list[tuple[list[str], str]]:
-    """(compile command without -o, object name) for each object of the library."""
-    base = [cc, *_COMMON_FLAGS, f"-I{_DIR}", "-c"]
-    objs = [([*base, str(_DIR / "pool.c")], "pool.o"), ([*base, str(_DIR / "dispatch.c")], "dispatch.o")]
-    for n, isa in enumerate(_isas()):
-        flags = [f"-DDS4K_ISA={n}", f"-DDS4K_OPS_NAME=ds4k_ops_{isa}", *_ISA_FLAGS[isa]]
-        objs.append(([*base, *flags, str(_DIR / "isa.c")], f"isa_{isa}.o"))
-    return objs
-
-
-def _build(cc: str) -> Path:
-    """Compile the library unless a build of these exact sources/flags/compiler exists."""
-    src = b"".join((_DIR / p).read_bytes() for p in [*_ISA_SOURCES, "pool.c", "dispatch.c", *_HEADERS])
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    objs = _objects(cc)
-    key = hashlib.sha256(src + repr(([o[0][1:] for o in objs], version)).encode()).hexdigest()[:16]
-    out_dir = paths.data_dir() / "kernels" / key
-    lib = out_dir / "libds4k.so"
-    if lib.is_file():
-        return lib
-    out_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=out_dir, prefix=".build-"))
+def _find_library(progress: build.Progress | None) -> ctypes.CDLL:
+    """The prebuilt library when it was built from these sources, else a build of them in the
+    data dir (compiled now if needed, reporting through `progress`)."""
+    key = build.source_key(_DIR)
+    stale = ""
+    if PREBUILT.is_file():
+        try:
+            lib = _load(PREBUILT)
+            if source_key_of(lib) == key:
+                return lib
+            stale = "the installed kernels are of other sources, and "
+        except (OSError, RuntimeError, AttributeError) as exc:
+            stale = f"the installed kernels do not load ({exc}), and "
+    cc = build.find_compiler()
+    if cc is None:
+        raise _NoLibrary(f"{stale}no C compiler (cc/gcc/clang) on PATH")
+    version = hashlib.sha256(build.compiler_version(cc).encode()).hexdigest()[:8]
+    out_dir = paths.data_dir() / "kernels" / f"{key}-{version}"
+    lib_path = out_dir / build.LIB_NAME
+    if not lib_path.is_file():
+        try:
+            build.compile_library(cc, lib_path, _DIR, progress)
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            raise _NoLibrary(f"kernel build failed: {exc}") from None
+        _prune_old_builds(out_dir)
     try:
-        procs = [(subprocess.Popen([*cmd, "-o", str(work / name)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True), name) for cmd, name in objs]
-        errors = []
-        for proc, name in procs:
-            _, err = proc.communicate(timeout=300)
-            if proc.returncode != 0:
-                errors.append(f"{name}: {err.strip()[-400:]}")
-        if errors:
-            raise RuntimeError(f"{cc} failed: {'; '.join(errors)}")
-        tmp = work / "libds4k.so"
-        proc = subprocess.run([cc, "-shared", "-o", str(tmp), *(str(work / n) for _, n in objs), "-lpthread", "-lm"],
-                              capture_output=True, text=True, timeout=300)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed to link: {proc.stderr.strip()[-400:]}")
-        os.replace(tmp, lib)  # atomic: a concurrent builder's identical file is fine too
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    _prune_old_builds(out_dir)
-    return lib
+        return _load(lib_path)
+    except (OSError, RuntimeError, AttributeError) as exc:
+        raise _NoLibrary(f"kernel library failed to load: {exc}") from None
+
+
+def source_key_of(lib: ctypes.CDLL) -> str:
+    """The build key compiled into a library ("" for one built before keys were)."""
+    try:
+        fn = lib.ds4k_source_key
+    except AttributeError:
+        return ""
+    fn.argtypes, fn.restype = [], ctypes.c_char_p
+    return (fn() or b"").decode()
 
 
 STALE_BUILD_S = 86400  # builds of other sources untouched this long are removed
@@ -195,7 +179,7 @@ def _load(lib_path: Path) -> ctypes.CDLL:
     return lib
 
 
-def _init() -> None:
+def _init(progress: build.Progress | None = None) -> None:
     global _lib, _backend, _why
     forced = os.environ.get("DS4TUI_KERNELS", "auto").strip().lower() or "auto"
     if forced not in ("auto", "torch", *ISAS):
@@ -203,14 +187,10 @@ def _init() -> None:
     if forced == "torch":
         _backend, _why = "torch", "forced by DS4TUI_KERNELS=torch"
         return
-    cc = _compiler()
-    if cc is None:
-        _backend, _why = "torch", "no C compiler (cc/gcc/clang) on PATH"
-        return
     try:
-        lib = _load(_build(cc))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        _backend, _why = "torch", f"kernel build failed: {exc}"
+        lib = _find_library(progress)
+    except _NoLibrary as exc:
+        _backend, _why = "torch", str(exc)
         return
     best = lib.ds4k_best_isa()
     if forced != "auto" and lib.ds4k_set_isa(ISAS.index(forced)) != 0:
@@ -228,11 +208,24 @@ def _init() -> None:
     _why = f"{_backend} kernels ({'forced by DS4TUI_KERNELS' if forced != 'auto' else 'the widest this CPU runs'})"
 
 
-def _ensure() -> None:
+def _ensure(progress: build.Progress | None = None) -> None:
     if _backend is None:
         with _lock:
             if _backend is None:
-                _init()
+                _init(progress)
+
+
+def prepare(progress: build.Progress | None = None) -> str:
+    """Load the library now, compiling it first where this install has none that matches its
+    sources (progress(build.WHAT, fraction) meanwhile: about a minute on 2 cores); the backend."""
+    _ensure(progress)
+    assert _backend is not None
+    return _backend
+
+
+def loaded() -> bool:
+    """Whether the backend is chosen already (so a call cannot start a build)."""
+    return _backend is not None
 
 
 def backend() -> str:
@@ -337,8 +330,8 @@ def reserved_threads() -> int:
 def all_finite(address: int, count: int, item_bytes: int) -> bool | None:
     """Whether the `count` f16 (item_bytes 2) or f32 (4) values at `address` hold no NaN or
     infinity (finite.c: one pass, on the calling thread, no kernel lock: a restore's reader
-    calls it beside the forward's kernels); None without the C library."""
-    _ensure()
+    calls it beside the forward's kernels); None without the C library, or before it is
+    loaded: a save's check never waits for a build (load_model prepares the kernels)."""
     if _lib is None:
         return None
     ok = _lib.ds4k_all_finite(address, count, item_bytes)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from ds4tui.engine.kernels import qgemv, quants
+from ds4tui.engine.kernels import build, qgemv, quants
 from ds4tui.engine.kernels.llama_step import FastDecoder
 from ds4tui.engine.kernels.qgemv import QuantMatrix
 from ds4tui.engine.llama.model import LlamaConfig, LlamaModel
@@ -188,7 +188,7 @@ def test_the_widest_variant_this_cpu_runs_is_chosen():
             if line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
                 break
-    if qgemv._compiler() is None or os.environ.get("DS4TUI_KERNELS", "auto") != "auto":
+    if build.find_compiler() is None or os.environ.get("DS4TUI_KERNELS", "auto") != "auto":
         pytest.skip("a forced or compiler-less backend is tested by test_forced_variants_compute_the_same")
     if {"avx512f", "avx512bw", "avx512vl", "avx2", "fma"} <= flags:
         expected = "avx512"
@@ -375,7 +375,7 @@ FALLBACK_SCRIPT = textwrap.dedent(
 @pytest.mark.slow  # a fresh interpreter per variant, with torch and a model
 @pytest.mark.parametrize("forced", ["scalar", "torch"])
 def test_forced_variants_compute_the_same(forced, tmp_path):
-    if forced == "scalar" and qgemv._compiler() is None:
+    if forced == "scalar" and build.find_compiler() is None:
         pytest.fail("no C compiler: the scalar build cannot be tested")  # fails, never hides
     env = dict(os.environ, DS4TUI_KERNELS=forced)
     root = str(Path(__file__).resolve().parents[3])  # the repository: `tests` importable
@@ -387,6 +387,7 @@ def test_forced_variants_compute_the_same(forced, tmp_path):
 
 def test_no_compiler_falls_back_to_torch(monkeypatch, tmp_path):
     monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(qgemv, "PREBUILT", tmp_path / "none" / "libds4k.so")  # an install whose build had no compiler
     monkeypatch.setattr(qgemv, "_backend", None)
     monkeypatch.setattr(qgemv, "_lib", None)
     assert qgemv.backend() == "torch" and "no C compiler" in qgemv.backend_reason()
@@ -394,7 +395,7 @@ def test_no_compiler_falls_back_to_torch(monkeypatch, tmp_path):
     x = torch.randn(256)
     assert torch.allclose(m.matvec(x), m.dequantize() @ x, atol=1e-5)
     monkeypatch.undo()  # the real library again for the other tests
-    assert qgemv.backend() != "torch" or qgemv._compiler() is None
+    assert qgemv.backend() != "torch" or build.find_compiler() is None
 
 
 def _tiny_gguf_model(tmp_path, monkeypatch, per_tensor, qtype=Q.Q4_1):
@@ -525,10 +526,10 @@ def test_other_architectures_build_only_the_portable_variant(monkeypatch):
     import platform
 
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
-    names = [name for _, name in qgemv._objects("cc")]
+    names = [name for _, name in build.objects("cc")]
     assert names == ["pool.o", "dispatch.o", "isa_scalar.o"]
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
-    assert [name for _, name in qgemv._objects("cc")][2:] == ["isa_scalar.o", "isa_avx2.o", "isa_avx512.o"]
+    assert [name for _, name in build.objects("cc")][2:] == ["isa_scalar.o", "isa_avx2.o", "isa_avx512.o"]
 
 
 def test_long_chunks_take_the_blocks_with_every_vector_variant(tiny, variant, monkeypatch):

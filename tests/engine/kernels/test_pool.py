@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ds4tui.engine.kernels import qgemv
+from ds4tui.engine.kernels import build, qgemv
 
 KERNELS = Path(qgemv.__file__).parent
 DRIVER = r"""
@@ -51,7 +51,7 @@ int main(int argc, char **argv) {
 
 
 def test_back_to_back_jobs_run_every_chunk_once_and_the_caller_waits_for_them(tmp_path):
-    cc = qgemv._compiler()
+    cc = build.find_compiler()
     if cc is None:
         pytest.skip("no C compiler: the kernels (and their pool) are not built here")
     src = tmp_path / "pool_stress.c"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ds4tui.engine.kernels import qgemm, qgemv
+from ds4tui.engine.kernels import build, qgemm, qgemv
 from ds4tui.engine.loader import load_model
 from tests.engine.kernels.test_kernels import random_blocks, wide_model
 
@@ -217,4 +217,4 @@ def test_a_bad_bf16_setting_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="DS4TUI_BF16"):
         qgemv.backend()
     monkeypatch.undo()
-    assert qgemv.backend() != "torch" or qgemv._compiler() is None
+    assert qgemv.backend() != "torch" or build.find_compiler() is None
