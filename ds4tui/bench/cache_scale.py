@@ -137,7 +137,7 @@ if op == "kv_ls":
     from ds4tui.chat.file_names import name_entries
     from ds4tui.cli.kv import ls_lines
     entries = store.entries()
-    names = {p: n.text for p, n in name_entries(entries, store.indexed_text).items()}
+    names = {p: n.text for p, n in name_entries(entries, store.indexed_texts, store.chats_of(entries)).items()}
     lines = ls_lines(entries, time.time(), 160, names)
     extra["rows"] = len(lines) - 1
 elif op == "lookup":

@@ -15,6 +15,7 @@ here* (ds4's payload ABI, another model, a larger context) must be left alone.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,30 +296,84 @@ def _fill_from_file(entry: KvEntry, kf: KvcFile, preview_bytes: int) -> None:
     }
 
 
-# The fields of an acceptor-free deep inspection that the header index stores (index.py).
+# The fields of an acceptor-free deep inspection that the header index stores (index.py):
+# the ones every listing reads, and the "extra" ones (a preview, the payload and trailer
+# summaries) that only a detail view or `--json` reads, decoded when first asked for.
 _RECORD_FIELDS = ("sha", "file_bytes", "magic", "error", "corrupt", "not_loadable", "title",
-                  "text_preview", "payload", "trailers", "checksum", "stat_key")
+                  "checksum", "stat_key")
+_EXTRA_FIELDS = ("text_preview", "payload", "trailers")
 
 
-def entry_record(e: KvEntry) -> dict:
-    """`e` (inspected with acceptor=None, deep) as the header index stores it."""
-    out = {f: getattr(e, f) for f in _RECORD_FIELDS}
-    out["title_bytes"] = e.title_bytes.hex() if e.title_bytes is not None else None
-    return out
+def entry_record(e: KvEntry) -> tuple[dict, dict]:
+    """`e` (inspected with acceptor=None, deep) as the header index stores it: (core, extra)."""
+    core = {f: getattr(e, f) for f in _RECORD_FIELDS}
+    core["title_bytes"] = e.title_bytes.hex() if e.title_bytes is not None else None
+    return core, {f: getattr(e, f) for f in _EXTRA_FIELDS}
 
 
-def entry_from_record(path: str, head: bytes, record: dict, acceptor: Acceptor | None) -> KvEntry | None:
-    """The entry `inspect_file(path, acceptor=acceptor)` would give for the indexed version;
-    None when the record is not one this code wrote (the file is then read instead)."""
+class IndexedEntry(KvEntry):
+    """A KvEntry built from the header index: the extra fields stay JSON text until read."""
+
+    _extra_json: str | None = None
+
+    def _extra(self) -> dict:
+        raw = self.__dict__.pop("_extra_json", None)
+        if callable(raw):  # fetched from the index when first read (the lookup's entries)
+            raw = raw() or "{}"
+        if raw is not None:
+            try:
+                extra = json.loads(raw)
+            except ValueError:
+                extra = {}
+            if not isinstance(extra, dict):
+                extra = {}
+            self.__dict__["_text_preview"] = str(extra.get("text_preview") or "")
+            payload = extra.get("payload")
+            self.__dict__["_payload"] = payload if isinstance(payload, dict) else None
+            trailers = extra.get("trailers")
+            self.__dict__["_trailers"] = trailers if isinstance(trailers, dict) else {}
+        return self.__dict__
+
+
+def _lazy(name: str):
+    def get(self):
+        return self._extra().get("_" + name)
+
+    def put(self, value):
+        self._extra()  # a value set wins over the stored one
+        self.__dict__["_" + name] = value
+    return property(get, put)
+
+
+for _name in _EXTRA_FIELDS:
+    setattr(IndexedEntry, _name, _lazy(_name))
+_DEFAULTS = {k: v for k, v in KvEntry(path="", sha=None, file_bytes=0, deep=True).__dict__.items()
+             if k not in _EXTRA_FIELDS and k != "trailers"}
+
+
+def entry_from_record(path: str, head: bytes, record: dict, acceptor: Acceptor | None,
+                      extra=None) -> KvEntry | None:
+    """The entry `inspect_file(path, acceptor=acceptor)` would give for the indexed version
+    (`extra`: the JSON of its extra fields, or a function returning it, decoded when first
+    read); None when the record
+    is not one this code wrote (the file is then read instead)."""
     try:
-        e = KvEntry(path=path, sha=record["sha"], file_bytes=int(record["file_bytes"]), deep=True)
+        # Built without __init__ (10,000 of these per listing): the defaults, then the record.
+        e = IndexedEntry.__new__(IndexedEntry)
+        d = e.__dict__
+        d.update(_DEFAULTS)
+        d["trailers"] = {}
+        d.update(path=path, sha=record["sha"], file_bytes=int(record["file_bytes"]))
         for f in _RECORD_FIELDS[2:]:
-            setattr(e, f, record[f])
-        e.stat_key = tuple(record["stat_key"]) if record["stat_key"] else None
+            d[f] = record[f]
+        d["stat_key"] = tuple(record["stat_key"]) if record["stat_key"] else None
         tb = record.get("title_bytes")
-        e.title_bytes = bytes.fromhex(tb) if tb is not None else None
+        d["title_bytes"] = bytes.fromhex(tb) if tb is not None else None
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
+    for f in _EXTRA_FIELDS:
+        d.pop(f, None)
+    d["_extra_json"] = extra if extra is not None else "{}"
     try:
         e.header = decode_header(head)
     except KvcFormatError:

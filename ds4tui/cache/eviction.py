@@ -21,6 +21,7 @@ be loaded.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
@@ -76,54 +77,92 @@ def _same_model(f, h) -> bool:
             and f.ctx_size <= h.ctx_size)
 
 
+def relation_key(entries: list[KvEntry]) -> str:
+    """What the prefix relations of `entries` depend on: each file's name, inode, size and the
+    header fields the relations read. Hits, last_used and pins (rewritten in place) are not in
+    it, so a hit does not make the index's relations stale; a new save or a repair does."""
+    parts = []
+    for e in usable_for_relations(entries):
+        x, k = e.header, e.stat_key or (0, 0)
+        parts.append(f"{e.path.rpartition('/')[2]}:{k[0]}:{k[1]}:{x.text_bytes}:{x.model_id}:{x.payload_abi}:"
+                     f"{x.quant_bits}:{x.ctx_size}:{x.created_at}:{x.reason_code}:{x.ext_flags & 0x7F}")
+    parts.sort()
+    return hashlib.sha1("\n".join(parts).encode()).hexdigest()
+
+
+def usable_for_relations(entries: list[KvEntry]) -> list[KvEntry]:
+    return [e for e in entries if _usable(e) and e.sha and e.header.text_bytes > 0]
+
+
+def relations(entries: list[KvEntry], texts: dict[str, bytes | None]) -> dict:
+    """The prefix relations among `entries` (`texts`: path -> text), by file name, as plain data
+    (the header index keeps them, index.py): "held" name -> [holder sha, duplicate], for an
+    anonymous file a titled session of the same model holds; "superseded" names of continued
+    checkpoints a newer untitled file strictly covers; "chats" name -> [sha, title, shared], the
+    titled session an untitled file belongs to (scan.chat_of's rule). One sort of the texts
+    (prefixes.PrefixTree), not every pair."""
+    usable = usable_for_relations(entries)
+    tree = PrefixTree({e.path: texts.get(e.path) for e in usable})
+    by_path = {e.path: e for e in usable}
+    order = {e.path: i for i, e in enumerate(usable)}
+    held, superseded, chats = {}, [], {}
+    for e in usable:
+        h, name = e.header, e.path.rpartition("/")[2]
+        if h.titled:
+            continue
+        same = [by_path[k] for k in tree.same(e.path) if k != e.path]
+        longer = [by_path[k] for k in tree.extensions(e.path)]
+        holders = [f for f in same if f.header.titled and _same_model(f.header, h)]
+        if holders:
+            held[name] = [min(holders, key=lambda f: order[f.path]).sha, True]
+        else:
+            holders = [f for f in longer if f.header.titled and _same_model(f.header, h)]
+            if holders:
+                held[name] = [max(holders, key=lambda f: order[f.path]).sha, False]
+        if h.reason_code == REASON_CONTINUED and any(not f.header.titled and _covers(f.header, e) for f in longer):
+            superseded.append(name)
+        # The chat it belongs to: the session (same model id) it starts or equals, else the
+        # longest one it extends; a start of several sessions is shared by them.
+        mine = [f for f in same + longer if f.header.titled and f.header.model_id == h.model_id]
+        if len(mine) > 1:
+            chats[name] = [None, None, len(mine)]
+        elif mine:
+            chats[name] = [mine[0].sha, mine[0].title, 0]
+        else:
+            extends = [by_path[k] for k in tree.prefixes(e.path)
+                       if by_path[k].header.titled and by_path[k].header.model_id == h.model_id]
+            if extends:
+                owner = max(extends, key=lambda t: t.header.text_bytes)
+                chats[name] = [owner.sha, owner.title, 0]
+    return {"held": held, "superseded": superseded, "chats": chats}
+
+
 def mark_superseded(entries: list[KvEntry], read_text: Callable[[KvEntry], bytes | None],
-                    incoming: Incoming | None = None) -> None:
+                    incoming: Incoming | None = None, known: dict | None = None) -> None:
     """Set `superseded` on continued entries strictly covered by a newer file, and
     `held_by`/`duplicate` on anonymous entries a titled session holds.
 
-    Texts are read only when there is something to decide (a titled session beside
-    anonymous files, or a continued checkpoint), each once; the relations come from one
-    sort of them (prefixes.PrefixTree), not from comparing every pair.
+    `known`: their `relations` already computed (the header index's); else every usable
+    file's text is read once to compute them. With `incoming` (a save about to be written)
+    only the texts of continued checkpoints it could cover are read besides.
     """
-    usable = [e for e in entries if _usable(e) and e.sha and e.header.text_bytes > 0]
-    waypoints = [e for e in usable if e.header.reason_code == REASON_CONTINUED and not e.header.titled]
-    has_titled = any(e.header.titled for e in usable)
-    if not waypoints and not (has_titled and any(not e.header.titled for e in usable)):
-        return
-    tree = PrefixTree({id(e): read_text(e) for e in usable})
-    by_id = {id(e): e for e in usable}
-    _mark_held_by_titled(usable, tree, by_id)
-    for e in waypoints:
-        for k in tree.extensions(id(e)):
-            f = by_id[k]
-            if not f.header.titled and _covers(f.header, e):
-                e.superseded = True
-                break
-        else:
-            text = tree.text(id(e))
-            if (incoming is not None and text is not None and _covers(incoming, e)
-                    and incoming.text.startswith(text)):
-                e.superseded = True
-
-
-def _mark_held_by_titled(usable: list[KvEntry], tree: PrefixTree, by_id: dict[int, KvEntry]) -> None:
-    """Anonymous entries whose text a titled session of the same model starts with: the one
-    whose text equals it when there is one (a duplicate), else the last such session listed."""
-    order = {id(e): i for i, e in enumerate(usable)}
+    usable = usable_for_relations(entries)
+    if known is None:
+        known = relations(usable, {e.path: read_text(e) for e in usable})
+    superseded = set(known.get("superseded", ()))
+    held = known.get("held", {})
     for e in usable:
-        h = e.header
-        if h.titled:
-            continue
-        same = [by_id[k] for k in tree.same(id(e)) if by_id[k].header.titled and _same_model(by_id[k].header, h)]
-        if same:
-            holder = min(same, key=lambda f: order[id(f)])
-            e.held_by, e.duplicate, e.superseded = holder.sha, True, True
-            continue
-        longer = [by_id[k] for k in tree.extensions(id(e)) if by_id[k].header.titled
-                  and _same_model(by_id[k].header, h)]
-        if longer:
-            holder = max(longer, key=lambda f: order[id(f)])
-            e.held_by, e.duplicate, e.superseded = holder.sha, False, True
+        name = e.path.rpartition("/")[2]
+        if name in held:
+            e.held_by, e.duplicate = held[name][0], bool(held[name][1])
+            e.superseded = True
+        if name in superseded:
+            e.superseded = True
+        if (incoming is not None and not e.superseded and not e.header.titled
+                and e.header.reason_code == REASON_CONTINUED and _covers(incoming, e)):
+            text = read_text(e)
+            if text is not None and incoming.text.startswith(text):
+                e.superseded = True
 
 
 def score_entries(entries: Iterable[KvEntry], policy: CachePolicy, now: float) -> None:

@@ -4,7 +4,9 @@ Owns `.ds4tui-index.sqlite` in the cache directory (not a cache-file name: ds4 a
 scan ignore it) and `FileRecord`, one file version as the deep inspection saw it (the raw
 52 header bytes, the verdict without any engine's acceptor, title, preview, payload and
 trailer summaries, the model fingerprint) plus its text, which eviction's prefix relations
-and the browser's names and filter read. A row is keyed by the file's name and valid only
+and the browser's names and filter read; and the prefix relations of the latest set of
+files (eviction.relations), keyed by every file's name, inode, size and the header fields
+they depend on, so a listing of unchanged files reads no text at all. A row is keyed by the file's name and valid only
 for the (inode, size, mtime_ns) it was read at: a hit or a pin rewrites header bytes and
 moves the mtime, a save renames a new inode in, and either makes the row stale, so that file
 alone is read again. A row read within RACY_S of its file's mtime is not reused (an
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 INDEX_NAME = ".ds4tui-index.sqlite"
-SCHEMA = 3
+SCHEMA = 6
 RACY_S = 2.0
 BUSY_MS = 2000
 
@@ -44,6 +46,7 @@ class FileRecord:
     fingerprint: bytes | None = None
     read_at: float = 0.0
     text_sha: str | None = None  # SHA-1 of the text (a titled file's name does not tell it)
+    extra: str | None = None  # JSON of the entry's extra fields (entry.entry_record), decoded when read
 
     def fresh_for(self, key: StatKey) -> bool:
         """Whether this row describes the version `key` names and may be reused for it."""
@@ -83,8 +86,11 @@ class HeaderIndex:
             if version < SCHEMA and create:
                 db.execute("DROP TABLE IF EXISTS files")  # an older layout: rebuilt from the files
                 db.execute("CREATE TABLE files (name TEXT PRIMARY KEY, ino INTEGER, size INTEGER,"
-                           " mtime_ns INTEGER, read_at REAL, head BLOB, entry TEXT, text BLOB, fingerprint BLOB,"
-                           " text_sha TEXT)")
+                           " mtime_ns INTEGER, read_at REAL, head BLOB, entry TEXT, fingerprint BLOB,"
+                           " text_sha TEXT, extra TEXT, text BLOB)")  # the text last: a row read without
+                # it never walks the text's overflow pages
+                db.execute("DROP TABLE IF EXISTS relations")
+                db.execute("CREATE TABLE relations (key TEXT PRIMARY KEY, data TEXT)")
                 db.execute(f"PRAGMA user_version={SCHEMA}")
             elif version < SCHEMA:
                 db.close()
@@ -96,26 +102,28 @@ class HeaderIndex:
             return None
         return db
 
-    def load(self, *, with_text: bool = True) -> dict[str, FileRecord]:
-        """Every row (name -> record; `text` None unless `with_text`); empty when the index is unusable."""
+    def load(self, *, with_text: bool = True, with_extra: bool = True) -> dict[str, FileRecord]:
+        """Every row (name -> record; `text` None unless `with_text`, `extra` unless `with_extra`);
+        empty when the index is unusable."""
         with self._lock:
             db = self._connect(create=False)  # reading alone never creates the file
             if db is None:
                 return {}
             try:
-                rows = db.execute("SELECT name, ino, size, mtime_ns, read_at, head, entry,"
-                                  f" {'text' if with_text else 'NULL'}, fingerprint, text_sha FROM files").fetchall()
+                rows = db.execute("SELECT name, ino, size, mtime_ns, read_at, head, entry, fingerprint, text_sha,"
+                                  f" {'extra' if with_extra else 'NULL'}, {'text' if with_text else 'NULL'}"
+                                  " FROM files").fetchall()
             except sqlite3.Error:
                 return {}
             finally:
                 db.close()
         out = {}
-        for name, ino, size, mtime_ns, read_at, head, entry, text, fingerprint, text_sha in rows:
+        for name, ino, size, mtime_ns, read_at, head, entry, fingerprint, text_sha, extra, text in rows:
             try:
                 out[name] = FileRecord((ino, size, mtime_ns), bytes(head), json.loads(entry),
                                        bytes(text) if text is not None else None,
                                        bytes(fingerprint) if fingerprint is not None else None, read_at,
-                                       text_sha)
+                                       text_sha, extra if isinstance(extra, str) else None)
             except (ValueError, TypeError):
                 continue  # a damaged row: the file is read again
         return out
@@ -135,20 +143,77 @@ class HeaderIndex:
                 db.close()
         return bytes(row[0]) if row and row[0] is not None else None
 
+    def extra(self, name: str, key: StatKey) -> str | None:
+        """The JSON of the extra entry fields of `name`, if its row is for version `key`."""
+        with self._lock:
+            db = self._connect(create=False)
+            if db is None:
+                return None
+            try:
+                row = db.execute("SELECT extra FROM files WHERE name = ? AND ino = ? AND size = ? AND mtime_ns = ?",
+                                 (name, *key)).fetchone()
+            except sqlite3.Error:
+                return None
+            finally:
+                db.close()
+        return row[0] if row and isinstance(row[0], str) else None
+
     def texts(self, keys: dict[str, StatKey]) -> dict[str, bytes]:
         """name -> indexed text, for the names of `keys` whose row is for that version."""
+        names = list(keys)
+        rows = []
         with self._lock:
             db = self._connect(create=False)
             if db is None:
                 return {}
             try:
-                rows = db.execute("SELECT name, ino, size, mtime_ns, text FROM files").fetchall()
+                for i in range(0, len(names), 500):  # under SQLite's bound-parameter limit
+                    chunk = names[i:i + 500]
+                    rows += db.execute("SELECT name, ino, size, mtime_ns, text FROM files WHERE name IN"
+                                       f" ({','.join('?' * len(chunk))})", chunk).fetchall()
             except sqlite3.Error:
                 return {}
             finally:
                 db.close()
         return {name: bytes(text) for name, ino, size, mtime_ns, text in rows
                 if text is not None and keys.get(name) == (ino, size, mtime_ns)}
+
+    def relations(self, key: str) -> dict | None:
+        """The prefix relations stored for the file set `key` names (eviction.relation_key)."""
+        with self._lock:
+            db = self._connect(create=False)
+            if db is None:
+                return None
+            try:
+                row = db.execute("SELECT data FROM relations WHERE key = ?", (key,)).fetchone()
+            except sqlite3.Error:
+                return None
+            finally:
+                db.close()
+        try:
+            data = json.loads(row[0]) if row else None
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    def store_relations(self, key: str, data: dict) -> None:
+        """Keep `data` as the relations of file set `key` (only the latest set is kept)."""
+        with self._lock:
+            db = self._connect(create=True)
+            if db is None:
+                return
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                db.execute("DELETE FROM relations")
+                db.execute("INSERT INTO relations VALUES (?, ?)", (key, json.dumps(data)))
+                db.execute("COMMIT")
+            except sqlite3.Error:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            finally:
+                db.close()
 
     def store(self, records: dict[str, FileRecord], keep: set[str] | None = None) -> None:
         """Write `records`; with `keep`, drop rows of names not in it (files gone)."""
@@ -159,9 +224,9 @@ class HeaderIndex:
             try:
                 db.execute("BEGIN IMMEDIATE")
                 db.executemany(
-                    "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [(name, *r.key, r.read_at, r.head, json.dumps(r.entry),
-                      r.text, r.fingerprint, r.text_sha)
+                      r.fingerprint, r.text_sha, r.extra, r.text)
                      for name, r in records.items()])
                 if keep is not None:
                     gone = [(n,) for (n,) in db.execute("SELECT name FROM files") if n not in keep]

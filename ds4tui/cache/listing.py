@@ -12,6 +12,7 @@ existing files (edits.py); `KvStore` (store.py) puts them together.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from collections.abc import Callable
@@ -78,9 +79,9 @@ class CacheDirectory:
         (`deep` or not) and indexed. `verify` reads every file."""
         found = self.stat_keys()
         files.remove_stale_tmp(self.dir, self.policy.stale_tmp_s)  # crashed writers' leftovers, at once
-        # A deep listing names every file from its text; a quick one (a save's or an eviction's)
-        # fetches a text only if scoring asks for it (text_of), so none is held in memory.
-        records = self.index.load(with_text=deep) if not verify else {}
+        # No text is loaded with the rows: the relations come from the index too (relations),
+        # and a text is fetched only where something asks for it (text_of, indexed_texts).
+        records = self.index.load(with_text=False) if not verify else {}
         fresh: dict[str, FileRecord] = {}
         entries, self._records = [], {}
         read_at = time.time()
@@ -90,7 +91,7 @@ class CacheDirectory:
             rec = records.get(name)
             e = None
             if rec is not None and rec.fresh_for(found[name]):
-                e = entry_from_record(path, rec.head, rec.entry, acceptor)
+                e = entry_from_record(path, rec.head, rec.entry, acceptor, rec.extra)
             if e is None:
                 keep: dict = {}
                 e = inspect_file(path, acceptor=None, deep=True, verify=verify, keep=keep)
@@ -99,10 +100,11 @@ class CacheDirectory:
                 rec = None
                 if e.regular and e.stat_key is not None and "head" in keep:
                     text = keep.get("text")
-                    rec = FileRecord(e.stat_key, keep["head"], entry_record(e), text, keep.get("fingerprint"),
-                                     read_at, hashlib.sha1(text).hexdigest() if text is not None else None)
+                    core, extra = entry_record(e)
+                    rec = FileRecord(e.stat_key, keep["head"], core, text, keep.get("fingerprint"), read_at,
+                                     hashlib.sha1(text).hexdigest() if text is not None else None, json.dumps(extra))
                     fresh[name] = rec
-                    e = entry_from_record(path, rec.head, rec.entry, acceptor) or e
+                    e = entry_from_record(path, rec.head, rec.entry, acceptor, rec.extra) or e
                 elif acceptor is not None:
                     e = inspect_file(path, acceptor=acceptor, deep=True, verify=verify)
             if repaired(e, acceptor):
@@ -113,9 +115,8 @@ class CacheDirectory:
             entries.append(e)
         if fresh or records.keys() - found.keys():
             self.index.store(fresh, keep=set(found))
-        if not deep:
-            for rec in fresh.values():
-                rec.text = None
+        for rec in fresh.values():
+            rec.text = None  # in the index now; not held in memory
         return entries
 
     def stat_keys(self) -> dict[str, files.StatKey]:
@@ -140,8 +141,18 @@ class CacheDirectory:
 
     def indexed_text(self, path: str) -> bytes | None:
         """The text of the file at `path` as the last scan's index record holds it, or None."""
-        rec = self._records.get(path)
-        return rec.text if rec is not None else None
+        return self.indexed_texts([path]).get(path)
+
+    def chats_of(self, entries: list[KvEntry]) -> dict[str, tuple]:
+        """path -> (sha, title, shared): the titled session each untitled file belongs to
+        (scan.chat_of's rule), from the relations."""
+        chats = self.relations(entries).get("chats", {})
+        out = {}
+        for e in entries:
+            c = chats.get(e.path.rpartition("/")[2])
+            if c is not None:
+                out[e.path] = tuple(c)
+        return out
 
     def record(self, path: str) -> FileRecord | None:
         """What the last scan knew of the file at `path` (raw header, text, fingerprint), if indexed."""
@@ -153,14 +164,37 @@ class CacheDirectory:
 
     def score(self, entries: list[KvEntry], incoming: eviction.Incoming | None = None) -> list[KvEntry]:
         """Fill in `superseded` and `score` (reads the texts of possible superseders)."""
+        eviction.mark_superseded(entries, self.text_of, incoming, self.relations(entries))
+        eviction.score_entries(entries, self.policy, self.now())
+        return entries
+
+    def relations(self, entries: list[KvEntry]) -> dict:
+        """The prefix relations among `entries` (eviction.relations): the index's, when it holds
+        them for this very set of files, else computed from the texts and kept there."""
+        key = eviction.relation_key(entries)
+        known = self.index.relations(key)
+        if known is not None:
+            return known
         held = self._fetch_texts(entries)
         try:
-            eviction.mark_superseded(entries, self.text_of, incoming)
+            usable = eviction.usable_for_relations(entries)
+            known = eviction.relations(usable, {e.path: self.text_of(e) for e in usable})
         finally:
             for rec in held:
                 rec.text = None  # a quick scan's texts are not kept in memory
-        eviction.score_entries(entries, self.policy, self.now())
-        return entries
+        self.index.store_relations(key, known)
+        return known
+
+    def indexed_texts(self, paths: list[str]) -> dict[str, bytes]:
+        """path -> text for those of `paths` the last scan's index records hold (one query)."""
+        want = {os.path.basename(p): rec.key for p in paths if (rec := self._records.get(p)) is not None}
+        got = self.index.texts(want) if want else {}
+        out = {p: got[os.path.basename(p)] for p in paths if os.path.basename(p) in got}
+        for p in paths:
+            rec = self._records.get(p)
+            if p not in out and rec is not None and rec.text is not None:
+                out[p] = rec.text
+        return out
 
     def _fetch_texts(self, entries: list[KvEntry]) -> list[FileRecord]:
         """Give the indexed records of `entries` that lack their text (a quick scan's) the index's

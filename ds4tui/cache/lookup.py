@@ -96,6 +96,7 @@ class PrefixLookup:
         memo, self._headers = self._headers, {}
         entries = []
         indexed: dict | None = None  # the header index, read (without texts) at the first miss
+        base = str(d.dir)
         for name in sorted(found):
             key = found[name]
             old = memo.get(name)
@@ -105,10 +106,13 @@ class PrefixLookup:
                 entries.append(e)
                 continue
             if indexed is None:
-                indexed = d.index.load(with_text=False)
+                indexed = d.index.load(with_text=False, with_extra=False)
             rec = indexed.get(name)
-            path = d.dir / name
-            e = entry_from_record(str(path), rec.head, rec.entry, acceptor) if rec and rec.fresh_for(key) else None
+            path = os.path.join(base, name)
+            e = None
+            if rec is not None and rec.fresh_for(key):
+                e = entry_from_record(path, rec.head, rec.entry, acceptor,
+                                      lambda name=name, key=key: d.index.extra(name, key))
             if e is not None:
                 if rec.text_sha is not None:
                     self._text_shas[name] = (key, rec.text_sha)

@@ -39,7 +39,8 @@ class BrowserScan:
     fingerprints: dict[str, bytes] = field(default_factory=dict)  # path -> 32-byte model fingerprint
     # Untitled files -> the chat they belong to (see `chat_of`).
     chats: dict[str, ChatOf] = field(default_factory=dict)
-    # Files whose checksum this scan left unread (a first screen; a second pass reads them).
+    # Files whose checksum, or text for the filter, this scan left unread (a first screen;
+    # a second pass reads them).
     unchecked: int = 0
 
 
@@ -54,12 +55,14 @@ class ChatOf:
 
 
 class TextIndex:
-    """Casefolded text of every file, for the filter; a file is re-read only when its stat changes."""
+    """The text of every file (its first FILTER_TEXT_CAP bytes), for names and the filter; a file
+    is re-read only when its stat changes. Kept as bytes: decoded, and casefolded, only when a
+    name or the filter first asks (a 10,000-file listing need not decode 150 MB of text)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # path -> ((inode, size, mtime_ns), casefolded text or None until needed, preview, text)
-        self._texts: dict[str, tuple[tuple[int, int, int], str | None, str, str]] = {}
+        # path -> [(inode, size, mtime_ns), bytes, decoded str or None, casefolded str or None]
+        self._texts: dict[str, list] = {}
 
     def refresh(self, e: KvEntry, known: bytes | None = None) -> None:
         """Make sure `e`'s text is current; give a corrupt file (no preview from inspection) one.
@@ -74,27 +77,43 @@ class TextIndex:
         with self._lock:
             cached = self._texts.get(e.path)
         if cached is None or cached[0] != key:
-            text = ""
+            raw = b""
             if known is not None:
-                text = known[:FILTER_TEXT_CAP].decode("utf-8", "replace")
+                raw = known[:FILTER_TEXT_CAP]
             elif e.header is not None:
                 try:
                     with open_regular(e.path) as fp:
                         fp.seek(PREFIX_BYTES)
-                        text = fp.read(min(e.header.text_bytes, FILTER_TEXT_CAP)).decode("utf-8", "replace")
+                        raw = fp.read(min(e.header.text_bytes, FILTER_TEXT_CAP))
                 except OSError:
                     pass
-            cached = (key, None, text[:PREVIEW_BYTES], text)  # casefolded when the filter first needs it
+            cached = [key, raw, None, None]
             with self._lock:
                 self._texts[e.path] = cached
         if not e.text_preview:
-            e.text_preview = cached[2]
+            e.text_preview = cached[1][:PREVIEW_BYTES * 4].decode("utf-8", "replace")[:PREVIEW_BYTES]
 
-    def text(self, path: str) -> str | None:
-        """The file's text as last read (up to FILTER_TEXT_CAP), None when never read."""
+    def stale(self, e: KvEntry) -> bool:
+        """Whether the text held for `e` is missing or of another version of the file."""
+        with self._lock:
+            cached = self._texts.get(e.path)
+        return cached is None or e.stat_key is None or cached[0] != e.stat_key
+
+    def raw(self, path: str) -> bytes | None:
+        """The file's text bytes as last read (up to FILTER_TEXT_CAP), None when never read."""
         with self._lock:
             cached = self._texts.get(path)
-        return cached[3] if cached else None
+        return cached[1] if cached else None
+
+    def text(self, path: str) -> str | None:
+        """The file's text as last read (up to FILTER_TEXT_CAP), decoded; None when never read."""
+        with self._lock:
+            cached = self._texts.get(path)
+            if cached is None:
+                return None
+            if cached[2] is None:
+                cached[2] = cached[1].decode("utf-8", "replace")
+            return cached[2]
 
     def forget_except(self, paths: set[str]) -> None:
         with self._lock:
@@ -108,12 +127,15 @@ class TextIndex:
         needle = needle.casefold()
         if e.title is not None and needle in e.title.casefold():
             return True
+        text = self.text(e.path)
+        if text is None:
+            return needle in (e.text_preview or "").casefold()
         with self._lock:
             cached = self._texts.get(e.path)
-            if cached is not None and cached[1] is None:
-                cached = (cached[0], cached[3].casefold(), cached[2], cached[3])
-                self._texts[e.path] = cached
-        return needle in (cached[1] if cached else (e.text_preview or "").casefold())
+            if cached is not None and cached[3] is None:
+                cached[3] = text.casefold()
+            folded = cached[3] if cached is not None else text.casefold()
+        return needle in folded
 
 
 class ChecksumIndex:
@@ -162,26 +184,41 @@ class ChecksumIndex:
 
 def scan(store: KvStore, acceptor: Acceptor, *, gen: int, now: float, texts: TextIndex,
          model_fingerprint: bytes | None = None, checksums: ChecksumIndex | None = None,
-         read_checksums: bool = True) -> BrowserScan:
+         read_checksums: bool = True, all_texts: bool | None = None) -> BrowserScan:
     """Every file, scored, with its raw header bytes and fingerprint; `texts` (and `checksums`)
     are brought up to date. Without `read_checksums` only verdicts already known are applied
-    (no file is read whole): `unchecked` then says how many are still to read."""
+    (no file is read whole): `unchecked` then says how many are still to read. Without
+    `all_texts` (default: as `read_checksums`) only the texts the names need are brought in
+    (the rest, for the filter, come with the next pass): `unchecked` counts those too.
+    The chat each untitled file belongs to comes from the store's relations (the header
+    index keeps them), not from the texts."""
+    if all_texts is None:
+        all_texts = read_checksums
     result = BrowserScan(gen, now, store.entries(acceptor=acceptor))
+    result.chats = {path: ChatOf(*c) for path, c in store.chats_of(result.entries).items()}
+    wanted = []
     for e in result.entries:
         if checksums is not None and not checksums.apply(e, read=read_checksums):
             result.unchecked += 1
         rec = store.record(e.path)
         if rec is not None and rec.key == e.stat_key:  # the header index had this version
             _from_record(e, rec, result, model_fingerprint)
-            texts.refresh(e, rec.text)
+            if texts.stale(e):
+                chat = result.chats.get(e.path)
+                if all_texts or (e.title is None and not (chat and chat.sha)):
+                    wanted.append(e)
+                else:
+                    result.unchecked += 1  # its text comes with the next pass
             continue
         _read_raw(e, result, model_fingerprint)
         texts.refresh(e)
+    known = store.indexed_texts([e.path for e in wanted])
+    for e in wanted:
+        texts.refresh(e, known.get(e.path))
     paths = {e.path for e in result.entries}
     texts.forget_except(paths)
     if checksums is not None:
         checksums.forget_except(paths)
-    result.chats = chat_of(result.entries, texts)
     return result
 
 
@@ -195,7 +232,7 @@ def chat_of(entries: list[KvEntry], texts: TextIndex) -> dict[str, ChatOf]:
     untitled = [e for e in entries if e.header is not None and not e.header.titled and not e.corrupt]
     if not titled or not untitled:
         return {}
-    tree = PrefixTree({e.path: texts.text(e.path) or None for e in titled + untitled})
+    tree = PrefixTree({e.path: texts.raw(e.path) or None for e in titled + untitled})
     is_titled = {e.path: e for e in titled}
     out: dict[str, ChatOf] = {}
     for e in untitled:

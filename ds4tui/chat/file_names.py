@@ -54,16 +54,33 @@ def name_of(e: KvEntry, chats: Mapping[str, ChatOf] | None, text: str | None) ->
     return FileName(one_line(line), "text")
 
 
+def _needs_text(e: KvEntry, chats: Mapping[str, ChatOf]) -> bool:
+    """Whether `name_of` reads the file's text: not for a title or a chat's checkpoint."""
+    chat = chats.get(e.path)
+    return e.title is None and not (chat is not None and chat.sha is not None)
+
+
 def name_files(scan: BrowserScan, texts: TextIndex) -> dict[str, FileName]:
-    """path -> its name, for every file of `scan`."""
-    return {e.path: name_of(e, scan.chats, texts.text(e.path)) for e in scan.entries}
+    """path -> its name, for every file of `scan` (a text is decoded only where the name needs it)."""
+    return {e.path: name_of(e, scan.chats, texts.text(e.path) if _needs_text(e, scan.chats) else None)
+            for e in scan.entries}
 
 
-def name_entries(entries: list[KvEntry], text_of: Callable[[str], bytes | None] | None = None) -> dict[str, FileName]:
-    """path -> its name, for entries read without a browser scan. `text_of(path)`: a file's
-    text when known (the header index's, `KvStore.indexed_text`); else each is read once."""
+def name_entries(entries: list[KvEntry], texts_of: Callable[[list[str]], Mapping[str, bytes]] | None = None,
+                 chats: Mapping[str, tuple] | None = None) -> dict[str, FileName]:
+    """path -> its name, for entries read without a browser scan. `chats`: path -> (sha, title,
+    shared) (`KvStore.chats_of`, from the header index), else worked out from the texts;
+    `texts_of(paths)`: the texts known for those paths (`KvStore.indexed_texts`); the others
+    are read from their files, once each."""
     texts = TextIndex()
-    for e in entries:
-        texts.refresh(e, text_of(e.path) if text_of is not None else None)
-    chats = chat_of(entries, texts)
-    return {e.path: name_of(e, chats, texts.text(e.path)) for e in entries}
+    if chats is not None:
+        owners = {path: ChatOf(*c) for path, c in chats.items()}
+        need = [e for e in entries if _needs_text(e, owners)]
+    else:
+        need = entries
+    known = texts_of([e.path for e in need]) if texts_of is not None else {}
+    for e in need:
+        texts.refresh(e, known.get(e.path))
+    if chats is None:
+        owners = chat_of(entries, texts)
+    return {e.path: name_of(e, owners, texts.text(e.path) if _needs_text(e, owners) else None) for e in entries}

@@ -216,7 +216,7 @@ def cmd_ls(args) -> int:
         return 0
     from ds4tui.chat.file_names import name_entries
 
-    names = {path: name.text for path, name in name_entries(entries, store.indexed_text).items()}
+    names = {path: name.text for path, name in name_entries(entries, store.indexed_texts, store.chats_of(entries)).items()}
     for line in ls_lines(entries, time.time(), shutil.get_terminal_size().columns, names):
         print(line)
     total = sum(e.file_bytes for e in entries)
