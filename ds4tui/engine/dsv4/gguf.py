@@ -322,6 +322,12 @@ def load_dsv4_gguf(path: str | Path, name: str, **config_overrides):
     tokenizer = gguf_tokenizer(reader, cfg, source)
     bits = _EXPERT_BITS[by_name[f"blk.0.{L.EXPERTS['w1']}"].tensor_type.name]
     model = Dsv4Model.from_weights(name, cfg, weights, digest, tokenizer, Dsv4ChatTemplate(), bits)
+    from ds4tui.engine.kernels.quants import quant_mix
+
+    # the matrices the kernels read (not tid2eid, the f16 embedding rows or the position biases)
+    model.quant_mix = quant_mix((t.tensor_type.name, int(t.shape[0])) for g, t in by_name.items()
+                                if len(t.shape) >= 2 and t.tensor_type.name != "I32"
+                                and g != "token_embd.weight" and not g.endswith("_ape.weight"))
     model.source_file = str(path)
     model.reader = reader  # keeps the mapping open as long as the model lives
     return model

@@ -98,8 +98,10 @@ class Dsv4Model(Model):
         ratios = sorted(set(cfg.compress_ratios))
         kinds = ", ".join("sliding" if r == 0 else f"CSA {r}" if r == 4 else f"HCA {r}" for r in ratios)
         qat = "QAT on" if cfg.qat_kv_fp8 or cfg.qat_indexer_fp4 else "QAT off"
+        mix = getattr(self, "quant_mix", None)  # a GGUF's tensor types (gguf.py)
+        weights = f"; weights {mix.summary()}" if mix is not None else ""
         return (f"deepseek_v4, {cfg.num_hidden_layers} layers ({kinds}; window {cfg.sliding_window}), "
-                f"hidden {cfg.hidden_size}, {cfg.n_routed_experts} experts, {qat}; chat: DeepSeek V4 turns")
+                f"hidden {cfg.hidden_size}, {cfg.n_routed_experts} experts, {qat}{weights}; chat: DeepSeek V4 turns")
 
     @property
     def dtype(self) -> torch.dtype:

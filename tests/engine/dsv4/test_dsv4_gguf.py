@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ds4tui.engine.dsv4 import gguf_layout as L
+from ds4tui.engine.dsv4 import residency
 from ds4tui.engine.dsv4.config import Dsv4Config
 from ds4tui.engine.dsv4.gguf import load_dsv4_gguf
 from ds4tui.engine.dsv4.gguf_write import write_dsv4_gguf
@@ -126,6 +127,30 @@ def test_every_matrix_stays_in_the_file_mapping(written):
     # a layer, 2 per compressor (4 layers) and indexer (2), 2 more per indexer, the head's HC
     assert kinds == {"q8_0": 6 * 8 + 1, "f16": 6 * 3 + 4 * 2 + 2 * 4 + 1, "iq2_xxs": 12, "q2_k": 6}
     assert model.info.quant_bits == 2 and model.info.family == "dsv4"
+    assert model.quant_mix.summary() == "Q8_0 x49, F16 x35, IQ2_XXS x12, Q2_K x6 (C kernels)"
+    assert "weights Q8_0 x49, F16 x35, IQ2_XXS x12, Q2_K x6 (C kernels)" in model.describe()
+
+
+@pytest.mark.skipif(not residency.available(), reason="reads /proc/self/pagemap (Linux)")
+def test_a_token_reads_only_the_experts_it_selected(written):
+    """With the file evicted from the page cache and unmapped, one decode step maps pages of
+    exactly the experts the router picked for it, in every layer and matrix (2 of 8 here), and
+    no more pages than those experts' rows span."""
+    path, cfg, _, _ = written
+    model = load_dsv4_gguf(path, "gguf")
+    s = model.new_session(64)
+    s.prefill(TOKENS[:5])
+    residency.forget_pages(model)
+    assert residency.mapped_bytes(model) == 0
+    s.trace = Dsv4Trace()
+    s.decode(42)
+    pages = residency.expert_pages(model)
+    assert len(pages) == 3 * cfg.num_hidden_layers
+    for (li, w), p in pages.items():
+        chosen = set(s.trace.experts[(li, 5)])
+        assert p.experts == chosen, (li, w)
+        span = -(-p.bytes_per_expert // residency.PAGE) + 1  # a run of that many bytes covers at most this
+        assert 0 < p.mapped <= len(chosen) * span < p.pages, (li, w)
 
 
 @pytest.mark.parametrize("n", [1, 5])
