@@ -397,6 +397,8 @@ def temp_files(directory: Path) -> list[TempFile]:
         return []
     out = []
     for name in names:
+        if TMP_MARK not in name:
+            continue  # most names: no regex for them
         m = _TMP_NAME.match(name)
         if not m:
             continue

@@ -37,6 +37,7 @@ class CacheDirectory:
         self._clock = clock
         self.index = HeaderIndex(self.dir)
         self._records: dict[str, FileRecord] = {}  # path -> the index's record, as of the last scan
+        self._relations_memo: tuple | None = None  # (entries list, its length, relations)
 
     def now(self) -> float:
         """The injected clock (Unix seconds): last_used, created_at and scores read it."""
@@ -171,9 +172,13 @@ class CacheDirectory:
     def relations(self, entries: list[KvEntry]) -> dict:
         """The prefix relations among `entries` (eviction.relations): the index's, when it holds
         them for this very set of files, else computed from the texts and kept there."""
+        memo = self._relations_memo
+        if memo is not None and memo[0] is entries and memo[1] == len(entries):
+            return memo[2]  # the same listing asked again (its scores, then its names)
         key = eviction.relation_key(entries)
         known = self.index.relations(key)
         if known is not None:
+            self._relations_memo = (entries, len(entries), known)
             return known
         held = self._fetch_texts(entries)
         try:
@@ -183,6 +188,7 @@ class CacheDirectory:
             for rec in held:
                 rec.text = None  # a quick scan's texts are not kept in memory
         self.index.store_relations(key, known)
+        self._relations_memo = (entries, len(entries), known)
         return known
 
     def indexed_texts(self, paths: list[str]) -> dict[str, bytes]:
