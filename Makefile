@@ -20,6 +20,11 @@ run: install kernels model
 test: install kernels model test-models
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# ruff (errors only: pyproject [tool.ruff]) and mypy (format/, cache/: [tool.mypy]).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
 install: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py constraints.txt

@@ -193,9 +193,9 @@ def main() -> int:
     best = {k: max(v) for k, v in samples.items() if v}
     print("| test | ds4tui | llama.cpp | ratio | best ds4tui | best llama.cpp | best ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for label, o, l in rows:
-        print(f"| {label} | {med[o]:.1f} | {med[l]:.1f} | {med[o] / med[l]:.2f}x "
-              f"| {best[o]:.1f} | {best[l]:.1f} | {best[o] / best[l]:.2f}x |")
+    for label, o, ll in rows:
+        print(f"| {label} | {med[o]:.1f} | {med[ll]:.1f} | {med[o] / med[ll]:.2f}x "
+              f"| {best[o]:.1f} | {best[ll]:.1f} | {best[o] / best[ll]:.2f}x |")
     if args.json:
         print(json.dumps({"samples": samples, "medians": med}))
     return 0

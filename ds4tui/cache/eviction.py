@@ -105,7 +105,9 @@ def relations(entries: list[KvEntry], texts: dict[str, bytes | None]) -> dict:
     tree = PrefixTree({e.path: texts.get(e.path) for e in usable})
     by_path = {e.path: e for e in usable}
     order = {e.path: i for i, e in enumerate(usable)}
-    held, superseded, chats = {}, [], {}
+    held: dict[str, list] = {}
+    superseded: list[str] = []
+    chats: dict[str, list] = {}  # name -> [sha, title, how many sessions share it]
     for e in usable:
         h, name = e.header, e.path.rpartition("/")[2]
         if h.titled:

@@ -164,7 +164,7 @@ def write_atomic(final: Path, header: KvcHeader, text: bytes, write_payload: Wri
             fp = HashingWriter(raw, hasher)
             fp.write(text)
             start = fp.tell()
-            write_payload(fp)
+            write_payload(fp)  # type: ignore[arg-type]  # HashingWriter: the write side of a BinaryIO
             written = fp.tell() - start
             if written != header.payload_bytes:
                 raise PayloadSizeError(f"payload writer wrote {written} bytes, declared {header.payload_bytes}")

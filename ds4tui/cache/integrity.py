@@ -113,7 +113,7 @@ class VerifyingReader:
             view = view[:self._left]
         done = 0
         while done < len(view):
-            got = self._fp.readinto(view[done:done + READ_PIECE])
+            got = self._fp.readinto(view[done:done + READ_PIECE])  # type: ignore[attr-defined]  # a binary file
             if not got:
                 break
             self._account(view[done:done + got])

@@ -159,9 +159,9 @@ def validate(fp: BinaryIO, sha: str, prompt: bytes | None, acceptor: Acceptor,
     try:
         stream = payload_stream(fp, kf)
         if isinstance(load_payload, LoadWithText):
-            restored = load_payload.load(stream, header.payload_bytes, kf.text)
+            restored = load_payload.load(stream, header.payload_bytes, kf.text)  # type: ignore[arg-type]  # VerifyingReader reads as a BinaryIO
         else:
-            restored = load_payload(stream, header.payload_bytes)
+            restored = load_payload(stream, header.payload_bytes)  # type: ignore[arg-type]  # likewise
         if isinstance(stream, VerifyingReader) and not stream.verified:
             stream.drain()  # the engine stopped short: the digest is still checked
     except ChecksumMismatch as exc:

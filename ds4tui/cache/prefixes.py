@@ -30,7 +30,7 @@ class PrefixTree(Generic[K]):
         self._longer: dict[bytes | str, list[bytes | str]] = {t: [] for t in self._group}
         stack: list[bytes | str] = []
         for t in sorted(self._group):
-            while stack and not t.startswith(stack[-1]):
+            while stack and not t.startswith(stack[-1]):  # type: ignore[arg-type]  # all keys bytes, or all str
                 stack.pop()
             self._shorter[t] = list(stack)
             for p in stack:

@@ -100,7 +100,7 @@ def save(directory: CacheDirectory, text: bytes, *, tokens: int, reason: str, en
     incoming = eviction.Incoming(text, engine.model_id, engine.payload_abi, header.quant_bits,
                                  engine.ctx_size, created)
     pre = apply_eviction(d, others, d.budget_bytes - file_bytes - d.temp_bytes(), incoming=incoming)
-    evicted = (pre,) if pre.files else ()
+    evicted: tuple[Evicted, ...] = (pre,) if pre.files else ()
     t0 = time.perf_counter()
     # A fresh titled save is named by its title and the creation time the write stamps.
     new_name = (lambda created_at: d.path_for(title_sha(title, created_at))) if fresh and title is not None else None
@@ -151,7 +151,8 @@ def apply_eviction(directory: CacheDirectory, entries: list[KvEntry], target: in
     Each victim is removed under its header lock and only as the version scanned
     (files.remove_checked): one pinned, hit, or replaced by a newer save since the scan
     stays, and the next candidate is taken instead."""
-    gone, kept = [], set()
+    gone: list[EvictedFile] = []
+    kept: set[str] = set()
     if sum(e.file_bytes for e in entries) > target:
         directory.score(entries, incoming)  # only now: scoring may read texts
     titles: dict[str, str | None] = {e.sha: e.title for e in entries if e.sha and e.title is not None}

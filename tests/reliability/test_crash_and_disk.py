@@ -12,9 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
-from ds4tui.cache import Acceptor, KvStore, inspect_file
+from ds4tui.cache import Acceptor, KvStore
 from ds4tui.cache import files as cache_files
 from ds4tui.cache.index import INDEX_NAME
 from ds4tui.cache.integrity import HashingWriter

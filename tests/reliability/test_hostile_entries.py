@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from ds4tui.cache import Acceptor, KvStore, inspect_file
+from ds4tui.cache import Acceptor, KvStore
 from ds4tui.cache.safe_open import SKIPPED
 from ds4tui.cli import main as cli_main
 from tests.cache.kvc_builders import dsv4_payload, write_kv

@@ -13,7 +13,7 @@ from ds4tui.screens.widgets.conversation_list import ChatItem, ConversationList
 from ds4tui.screens.widgets.prefill_bar import PrefillBar
 from ds4tui.screens.widgets.status_bar import StatusBar
 from tests.chat.conftest import make_controller
-from tests.ui.chat_app import SIZE, ChatHost, GatedController, chat_config, send, tiny_llama  # noqa: F401
+from tests.ui.chat_app import SIZE, ChatHost, GatedController, chat_config, send
 
 
 def _pane(app):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.app import App, ComposeResult
 
 from ds4tui.screens.widgets.chat_pane import ChatPane
-from tests.ui.chat_app import ChatHost, chat_config, send, tiny_llama  # noqa: F401
+from tests.ui.chat_app import ChatHost, chat_config, send
 
 
 class PaneHost(App):

@@ -8,7 +8,7 @@ from ds4tui.chat import events as ev
 from ds4tui.screens.chat import ChatScreen
 from ds4tui.screens.widgets.chat_log import AssistantMessage, UserMessage
 from ds4tui.screens.widgets.status_bar import StatusBar, context_meter
-from tests.ui.chat_app import SIZE, ChatHost, chat_config, send, tiny_llama  # noqa: F401
+from tests.ui.chat_app import SIZE, ChatHost, chat_config, send
 
 
 async def test_regenerate_and_versions(tiny_llama, tmp_path):

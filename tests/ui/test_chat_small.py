@@ -12,7 +12,7 @@ from ds4tui.screens.keys_help import CHAT_KEYS, KeysHelpScreen
 from ds4tui.screens.widgets.conversation_list import ChatItem, ConversationList
 from ds4tui.screens.widgets.prefill_bar import PrefillBar
 from ds4tui.screens.widgets.status_bar import StatusBar
-from tests.ui.chat_app import ChatHost, GatedController, chat_config, send, tiny_llama  # noqa: F401
+from tests.ui.chat_app import ChatHost, GatedController, chat_config, send
 
 SMALL = (80, 24)
 

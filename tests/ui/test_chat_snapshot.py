@@ -13,7 +13,7 @@ from ds4tui.chat import events as ev
 from ds4tui.screens.chat import ChatScreen
 from ds4tui.screens.widgets import fmt
 from ds4tui.screens.widgets.chat_log import ChatLog
-from tests.ui.chat_app import SIZE, ChatHost, GatedController, chat_config, send, tiny_llama  # noqa: F401
+from tests.ui.chat_app import SIZE, ChatHost, GatedController, chat_config, send
 from tests.ui.waiting import until_settled
 
 

@@ -7,7 +7,7 @@ import gc
 from dataclasses import replace
 
 from ds4tui.screens.chat import ChatScreen
-from tests.ui.chat_app import SIZE, ChatHost, chat_config, tiny_llama  # noqa: F401
+from tests.ui.chat_app import SIZE, ChatHost, chat_config
 
 
 class LoadingHost(ChatHost):

@@ -306,10 +306,6 @@ def _load_tid2eid(cfg: Dsv4Config, src: Source) -> torch.Tensor:
     return t
 
 
-def load_tensors(path: Path, cfg: Dsv4Config, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    return resolve(cfg, sources_from_safetensors(path), dtype)
-
-
 def weights_digest(tensors: Mapping[str, torch.Tensor]) -> bytes:
     """Identity of the weights for the fingerprint, independent of names and storage format:
     per canonical tensor, its name, shape and 4096 evenly spaced values (as float32)."""

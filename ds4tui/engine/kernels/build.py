@@ -107,10 +107,10 @@ def compile_library(cc: str, out: Path, src_dir: Path = SRC_DIR, progress: Progr
         if errors:
             raise RuntimeError(f"{cc} failed: {'; '.join(errors)}")
         tmp = work / LIB_NAME
-        proc = subprocess.run([cc, "-shared", "-o", str(tmp), *(str(work / n) for _, n in objs), *LINK_LIBS],
+        link = subprocess.run([cc, "-shared", "-o", str(tmp), *(str(work / n) for _, n in objs), *LINK_LIBS],
                               capture_output=True, text=True, timeout=TIMEOUT_S)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed to link: {proc.stderr.strip()[-400:]}")
+        if link.returncode != 0:
+            raise RuntimeError(f"{cc} failed to link: {link.stderr.strip()[-400:]}")
         os.replace(tmp, out)
         if progress:
             progress(WHAT, 1.0)

@@ -220,11 +220,6 @@ class FastDecoder:
         if rc != 0:
             raise RuntimeError(f"ds4k_llama_layer rejected layer {i}, {s} tokens at position {pos} ({rows} rows)")
 
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of weights one step streams (raw blocks or fp32), norms and tables aside."""
-        return sum(t.numel() * t.element_size() for t in self._weights)
-
     def _kv_table(self, kv) -> tuple[ctypes.Array, ctypes.Array, torch.dtype, int]:
         """(per-layer pointers, per-layer row counts, dtype, rows of a global layer or 0) of a
         session's K/V: one [layers, 2, Hkv, ctx, D] tensor (no sliding layers) or one

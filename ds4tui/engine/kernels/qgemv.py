@@ -306,13 +306,6 @@ def use_bf16(on: bool) -> Iterator[None]:
             lib.ds4k_set_bf16(int(before))
 
 
-def set_spin_us(us: int) -> None:
-    """How long idle kernel threads spin before sleeping (default 300 us)."""
-    _ensure()
-    if _lib is not None:
-        _lib.ds4k_set_spin_ns(int(us) * 1000)
-
-
 def reserve_threads(delta: int) -> None:
     """Another thread of this process starts (delta > 0) or ends (-delta) work that keeps
     `delta` cores busy: kernels run on that many fewer threads meanwhile (pool.c)."""

@@ -420,7 +420,6 @@ class LlamaSession(Session):
         self._check_live()
         cfg = self.model.cfg
         layout = self._layout()
-        t = layout.tokens
         # A session stopped between prefill chunks has no next-token logits; it is saved with
         # zero logits (no real model emits an all-zero row), which load turns back into None.
         logits = self.logits if self.logits is not None else torch.zeros(cfg.vocab_size)

@@ -62,10 +62,6 @@ class HFTokenizer:
         # encoded by the context-fit check and again by the turn that follows it at once.
         self._last: tuple[str, tuple[int, ...]] = ("", ())
 
-    @property
-    def special_ids(self) -> frozenset[int]:
-        return frozenset(self._special)
-
     def encode(self, text: str) -> list[int]:
         last_text, last_ids = self._last  # one tuple: read whole even with other threads encoding
         if text == last_text:
@@ -126,10 +122,6 @@ def default_system_from_template(template: str | None) -> str | None:
         return None  # the system text is an expression (e.g. messages[0]), not a literal default
     # The template is jinja source: undo the string-literal escapes it uses.
     return text.replace("\\n", "\n").replace("\\'", "'").replace('\\"', '"')
-
-
-def is_chatml_template(template: str | None) -> bool:
-    return template is None or (IM_START in template and IM_END in template)
 
 
 class ChatMLTemplate:

@@ -5,7 +5,6 @@ the chat controller writes."""
 
 from __future__ import annotations
 
-import io
 import struct
 
 import pytest

@@ -15,8 +15,8 @@ from ds4tui.engine.kernels import qgemv
 from ds4tui.engine.llama.config import FULL, LlamaConfig
 from ds4tui.engine.llama.model import LlamaModel
 from ds4tui.engine.llama.weights import make_info
-from tests.engine.kernels.test_llama_step_archs import (  # noqa: F401 (tiny: a fixture)
-    CONFIGS, CTX, _blocks, _tensors, arch_model, tiny)
+from ds4tui.engine.loader import load_model
+from tests.engine.kernels.test_llama_step_archs import CONFIGS, CTX, _blocks, _tensors, arch_model
 
 # Gemma 3's fields (embedding scale, q/k norms, post norms, GeGLU, query scale) on global
 # layers only: the plain buffer of a model without rings.
@@ -27,6 +27,11 @@ C_ARCHS = list(CONFIGS) + ["gemma3-global"]
 # then a two-token chunk
 CHUNKS = [(0, 64, False), (64, 200, False), (264, 23, True), (287, 2, True)]
 _GLOBAL: dict = {}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny-llama")  # a tokenizer and chat template for the models below
 
 
 def _model(tiny, arch: str) -> LlamaModel:

@@ -11,13 +11,13 @@ import struct
 import threading
 
 import pytest
-
-pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc")
 import torch
 from safetensors.torch import load_file, save_file
 
 from ds4tui.engine.kernels import huge_pages
 from ds4tui.engine.kernels.huge_pages import MoveInBackground, huge_pages_wanted, move_into_huge_pages
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc")
 
 MB = 1 << 20
 
