@@ -104,7 +104,8 @@ class CacheDirectory:
                     core, extra = entry_record(e)
                     rec = FileRecord(e.stat_key, keep["head"], core, text, keep.get("fingerprint"), read_at,
                                      hashlib.sha1(text).hexdigest() if text is not None else None, json.dumps(extra))
-                    fresh[name] = rec
+                    if not verify:  # a verified verdict is not what a plain listing says ("unchecked")
+                        fresh[name] = rec
                     e = entry_from_record(path, rec.head, rec.entry, acceptor, rec.extra) or e
                 elif acceptor is not None:
                     e = inspect_file(path, acceptor=acceptor, deep=True, verify=verify)

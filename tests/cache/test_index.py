@@ -99,3 +99,16 @@ def test_the_prefix_tree_agrees_with_comparing_every_pair():
         assert sorted(tree.prefixes(k)) == sorted(j for j, u in texts.items() if len(u) < len(t) and t.startswith(u))
         assert sorted(tree.extensions(k)) == sorted(j for j, u in texts.items() if len(u) > len(t) and u.startswith(t))
         assert sorted(tree.same(k)) == sorted(j for j, u in texts.items() if u == t)
+
+
+def test_a_verified_listing_leaves_the_plain_listing_unchecked(tmp_path):
+    from ds4tui.cache import Acceptor
+
+    d = tmp_path / "kv"
+    store = KvStore(d)
+    data = bytes(300)
+    res = store.save("a checksummed file", tokens=5, reason="cold", payload_bytes=len(data),
+                     engine=Acceptor(model_id=0x80, ctx_size=4096, quant_bits=8), write_payload=lambda fp: fp.write(data))
+    os.utime(res.event.path, (PAST, PAST))
+    assert [e.checksum for e in KvStore(d).entries(verify=True)] == ["ok"]
+    assert [e.checksum for e in KvStore(d).entries()] == ["unchecked"]  # as the README says of kv ls
