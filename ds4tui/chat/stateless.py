@@ -19,11 +19,11 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ds4tui.chat.conversation import Conversation
 from ds4tui.chat.events import ChatEvent, Done, PrefillStarted
-from ds4tui.chat.turn import TurnOptions
+from ds4tui.chat.turn import TurnOptions, render_prompt
 
 if TYPE_CHECKING:
     from ds4tui.chat.controller import ChatController
@@ -49,11 +49,11 @@ class StatelessChats:
     def context_size(self) -> int:
         return self.controller.ctx_size()
 
-    def prompt_tokens(self, messages: list[dict]) -> int:
+    def prompt_tokens(self, messages: list[dict], tools: Sequence[dict] = ()) -> int:
         """Tokens of the prompt `complete` would run for `messages` (rendered and encoded as it
         does); ValueError when the chat template refuses them. Safe off the engine thread:
         it reads the template and the tokenizer only."""
-        prompt = self.controller.model.chat.render(messages, add_generation_prompt=True, now=datetime.now())
+        prompt = render_prompt(self.controller.model.chat, messages, datetime.now(), tools)
         return len(self.controller.model.tokenizer.encode(prompt))
 
     def complete(self, messages: list[dict], on_event: EventFn,
@@ -63,7 +63,7 @@ class StatelessChats:
         # A request has no chat of its own to take a date from: a template's date is the
         # request's day, and the turn renders the same prompt the routing compared.
         now = datetime.now()
-        prompt = self.controller.model.chat.render(messages, add_generation_prompt=True, now=now)
+        prompt = render_prompt(self.controller.model.chat, messages, now, options.tools if options else ())
         conv = self._route(prompt)
         conv.messages = [dict(m) for m in messages]
         conv.template_now = now

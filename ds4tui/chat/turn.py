@@ -54,6 +54,7 @@ class TurnOptions:
     # run the step together with other turns' decodes).
     between: Callable[[], None] | None = None
     drop_partial: bool = False  # a reply cut inside a character ends before it (no U+FFFD)
+    tools: tuple[dict, ...] = ()  # function definitions for templates that render them (the server's)
     decode: Callable[[Session, int], object] | None = None
 
 
@@ -67,6 +68,14 @@ class Prefix:
     sha: str | None = None
     ms: float | None = None
     reason: str | None = None
+
+
+def render_prompt(chat, messages: Sequence[dict], now, tools: Sequence[dict] = ()) -> str:
+    """The turn's prompt: the messages through the chat template, with the tools when there are
+    any (only templates that render tools take them: JinjaChatTemplate)."""
+    if tools:
+        return chat.render(messages, add_generation_prompt=True, now=now, tools=list(tools))
+    return chat.render(messages, add_generation_prompt=True, now=now)
 
 
 def shared_tokens(tokenizer, tokens: Sequence[int], session_text: bytes, text: str) -> tuple[int, int, int]:
@@ -109,7 +118,7 @@ class TurnPipeline:
         options = options or TurnOptions()
         cancel = options.cancel or self._stop
         t0 = time.perf_counter()
-        prompt = self.model.chat.render(conv.messages, add_generation_prompt=True, now=conv.template_now)
+        prompt = render_prompt(self.model.chat, conv.messages, conv.template_now, options.tools)
         prompt_bytes = prompt.encode("utf-8")
         found = self._prepare(conv, prompt, prompt_bytes, on_event)
         suffix, source = found.suffix, found.source

@@ -36,6 +36,7 @@ from starlette.routing import Route
 from ds4tui.chat.events import PrefillProgress, PrefillStarted, TokenText
 from ds4tui.engine.errors import ContextFullError, EngineError
 from ds4tui.serve import protocol as p
+from ds4tui.serve.tools import ReplyParser
 from ds4tui.serve.worker import End, EngineQueue, Job
 
 PING_S = 10.0  # SSE comment pings: keep proxies from closing a stream that waits in line
@@ -79,6 +80,7 @@ def create_app(engine: EngineQueue, *, model_name: str, api_key: str | None, max
             return refused
         try:
             req = p.parse_chat_request(await _read_json(request, max_body_bytes), context=engine.context)
+            engine.check_tools(req)
             if req.stream:
                 # A stream's status line goes out before the engine runs: what can be known
                 # now (the prompt's length, a template that refuses the messages) is checked
@@ -97,10 +99,11 @@ def create_app(engine: EngineQueue, *, model_name: str, api_key: str | None, max
                          headers={"Retry-After": str(max(1, math.ceil(wait))),
                                   "retry-after-ms": str(max(1, round(wait * 1000)))})
         rid = p.new_id()
+        parser = engine.reply_parser(req)
         if req.stream:
-            return EventSourceResponse(_stream(job, rid, model_name), ping=PING_S,
+            return EventSourceResponse(_stream(job, rid, model_name, parser), ping=PING_S,
                                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _complete(request, job, rid, model_name)
+        return await _complete(request, job, rid, model_name, parser)
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         return error(exc.status_code, exc.detail or "error", kind="invalid_request_error",
@@ -180,7 +183,7 @@ def _failure(exc: BaseException) -> tuple[int, dict]:
     return 500, p.error_body(f"internal error: {type(exc).__name__}", kind="server_error")
 
 
-async def _complete(request: Request, job: Job, rid: str, model: str) -> Response:
+async def _complete(request: Request, job: Job, rid: str, model: str, parser: ReplyParser) -> Response:
     """Wait for the whole reply; a client that disconnects meanwhile cancels it."""
     created = int(time.time())
     item: object = None
@@ -204,10 +207,20 @@ async def _complete(request: Request, job: Job, rid: str, model: str) -> Respons
         return JSONResponse(body, status_code=status)
     if item.result is None:
         return error(499, "the request was cancelled", code="cancelled")
-    return JSONResponse(p.completion_body(rid, model, created, item.result))
+    pieces = parser.feed(item.result.text) + parser.finish()
+    content = "".join(t for kind, t in pieces if kind == "content")
+    reasoning = "".join(t for kind, t in pieces if kind == "reasoning")
+    return JSONResponse(p.completion_body(rid, model, created, item.result, content=content, reasoning=reasoning,
+                                          tool_calls=[c.body() for c in parser.calls]))
 
 
-async def _stream(job: Job, rid: str, model: str) -> AsyncIterator[str]:
+def _deltas(rid: str, model: str, created: int, pieces: list[tuple[str, str]]) -> list[str]:
+    """Chunks for the parser's pieces: content as `content`, reasoning as `reasoning_content`."""
+    field = {"content": "content", "reasoning": "reasoning_content"}
+    return [_json(p.chunk(rid, model, created, delta={field[kind]: text})) for kind, text in pieces if text]
+
+
+async def _stream(job: Job, rid: str, model: str, parser: ReplyParser) -> AsyncIterator[str]:
     """SSE data lines for one request; closing the generator (client gone) cancels the turn."""
     created = int(time.time())
     started = time.perf_counter()
@@ -233,7 +246,8 @@ async def _stream(job: Job, rid: str, model: str) -> AsyncIterator[str]:
                 yield _json(p.chunk(rid, model, created, delta={"content": ""},
                                          prompt_progress=p.progress(cached, total_new, item.done, started)))
             elif isinstance(item, TokenText) and item.text:
-                yield _json(p.chunk(rid, model, created, delta={"content": item.text}))
+                for line in _deltas(rid, model, created, parser.feed(item.text)):
+                    yield line
         finished = True
         if job.dropped is not None:
             yield _json(p.error_body(f"the server cancelled this request: {job.dropped}", kind="server_error",
@@ -244,7 +258,12 @@ async def _stream(job: Job, rid: str, model: str) -> AsyncIterator[str]:
             c = item.result
             if first:
                 yield _json(p.chunk(rid, model, created, delta={"role": "assistant", "content": ""}))
-            yield _json(p.chunk(rid, model, created, finish=p.FINISH.get(c.done.stop, "stop")))
+            for line in _deltas(rid, model, created, parser.finish()):
+                yield line
+            for i, call in enumerate(parser.calls):  # each call whole, once it parsed
+                yield _json(p.chunk(rid, model, created, delta={"tool_calls": [{"index": i, **call.body()}]}))
+            finish = "tool_calls" if parser.calls else p.FINISH.get(c.done.stop, "stop")
+            yield _json(p.chunk(rid, model, created, finish=finish))
             if job.request.include_usage:
                 yield _json(p.chunk(rid, model, created, choices=False, usage=p.usage(c)))
         yield "[DONE]"

@@ -5,13 +5,17 @@ typed and bounded, a message the client can act on when not), and building the
 response objects (completion, stream chunks, usage, error bodies) as plain
 dicts. No HTTP here: serve/app.py does the transport.
 
-Parameters the engine does not implement (`n` > 1, tools, logprobs, images)
-are refused with a 400 naming them rather than silently ignored; fields no
-server acts on (`user`, `metadata`, ...) are accepted and ignored.
+Parameters the engine does not implement (`n` > 1, logprobs, images, a forced
+`tool_choice`) are refused with a 400 naming them rather than silently ignored;
+fields no server acts on (`user`, `metadata`, ...) are accepted and ignored.
+Tools: `tools` (function definitions), `tool_choice` "auto" or "none",
+assistant messages with `tool_calls` and `tool` messages, passed on in the shape
+chat templates read (a call's `arguments` as an object).
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -22,8 +26,9 @@ from ds4tui.chat.stateless import Completion
 MAX_STOP_STRINGS = 4  # OpenAI's own limit
 MAX_STOP_CHARS = 256
 MAX_MESSAGES = 4096
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-UNSUPPORTED = ("tools", "functions", "logprobs", "top_logprobs", "response_format", "logit_bias")
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+MAX_TOOLS = 512
+UNSUPPORTED = ("functions", "logprobs", "top_logprobs", "response_format", "logit_bias")
 FINISH = {"eos": "stop", "stop-string": "stop", "max-tokens": "length", "context-full": "length",
           "cancelled": "stop"}
 
@@ -63,6 +68,7 @@ class ChatRequest:
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     return_progress: bool = False  # llama-server's prompt_progress chunks while prefilling
+    tools: tuple[dict, ...] = ()  # function definitions the template renders ("none": left out)
 
 
 def parse_chat_request(body: Any, *, context: int | None = None) -> ChatRequest:
@@ -112,6 +118,7 @@ def parse_chat_request(body: Any, *, context: int | None = None) -> ChatRequest:
         frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0),
         presence_penalty=_number(body, "presence_penalty", -2.0, 2.0),
         return_progress=_opt(body, "return_progress", bool) or False,
+        tools=_tools(body.get("tools"), body.get("tool_choice")),
     )
 
 
@@ -167,11 +174,70 @@ def _messages(value: Any) -> list[dict]:
             raise RequestError(f"{where} must be an object", param=where)
         role = m.get("role")
         if role not in ROLES:
-            raise RequestError(f"{where}.role {role!r} is not supported (system, developer, user, assistant)",
+            raise RequestError(f"{where}.role {role!r} is not supported (system, developer, user, assistant, tool)",
                                param=f"{where}.role")
-        if m.get("tool_calls"):
-            raise RequestError(f"{where}: tool calls are not supported", param=f"{where}.tool_calls")
-        out.append({"role": ROLES[role], "content": _content(m.get("content"), where)})
+        msg = {"role": ROLES[role], "content": _content(m.get("content"), where)}
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+        if role == "tool":
+            call_id = m.get("tool_call_id")
+            if call_id is not None and not isinstance(call_id, str):
+                raise RequestError(f"{where}.tool_call_id must be a string", param=f"{where}.tool_call_id")
+            msg["tool_call_id"] = call_id or ""
+        if isinstance(m.get("name"), str) and role in ("tool", "assistant", "user"):
+            msg["name"] = m["name"]
+        out.append(msg)
+    return out
+
+
+def _tools(value: Any, choice: Any) -> tuple[dict, ...]:
+    """The request's function definitions as templates read them; () when there are none or
+    tool_choice is "none"."""
+    if choice is not None and choice not in ("auto", "none"):
+        # "required" and a named function would need constrained decoding to keep their promise
+        raise RequestError("tool_choice may be \"auto\" or \"none\" (this server cannot force a call)",
+                           param="tool_choice")
+    if value is None or value == [] or choice == "none":
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_TOOLS:
+        raise RequestError(f"tools must be a list of at most {MAX_TOOLS} function definitions", param="tools")
+    out = []
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise RequestError(f"{where} must be {{\"type\": \"function\", \"function\": {{...}}}}", param=where)
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise RequestError(f"{where}.function.name must be a non-empty string", param=where)
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise RequestError(f"{where}.function.parameters must be a JSON schema object", param=where)
+        entry = {"name": fn["name"], "parameters": params}
+        if isinstance(fn.get("description"), str):
+            entry["description"] = fn["description"]
+        out.append({"type": "function", "function": entry})
+    return tuple(out)
+
+
+def _tool_calls(value: Any, where: str) -> list[dict]:
+    """An assistant message's calls, `arguments` parsed from OpenAI's JSON text into the object
+    templates render (kept as text when it is not JSON)."""
+    if not isinstance(value, list):
+        raise RequestError(f"{where} must be a list", param=where)
+    out = []
+    for i, call in enumerate(value):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RequestError(f"{where}[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\", "
+                               "\"arguments\"}}}}", param=where)
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                pass
+        out.append({"id": call.get("id") if isinstance(call.get("id"), str) else f"call_{i}",
+                    "type": "function", "function": {"name": fn["name"], "arguments": args}})
     return out
 
 
@@ -207,11 +273,20 @@ def usage(c: Completion) -> dict:
     }
 
 
-def completion_body(rid: str, model: str, created: int, c: Completion) -> dict:
+def completion_body(rid: str, model: str, created: int, c: Completion, *, content: str | None = None,
+                    reasoning: str = "", tool_calls: list[dict] | None = None) -> dict:
+    """content: the reply's text without its reasoning and calls (default: all of it)."""
+    message: dict[str, Any] = {"role": "assistant", "content": c.text if content is None else content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    finish = FINISH.get(c.done.stop, "stop")
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+        message["content"] = message["content"] or None
+        finish = "tool_calls"
     return {
         "id": rid, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
-                     "finish_reason": FINISH.get(c.done.stop, "stop"), "logprobs": None}],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
         "usage": usage(c),
     }
 

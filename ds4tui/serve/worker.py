@@ -27,6 +27,7 @@ from ds4tui.chat.turn import TurnOptions
 from ds4tui.engine.sampling import SamplingParams
 from ds4tui.serve.protocol import ChatRequest, RequestError
 from ds4tui.serve.scheduler import Scheduler
+from ds4tui.serve.tools import THINK_OPEN, ReplyParser, syntax_of
 
 STREAMED = (PrefillStarted, PrefillProgress, TokenText)  # what a streaming client is shown
 RECENT_WEIGHT = 0.2  # of the newest request in the running mean Retry-After is based on
@@ -105,6 +106,7 @@ class EngineQueue:
         self.counters = Counters()
         self.scheduler = Scheduler()
         self._rng = rng or random.Random()
+        self._opens_think: bool | None = None
         # One thread per running request (the rest wait in the executor's queue, in arrival
         # order) and one for run_sync's work; the scheduler lets one of them run at a time.
         self._executor = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="ds4tui-engine")
@@ -139,11 +141,38 @@ class EngineQueue:
         """Tokens a session holds: the most a prompt and its reply may take."""
         return self.chats.context_size()
 
+    @property
+    def tool_syntax(self) -> str | None:
+        """The tool-call syntax of the model's chat template (serve/tools.py), None: no tools."""
+        return syntax_of(getattr(self.chats.controller.model.chat, "source", None))
+
+    @property
+    def prompt_opens_think(self) -> bool:
+        """Whether the template's generation prompt opens a think block (DeepSeek R1, some Qwen 3
+        modes): the reply then starts as reasoning."""
+        if self._opens_think is None:
+            try:
+                prompt = self.chats.controller.model.chat.render([{"role": "user", "content": "x"}],
+                                                                 add_generation_prompt=True)
+                self._opens_think = prompt.rstrip().endswith(THINK_OPEN)
+            except Exception:  # noqa: BLE001 - a template that refuses a bare user turn: no think block
+                self._opens_think = False
+        return self._opens_think
+
+    def reply_parser(self, request: ChatRequest) -> ReplyParser:
+        return ReplyParser(self.tool_syntax if request.tools else None, in_think=self.prompt_opens_think)
+
+    def check_tools(self, request: ChatRequest) -> None:
+        """RequestError when the request uses tools and the model's template renders none."""
+        uses = bool(request.tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in request.messages)
+        if uses and self.tool_syntax is None:
+            raise RequestError("this model's chat template does not render tools or tool calls", param="tools")
+
     def check_prompt(self, request: ChatRequest) -> None:
         """RequestError when the request cannot run: its prompt does not fit the context, or the
         chat template refuses its messages. Any thread (it renders and encodes only)."""
         try:
-            n = self.chats.prompt_tokens(request.messages)
+            n = self.chats.prompt_tokens(request.messages, request.tools)
         except ValueError as exc:
             raise RequestError(f"cannot render these messages: {exc}", param="messages") from None
         if n > self.context:
@@ -209,7 +238,7 @@ class EngineQueue:
         )
         return TurnOptions(sampling=sampling, max_tokens=r.max_tokens or cfg.max_tokens, stop=r.stop,
                            cancel=job.cancel, between=self.scheduler.between, decode=self.scheduler.decode,
-                           drop_partial=True)
+                           drop_partial=True, tools=r.tools)
 
     def _emitter(self, job: Job):
         """job.put, cancelling the job once its client has left `max_unread` text chunks unread."""

@@ -220,3 +220,14 @@ def test_retry_after_follows_the_line_and_is_spread():
             assert all(base <= w < base * (1 + JITTER) for w in waits)
             assert max(waits) - min(waits) > 0.5 * base * JITTER  # spread over the range, not one value
         queue.close()
+
+
+def test_tools_on_a_template_without_them_are_refused(server):
+    from tests.serve.test_tools_parser import WEATHER
+
+    with pytest.raises(openai.BadRequestError) as err:
+        ask(client(server), [{"role": "user", "content": "x"}], tools=[WEATHER])
+    assert err.value.body["param"] == "tools" and "template" in err.value.body["message"]
+    # tool_choice "none" leaves the tools out: the request runs
+    assert ask(client(server), [{"role": "user", "content": "x"}], tools=[WEATHER], tool_choice="none",
+               max_tokens=1).choices

@@ -16,6 +16,7 @@ Owns:
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -119,6 +120,13 @@ def _raise(message: str):
     raise ValueError(f"chat template: {message}")
 
 
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """transformers' `tojson` (templates are written against it): plain json.dumps, where
+    jinja's own escapes <, >, & and ' for HTML (a tool's description would not read as the
+    model saw it in training)."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 class JinjaChatTemplate:
     """The `ChatTemplate` protocol over a model's own jinja template."""
 
@@ -129,6 +137,7 @@ class JinjaChatTemplate:
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         env.globals["raise_exception"] = _raise
+        env.filters["tojson"] = _tojson
         try:
             self._template = env.from_string(template)
         except TemplateError as exc:
@@ -141,14 +150,18 @@ class JinjaChatTemplate:
         self._injection: SystemInjection | None = None  # probed on the first parse
 
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = True, *,
-               now: datetime | None = None) -> str:
-        """now: what the template's `strftime_now` formats (a chat passes its own time; None: the clock)."""
-        return self._render(messages, add_generation_prompt, lambda fmt: (now or datetime.now()).strftime(fmt))
+               now: datetime | None = None, tools: Sequence[dict] | None = None) -> str:
+        """now: what the template's `strftime_now` formats (a chat passes its own time; None: the
+        clock). tools: OpenAI-style tool definitions, for the templates that render them (the
+        server's requests; messages may then carry `tool_calls` and `tool` turns)."""
+        return self._render(messages, add_generation_prompt, lambda fmt: (now or datetime.now()).strftime(fmt),
+                            list(tools) if tools else None)
 
-    def _render(self, messages: Sequence[dict], add_generation_prompt: bool, strftime_now: StrftimeNow) -> str:
+    def _render(self, messages: Sequence[dict], add_generation_prompt: bool, strftime_now: StrftimeNow,
+                tools: list[dict] | None = None) -> str:
         # strftime_now goes in per render (a context value hides a global): each chat has its own date.
         return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                     tools=None, strftime_now=strftime_now, **self._tokens)
+                                     tools=tools, strftime_now=strftime_now, **self._tokens)
 
     def parse(self, text: str) -> list[dict]:
         return self.read(text)[0]
