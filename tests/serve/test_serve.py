@@ -139,7 +139,8 @@ def test_non_loopback_host_needs_an_api_key(tmp_path):
 
 def test_api_key_and_full_queue(tmp_path):
     env = isolated_env(tmp_path, DS4TUI_TEST_KEY=API_KEY)
-    with running_server(tmp_path, "--api-key-env", "DS4TUI_TEST_KEY", "--queue-size", "0", env=env) as server:
+    with running_server(tmp_path, "--api-key-env", "DS4TUI_TEST_KEY", "--queue-size", "0",
+                        "--parallel", "1", env=env) as server:
         assert httpx.get(f"{server.root}/health", timeout=60).status_code == 200  # health stays public
         for key in ("wrong-key", "wrong-key-" + API_KEY):
             with pytest.raises(openai.AuthenticationError):
