@@ -34,6 +34,7 @@ from ds4tui.engine.dsv4.linear import ExpertBank
 from ds4tui.engine.dsv4.moe import MoeWeights
 from ds4tui.engine.dsv4.weights import Dsv4Weights, LayerWeights, expected_shapes
 from ds4tui.engine.errors import WeightsError
+from ds4tui.engine.kernels import qgemv
 from ds4tui.engine.kernels.qgemv import QuantMatrix
 
 GGUF_MAGIC = 0x46554747  # "GGUF"
@@ -328,6 +329,9 @@ def load_dsv4_gguf(path: str | Path, name: str, **config_overrides):
     model.quant_mix = quant_mix((t.tensor_type.name, int(t.shape[0])) for g, t in by_name.items()
                                 if len(t.shape) >= 2 and t.tensor_type.name != "I32"
                                 and g != "token_embd.weight" and not g.endswith("_ape.weight"))
+    # its products run on the C kernels' GEMV and block GEMM (what `bench engine` reports), over
+    # the file's blocks; there is no fused decode step for this architecture
+    model.use_blocks = qgemv.library() is not None
     model.source_file = str(path)
     model.reader = reader  # keeps the mapping open as long as the model lives
     return model
