@@ -275,3 +275,7 @@ async def test_toasts_are_sentence_case_like_the_chats(tmp_path):
         assert notes[0] == "Only titled sessions have a name to change"
         assert notes[1].startswith("Not loadable here: payload ABI 2")
         assert notes[2].startswith("Pinned ")
+        await select(pilot, shas["ds4"])  # ds4's own file: the pin holds against ds4tui only
+        await pilot.press("p")
+        await until(pilot, lambda: len(app.toasts) == 4, "four toasts")
+        assert "against ds4tui only" in app.toasts[3].message
