@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 INDEX_NAME = ".ds4tui-index.sqlite"
-SCHEMA = 6
+SCHEMA = 7
 RACY_S = 2.0
 BUSY_MS = 2000
 
@@ -89,6 +89,9 @@ class HeaderIndex:
                            " mtime_ns INTEGER, read_at REAL, head BLOB, entry TEXT, fingerprint BLOB,"
                            " text_sha TEXT, extra TEXT, text BLOB)")  # the text last: a row read without
                 # it never walks the text's overflow pages
+                db.execute("DROP TABLE IF EXISTS checksums")
+                db.execute("CREATE TABLE checksums (name TEXT PRIMARY KEY, ino INTEGER, size INTEGER,"
+                           " verdict TEXT, error TEXT)")
                 db.execute("DROP TABLE IF EXISTS relations")
                 db.execute("CREATE TABLE relations (key TEXT PRIMARY KEY, data TEXT)")
                 db.execute(f"PRAGMA user_version={SCHEMA}")
@@ -177,6 +180,41 @@ class HeaderIndex:
                 db.close()
         return {name: bytes(text) for name, ino, size, mtime_ns, text in rows
                 if text is not None and keys.get(name) == (ino, size, mtime_ns)}
+
+    def verdicts(self) -> dict[str, tuple[tuple[int, int], str, str | None]]:
+        """name -> ((inode, size), "ok" | "mismatch", error): checksum verdicts read before. The
+        checksum covers no header byte, so a hit or a pin leaves a verdict valid."""
+        with self._lock:
+            db = self._connect(create=False)
+            if db is None:
+                return {}
+            try:
+                rows = db.execute("SELECT name, ino, size, verdict, error FROM checksums").fetchall()
+            except sqlite3.Error:
+                return {}
+            finally:
+                db.close()
+        return {name: ((ino, size), verdict, error) for name, ino, size, verdict, error in rows
+                if verdict in ("ok", "mismatch")}
+
+    def store_verdicts(self, verdicts: dict[str, tuple[tuple[int, int], str, str | None]]) -> None:
+        with self._lock:
+            db = self._connect(create=True)
+            if db is None:
+                return
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                db.executemany("INSERT OR REPLACE INTO checksums VALUES (?, ?, ?, ?, ?)",
+                               [(name, *key, verdict, error) for name, (key, verdict, error) in verdicts.items()])
+                db.execute("DELETE FROM checksums WHERE name NOT IN (SELECT name FROM files)")
+                db.execute("COMMIT")
+            except sqlite3.Error:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            finally:
+                db.close()
 
     def relations(self, key: str) -> dict | None:
         """The prefix relations stored for the file set `key` names (eviction.relation_key)."""

@@ -156,6 +156,10 @@ class CacheDirectory:
                 out[e.path] = tuple(c)
         return out
 
+    def verdict_store(self) -> "_PathVerdicts":
+        """The index's checksum verdicts by path (scan.ChecksumIndex keeps them there)."""
+        return _PathVerdicts(self)
+
     def record(self, path: str) -> FileRecord | None:
         """What the last scan knew of the file at `path` (raw header, text, fingerprint), if indexed."""
         return self._records.get(path)
@@ -245,3 +249,17 @@ def repaired(e: KvEntry, acceptor: Acceptor | None) -> bool:
         return False
     return files.repair_zeroed_header(Path(e.path), model_id=acceptor.model_id,
                                       payload_abi=acceptor.payload_abi, fingerprint=acceptor.fingerprint)
+
+
+class _PathVerdicts:
+    """HeaderIndex's checksum verdicts keyed by path (the browser's keys), not by name."""
+
+    def __init__(self, directory: CacheDirectory):
+        self._d = directory
+
+    def verdicts(self) -> dict:
+        base = str(self._d.dir)
+        return {os.path.join(base, name): v for name, v in self._d.index.verdicts().items()}
+
+    def store_verdicts(self, verdicts: dict) -> None:
+        self._d.index.store_verdicts({os.path.basename(p): v for p, v in verdicts.items()})

@@ -140,11 +140,27 @@ class TextIndex:
 
 class ChecksumIndex:
     """Checksum verdicts; a file is read whole only when it is new or its inode or size changed
-    (hits and pins rewrite header bytes in place, which the checksum does not cover)."""
+    (hits and pins rewrite header bytes in place, which the checksum does not cover). The
+    verdicts also go to the header index (`persist_to`), so the next browser, in this process
+    or another, does not read the same files whole again."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._verdicts: dict[str, tuple[tuple[int, int], str, str | None]] = {}  # path -> (key, verdict, error)
+        self._new: dict[str, tuple[tuple[int, int], str, str | None]] = {}  # read since the last persist
+
+    def load_from(self, index) -> None:
+        """Take the verdicts the header index holds (for files not yet known here)."""
+        stored = index.verdicts()
+        with self._lock:
+            for path, v in stored.items():
+                self._verdicts.setdefault(path, v)
+
+    def persist_to(self, index) -> None:
+        with self._lock:
+            new, self._new = self._new, {}
+        if new:
+            index.store_verdicts(new)
 
     def apply(self, e: KvEntry, *, read: bool = True) -> bool:
         """Fill e.checksum ("ok" / "mismatch"); a mismatch makes the entry corrupt with its reason.
@@ -171,6 +187,7 @@ class ChecksumIndex:
             cached = (key, checked.checksum, checked.error if checked.checksum == "mismatch" else None)
             with self._lock:
                 self._verdicts[e.path] = cached
+                self._new[e.path] = cached
         e.checksum = cached[1]
         if cached[2]:
             e.error, e.corrupt, e.not_loadable = cached[2], True, None
@@ -195,6 +212,8 @@ def scan(store: KvStore, acceptor: Acceptor, *, gen: int, now: float, texts: Tex
     if all_texts is None:
         all_texts = read_checksums
     result = BrowserScan(gen, now, store.entries(acceptor=acceptor))
+    if checksums is not None:
+        checksums.load_from(store.verdict_store())
     result.chats = {path: ChatOf(*c) for path, c in store.chats_of(result.entries).items()}
     wanted = []
     for e in result.entries:
@@ -219,6 +238,7 @@ def scan(store: KvStore, acceptor: Acceptor, *, gen: int, now: float, texts: Tex
     texts.forget_except(paths)
     if checksums is not None:
         checksums.forget_except(paths)
+        checksums.persist_to(store.verdict_store())
     return result
 
 

@@ -112,3 +112,27 @@ def test_a_verified_listing_leaves_the_plain_listing_unchecked(tmp_path):
     os.utime(res.event.path, (PAST, PAST))
     assert [e.checksum for e in KvStore(d).entries(verify=True)] == ["ok"]
     assert [e.checksum for e in KvStore(d).entries()] == ["unchecked"]  # as the README says of kv ls
+
+
+def test_a_checksum_read_once_is_not_read_again_by_the_next_browser(tmp_path, monkeypatch):
+    from ds4tui.cache import Acceptor, scan as cache_scan
+
+    d = tmp_path / "kv"
+    store = KvStore(d)
+    data = bytes(300)
+    engine = Acceptor(model_id=0x80, ctx_size=4096, quant_bits=8)
+    res = store.save("a checksummed file", tokens=5, reason="cold", payload_bytes=len(data),
+                     engine=engine, write_payload=lambda fp: fp.write(data))
+    os.utime(res.event.path, (PAST, PAST))
+
+    def browse():
+        result = cache_scan.scan(KvStore(d), engine, gen=1, now=0.0, texts=cache_scan.TextIndex(),
+                                 checksums=cache_scan.ChecksumIndex())
+        return [e.checksum for e in result.entries]
+
+    assert browse() == ["ok"]
+    reads = []
+    real = cache_scan.inspect_file
+    monkeypatch.setattr(cache_scan, "inspect_file", lambda *a, **kw: reads.append(a) or real(*a, **kw))
+    assert KvStore(d).set_pinned(res.event.sha, True)  # a header write: the checksum still holds
+    assert browse() == ["ok"] and reads == []          # a new browser: the verdict from the index
