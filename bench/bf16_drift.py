@@ -9,7 +9,7 @@ For each context N: a session prefills N tokens of the bench text, then a 20-tok
 (products of long chunks and of Q4_1, attention over 512 keys or more: qgemm.c, attn.c) and
 once with everything fp32 (`qgemv.use_bf16`). Prints the KL divergence KL(fp32 || bf16) of
 the follow-up's next-token distribution, the largest logit difference against the logit
-range, and how many of the 24 greedy tokens agree. The numbers docs/perf.md quotes.
+range, and how many of the 24 greedy tokens agree. The numbers docs/perf-archive.md quotes.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it (docs/perf.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it (docs/perf-archive.md)
 
 FOLLOW_UP = 20
 GREEDY = 24

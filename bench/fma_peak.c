@@ -1,4 +1,4 @@
-/* fma_peak.c: the FMA peak of this machine's cores (docs/perf.md, "The machine's FMA peak").
+/* fma_peak.c: the FMA peak of this machine's cores (docs/perf-archive.md, "The machine's FMA peak").
  *
  *   cc -O2 -mavx512f -mfma bench/fma_peak.c -o /tmp/fma_peak -lpthread && /tmp/fma_peak 2
  *

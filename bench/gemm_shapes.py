@@ -9,7 +9,7 @@ Times Y = X W^T for X [rows, cols] and the layer's W (seeded random blocks of --
 variants alternate inside each round; each figure is the median round. With one thread
 (the default) it times process CPU time, which other processes on a shared machine do not
 inflate; with more, wall time. GFLOP/s counts 2 x rows x rows(W) x cols per product, the
-count docs/perf.md uses; `--peak` (AVX-512 FMA peak per core, GFLOP/s; default docs/perf.md's
+count docs/perf-archive.md uses; `--peak` (AVX-512 FMA peak per core, GFLOP/s; default docs/perf-archive.md's
 276 for the development VM) gives the share of it, and half of it for AVX2 (8-lane FMAs at
 the same two per cycle, as on that Zen 5).
 """

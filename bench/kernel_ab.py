@@ -12,7 +12,7 @@ the same model, session and Python code: only the C kernels differ. Whatever loa
 processes put on a shared machine falls on both sides alike, which separate runs minutes
 apart cannot promise. `--quiet F` waits before each pair until the machine's busy share
 over one second is below F. Reports the median and best of each side, in tok/s and in
-GFLOP/s by docs/perf.md's count for SmolLM2 (114.5 GFLOP per 512-token chunk at position
+GFLOP/s by docs/perf-archive.md's count for SmolLM2 (114.5 GFLOP per 512-token chunk at position
 0; other models and lengths print times only).
 """
 
@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it (docs/perf.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it (docs/perf-archive.md)
 
-SMOLLM2_512_GFLOP = 114.5  # docs/perf.md, "One forward, by part": the work the forward does
+SMOLLM2_512_GFLOP = 114.5  # docs/perf-archive.md, "One forward, by part": the work the forward does
 
 
 def busy_share(seconds: float) -> float:

@@ -71,7 +71,7 @@ def wait_quiet(limit_s: float, max_busy: float = 0.3) -> float:
 # OpenMP settings llama.cpp must not inherit from the caller: ggml's threads meet at a barrier
 # per operation, and with OMP_WAIT_POLICY=PASSIVE (which ds4tui's CLI and our ad-hoc scripts
 # set for torch) each wait sleeps: llama-bench's SmolLM2 decode read 47.7 tok/s with it and
-# 145.9 without, same binary, same minute (docs/perf.md, "llama.cpp's environment").
+# 145.9 without, same binary, same minute (docs/perf-archive.md, "llama.cpp's environment").
 LLAMA_ENV_DROP = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES")
 
 

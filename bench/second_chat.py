@@ -8,7 +8,7 @@ Usage (from the repo root):
 Each round is a fresh process, as the app is: load the model, `ChatController.warm_up()`,
 resume the first chat (it adopts warm_up's spare buffer), send one message, wait a second
 (the user reading the reply), then resume the second chat, timed. Before recycled and
-prepared buffers (docs/perf.md, "Recycled and prepared KV buffers") the second chat's
+prepared buffers (docs/perf-archive.md, "Recycled and prepared KV buffers") the second chat's
 session was fresh memory and its restore paid the page faults of the whole buffer.
 To compare builds, run a checkout's copy of this script with that checkout first on
 sys.path (PYTHONPATH=checkout).
@@ -27,7 +27,7 @@ from pathlib import Path
 
 if not os.environ.get("PYTHONPATH"):  # else the checkout it names comes first, as Python puts it
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it (docs/perf.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it (docs/perf-archive.md)
 
 MODEL = "smollm2-135m-instruct"
 CTX = 4608

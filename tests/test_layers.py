@@ -1,4 +1,4 @@
-"""The layer rules of the package layout (README, "Layout"), checked two ways.
+"""The layer rules of the package layout (docs/development.md, "Layout"), checked two ways.
 
 Statically, from every module's source (imports inside functions and under
 TYPE_CHECKING count too): who may import whom, and no cycles at all. At run time,

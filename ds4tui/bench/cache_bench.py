@@ -45,7 +45,7 @@ into an already-touched buffer ("warm"). The restore is also measured into the
 buffer the engine prepared for the next chat after the reply ("next chat":
 Model.prepare_session, what a second chat opened or resumed gets), and both into
 freshly allocated, untouched memory ("fresh": a new session, np.empty), where page
-faults on first write add their cost (docs/perf.md, "First-use costs and warm_up",
+faults on first write add their cost (docs/perf-archive.md, "First-use costs and warm_up",
 "Recycled and prepared KV buffers").
 """
 

@@ -43,7 +43,7 @@ from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, MODEL_ID_DSV4_CUSTOM, MODE
 # Model ids ds4tui has an engine for; files with other ids are listed, never loaded.
 DS4TUI_MODEL_IDS = frozenset({MODEL_ID_LLAMA, MODEL_ID_DSV4_CUSTOM})
 
-# The stable `kv inspect --json` / `kv ls --json` keys (README lists them; a test checks).
+# The stable `kv inspect --json` / `kv ls --json` keys (docs/format.md lists them; a test checks).
 JSON_KEYS = (
     "sha", "path", "valid", "error", "magic", "version", "quant_bits", "reason",
     "reason_code", "ext_flags", "ext_flag_names", "model_id", "tokens", "hits",

@@ -8,7 +8,7 @@ entry's `ScoreParts`, the greedy lowest-score-first victim list, and
 Leaves to the store: scanning (listing.py), deleting and which file is protected (saving.py).
 
 Where ds4tui departs from ds4's score, whose code has neither an anchor weight nor a
-superseded factor (README, "Loading, saving, evicting"): cold/evict/shutdown files count
+superseded factor (docs/format.md, "Loading, saving, evicting"): cold/evict/shutdown files count
 as anchors (2x), and so does a titled session, the user's own; an anonymous file whose
 text a titled session of the same model also holds (equal text: a duplicate; a shorter prefix: superseded) never outranks
 that session: a duplicate scores 0 and goes first, a prefix scores at most

@@ -14,7 +14,7 @@ points at the file it opened (and, for an eviction, that the file is the
 version that was scanned: inode, size, mtime, and not pinned). A pin can
 therefore never land in a file another process is unlinking, and an eviction
 planned from an older scan never removes a newer save or a file pinned since.
-ds4 takes no such lock (README, "Living beside ds4").
+ds4 takes no such lock (docs/format.md, "Sharing a directory with ds4").
 Leaves to saving.py and edits.py: what to write, when, and the budget.
 """
 

@@ -1,4 +1,4 @@
-"""Loading a cache file into a session: the validation chain, in the README's order.
+"""Loading a cache file into a session: the validation chain, in docs/format.md's order.
 
 Owns: `load_first` (the first of a lookup's candidates that passes, else a Miss that
 says why), `load_path` (one file: open it as a regular file, validate, stream the
@@ -130,7 +130,7 @@ def load_path(directory: CacheDirectory, path: Path, sha: str, prompt: bytes | N
 
 def validate(fp: BinaryIO, sha: str, prompt: bytes | None, acceptor: Acceptor,
              load_payload: LoadPayload) -> KvcFile:
-    """The README's load checks, in order: magic and ABI -> model -> name hash -> byte prefix
+    """docs/format.md's load checks, in order: magic and ABI -> model -> name hash -> byte prefix
     -> payload token count. The acceptor runs before anything that could
     call a file corrupt, so a foreign file is never deleted."""
     head = fp.read(PREFIX_BYTES)

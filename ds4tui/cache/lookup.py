@@ -58,7 +58,7 @@ class PrefixLookup:
     def prime(self, acceptor: Acceptor) -> int:
         """Fill both memos now (every header, every titled file's text SHA-1), so that the
         first message's lookup is as quick as the later ones (~1.4 ms less on a hit after a
-        start, docs/perf.md). The files read: how many titled texts were hashed."""
+        start, docs/perf-archive.md). The files read: how many titled texts were hashed."""
         hashed = 0
         for e in self._entries(acceptor):
             if e.valid and e.header.titled:
@@ -85,7 +85,7 @@ class PrefixLookup:
     def _entries(self, acceptor: Acceptor) -> list[KvEntry]:
         """What `scan(acceptor=...)` returns, re-reading a file's header only when its inode,
         size or mtime changed since the last lookup: one stat per file per message instead
-        of an open and a read (a lookup in 300 files: 6.3 ms -> ~1 ms, docs/perf.md).
+        of an open and a read (a lookup in 300 files: 6.3 ms -> ~1 ms, docs/perf-archive.md).
 
         A header written in place within the filesystem's timestamp tick may go unseen until
         the next change; the load re-reads and checks the header of the file it picks, so a

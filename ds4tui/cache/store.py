@@ -5,7 +5,7 @@ the directory, its policy, budget and clock, listing and scoring its files) plus
 operations, each delegated to the module whose one job it is:
 
     lookup.py   which files' text prefixes a prompt (a stat-keyed header memo, titled text SHAs)
-    loading.py  the load validation chain (README, "KVC file format" > "Loading, saving, evicting")
+    loading.py  the load validation chain (docs/format.md, "Loading, saving, evicting")
     saving.py   atomic saves within the budget, and eviction
     edits.py    hit counts, pins, deletes and retitles of existing files
 

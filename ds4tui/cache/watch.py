@@ -7,7 +7,7 @@ callback on the debouncer's own thread.
 
 Leaves to callers: what to do with a change (the cache browser re-reads the
 files and hops to its UI thread with `call_from_thread`). No textual import
-here: the cache package stays UI-free (README, "Layout"; a test checks), so the
+here: the cache package stays UI-free (docs/development.md, "Layout"; a test checks), so the
 watcher can also serve a headless tool.
 
 Why each filter:

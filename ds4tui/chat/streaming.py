@@ -97,7 +97,7 @@ class EventBatcher:
     `interval`. 0.1 s: ten updates a second. Each update redraws the reply's
     last Markdown block whole (a growing list is one block), on the UI thread
     that shares two cores and the GIL with the decode: at 0.05 s a list reply
-    streamed at ~150-190 tok/s in the app, at 0.1 s ~245 (docs/perf.md,
+    streamed at ~150-190 tok/s in the app, at 0.1 s ~245 (docs/perf-archive.md,
     "Streaming in the app"). The first text goes out at once.
     Every other event (progress comes once per prefill chunk, so it needs no
     thinning) first flushes the pending text, so the UI sees the same order.

@@ -53,7 +53,7 @@ def command_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse
 def main(argv: list[str] | None = None) -> int:
     # OpenMP worker threads busy-wait after every torch op by default; on the 2 cores this
     # app targets they then compete with the C kernels' own pool (kernels/pool.c) wherever
-    # the two alternate, as a short prefill does in every layer (docs/perf.md, "OpenMP wait
+    # the two alternate, as a short prefill does in every layer (docs/perf-archive.md, "OpenMP wait
     # policy"). Read by libgomp when torch loads it, so set before any torch import; a
     # user's own setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -383,7 +383,7 @@ def cmd_edit(args) -> int:
     print(f"{'pinned' if args.verb == 'pin' else 'unpinned'} {sha}")
     if args.verb == "pin" and ds4_reads(store.path_for(sha)):
         print("note: a ds4 file: the pin holds against ds4tui only; ds4 ignores it and may still"
-              " evict or consume the file (README, \"Sharing a directory with ds4\")")
+              " evict or consume the file (docs/format.md, \"Sharing a directory with ds4\")")
     return 0
 
 

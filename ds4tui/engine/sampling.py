@@ -68,7 +68,7 @@ class Sampler:
     def __init__(self, params: SamplingParams | None = None) -> None:
         self.params = params or SamplingParams()
         # Made at the first draw: greedy needs none, and seeding from the OS's entropy is
-        # ~0.1 ms of a reply's time to first token (docs/perf.md, "The disk hit: a parked
+        # ~0.1 ms of a reply's time to first token (docs/perf-archive.md, "The disk hit: a parked
         # reader thread"). The same seed gives the same stream either way.
         self._rng: np.random.Generator | None = None
         self.counts: dict[int, int] = {}  # token id -> times drawn (only with penalties)
@@ -217,7 +217,7 @@ def _kept_few(ids: list, logits: list, best: float, t: float, params: SamplingPa
 def _top_p_few(ids: list, w: list, top_p: float) -> tuple[list, list]:
     """_top_p for a few survivors (min-p's usual case) in plain Python: the same sort (stable,
     best first), the same left-to-right float sums, so the same answer. Right after a decode
-    step each numpy call runs with cold caches (15-35 us each, docs/perf.md "Sampling"); these
+    step each numpy call runs with cold caches (15-35 us each, docs/perf-archive.md "Sampling"); these
     few list operations cost less than one of them."""
     order = sorted(range(len(w)), key=lambda i: -w[i])  # stable: ties keep ascending ids
     ids, w = [ids[i] for i in order], [w[i] for i in order]

@@ -1,6 +1,6 @@
 """The KVC envelope: byte layout of a `.kv` file, its trailers, names and tables.
 
-Owns: encode/decode of the 48-byte header + u32 text length (README, "KVC file
+Owns: encode/decode of the 48-byte header + u32 text length (docs/format.md, "KVC file
 format" > "Header"; `HEADER_FIELDS`), the
 reason and ext-flag tables, the `KTM` tool-map trailer (ext bit 0), the
 session-title trailer (ext bit 3), the checksum trailer (ext bit 6, ds4tui's;
@@ -50,7 +50,7 @@ PREFIX_BYTES = FIXED_HEADER_BYTES + 4
 
 # The header and text length, field by field: (offset, size in bytes, name), in file
 # order. The one declaration of the layout: the struct below, the in-place offsets,
-# the cache browser's hex view and the README's "Header" table are checked against it.
+# the cache browser's hex view and docs/format.md's "Header" table are checked against it.
 HEADER_FIELDS: tuple[tuple[int, int, str], ...] = (
     (0, 3, "magic"), (3, 1, "version"), (4, 1, "quant_bits"), (5, 1, "reason"),
     (6, 1, "ext_flags"), (7, 1, "model_id"), (8, 4, "tokens"), (12, 4, "hits"),

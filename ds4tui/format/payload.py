@@ -1,6 +1,6 @@
 """The payload framing shared by ds4 and ds4tui: the "DSV4" header, the fingerprint, ids and ABIs.
 
-A payload opens with 13 little-endian u32 fields (`DSV4_FIELDS`; the README's
+A payload opens with 13 little-endian u32 fields (`DSV4_FIELDS`; docs/format.md's
 "Session payload" section names them). ds4tui's own payloads, which carry
 `DS4TUI_PAYLOAD_ABI` in the KVC header (byte 20), then continue, in every family:
 

@@ -66,7 +66,7 @@ class Ds4TuiApp(App[None]):
         # The decode worker needs the GIL for a moment between tokens, and while this thread
         # renders a streaming reply it waits out Python's switch interval (5 ms by default)
         # for it: replies streamed at ~140 tok/s in the app against ~350 headless. With 1 ms
-        # they stream at ~185 (docs/perf.md, "Streaming in the app").
+        # they stream at ~185 (docs/perf-archive.md, "Streaming in the app").
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(APP_SWITCH_INTERVAL_S)
 
@@ -80,7 +80,7 @@ class Ds4TuiApp(App[None]):
         and styles: ~250k of them) out of the garbage collector's reach. A full collection
         scanned them all in 100-140 ms holding the GIL, whenever allocations triggered one:
         a reply's first token then took ~175 ms instead of ~50, a stream stuttered. Frozen,
-        a later collection scans only what came after (docs/perf.md, "Pauses of the garbage
+        a later collection scans only what came after (docs/perf-archive.md, "Pauses of the garbage
         collector"). They live for the whole run anyway; unmount gives them back."""
         gc.freeze()
 

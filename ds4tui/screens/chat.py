@@ -199,7 +199,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         else:
             # After the first frame: the worker's torch import holds the GIL for long stretches
             # and would otherwise delay the first paint and the first keys typed
-            # (docs/perf.md, "Start-up").
+            # (docs/perf-archive.md, "Start-up").
             self.call_after_refresh(self._load_model, self.config.model)
 
     # -- start-up ------------------------------------------------------------------------------

@@ -499,7 +499,7 @@ def test_a_primed_lookup_reads_no_file_at_the_first_message(store, monkeypatch):
     assert opened == []
 
 
-# -- destructive steps re-check the file under its lock (README, "Several writers") ----------
+# -- destructive steps re-check the file under its lock (docs/format.md, "Several writers") ----------
 
 def test_an_eviction_planned_before_a_pin_leaves_the_pinned_file(store):
     from ds4tui.cache.saving import apply_eviction

@@ -1,4 +1,4 @@
-"""The README's "KVC file format" tables match the code's constants (ds4's README drifted; ours must not)."""
+"""docs/format.md's tables match the code's constants (ds4's README drifted; ours must not)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from ds4tui.format import kvc
 from ds4tui.cache.entry import JSON_KEYS
 from ds4tui.format.payload import DSV4_FIELDS
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+FORMAT_DOC = Path(__file__).resolve().parents[2] / "docs" / "format.md"
 
 
 def _section() -> str:
-    text = README.read_text(encoding="utf-8")
+    text = FORMAT_DOC.read_text(encoding="utf-8")
     start = text.index("## KVC file format")
     end = text.find("\n## ", start + 1)
     return text[start:] if end < 0 else text[start:end]

@@ -1,5 +1,5 @@
 """ds4's own store (antirez/ds4's ds4_kvstore.c, unmodified, through tests/reliability/ds4/
-harness.c) and ds4tui in one directory behave as the README's "Sharing a directory with
+harness.c) and ds4tui in one directory behave as docs/format.md's "Sharing a directory with
 ds4" says. Needs the harness built (scripts/build_ds4_harness.sh DS4_SOURCE_DIR); skips
 without it, as ds4's source is not part of this repository."""
 

@@ -1,6 +1,6 @@
 """A fixture cache directory for the browser tests, built byte by byte with struct.pack.
 
-Built from the published layout (README, "KVC file format" and "The session
+Built from the published layout (docs/format.md, "KVC file format" and "The session
 payload"), not with ds4tui's encoder, so
 a shared mistake cannot hide. Every timestamp is fixed and `NOW` is the frozen
 clock the tests give the browser, so relative times never age.

@@ -38,7 +38,7 @@
  * bf16 for the output. The softmax itself (max, exponentials, sums, rescaling) stays fp32.
  * Shorter calls stay fp32: attention is a small share of their time there, and short
  * conversations keep exactly the results they had. The choice depends on the shape and the
- * switch only (docs/perf.md, "bf16 attention at depth").
+ * switch only (docs/perf-archive.md, "bf16 attention at depth").
  */
 
 #define ATTN_QB 192        /* query rows per block: a short chunk's G*S rows fit one; each converted key block serves this many */

@@ -9,7 +9,7 @@
  * same arguments, so its results are bit-identical to it. What it saves is the forward's
  * ~15 Python and torch calls per layer between them: ~2 ms of a 29 ms forward of 18 tokens
  * on SmolLM2, all of it on the critical path while the pool's other threads wait
- * (docs/perf.md, "The short forward in C").
+ * (docs/perf-archive.md, "The short forward in C").
  *
  * A sliding layer (Gemma 3's local layers) keeps its K/V as a ring of `rows` slots (position
  * p at slot p % rows): as in the forward, the chunk's rows (rounded to the buffer's type) are

@@ -9,7 +9,7 @@ anonymous memory advised MADV_HUGEPAGE holding the same bytes, at the same addre
 Why: a decode step reads every weight block once per token (94 MB for SmolLM2-135M, 240 MB
 for Gemma 3 270M). In 4 KiB pages that is tens of thousands of TLB misses a token, page
 walks the streaming prefetchers cannot hide; in 2 MiB pages decode runs ~5% faster
-(docs/perf.md, "Weights in huge pages"). Anonymous memory also stays resident: a file's
+(docs/perf-archive.md, "Weights in huge pages"). Anonymous memory also stays resident: a file's
 page cache is reclaimed while a chat sits idle (proactive reclaim, memory pressure), and the
 next message would read the weights from disk again. The bytes are read (plain reads, ~15
 ms for 100 MB from the page cache, ~200 ms from disk) into a region aligned like the target
@@ -73,7 +73,7 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
     For a session's KV buffers: decode at depth reads every K/V row of every layer once per
     token (94 MB for SmolLM2 at 4K), and in 4 KiB pages that costs ~7% of the token there
-    (docs/perf.md, "KV buffers in huge pages"). Huge pages are faulted in on first write, 2
+    (docs/perf-archive.md, "KV buffers in huge pages"). Huge pages are faulted in on first write, 2
     MiB at a time: a buffer becomes resident in full soon after its first rows are written
     (its full size is what a session is counted at anyway). The mapping lives as long as the
     tensor and its views."""

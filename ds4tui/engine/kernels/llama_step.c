@@ -16,7 +16,7 @@
  * below are AVX2 in both vector builds, except attention's AVX-512 ones.
  *
  * Why one call: the math per token is ~135M multiply-adds on SmolLM2, ~4 ms; the same step
- * as ~600 torch ops costs ~3 ms of dispatch on top (Gemma 3 270M: docs/perf.md). One C call
+ * as ~600 torch ops costs ~3 ms of dispatch on top (Gemma 3 270M: docs/perf-archive.md). One C call
  * also releases the GIL for the whole token, so the UI thread keeps running.
  *
  * Attention splits each KV head's positions into blocks of ATT_BLOCK positions, doubled up

@@ -52,7 +52,7 @@ static atomic_long spin_ns = 300000; /* how long an idle worker spins before sle
  * copies, hashes and checks the file's rows alongside the message's forward): jobs run on
  * that many fewer threads meanwhile. With every core in the job, one of them shares its core
  * with the reader, and the job's other threads wait for the chunks it claimed; measured on 2
- * cores, a hot disk hit of 4K tokens took ~2.5 ms longer that way (docs/perf.md). */
+ * cores, a hot disk hit of 4K tokens took ~2.5 ms longer that way (docs/perf-archive.md). */
 static atomic_int reserved_threads;
 /* How long the caller spins on chunks another thread still runs before sleeping. Sleeping
  * frees its core, so a preempted worker can be moved there (the machine is shared: other

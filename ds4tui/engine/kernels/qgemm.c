@@ -8,7 +8,7 @@
  *
  * Why: a short prefill multiplies by every weight once. From the fp32 copy that is 4-8x the
  * weight traffic of the file's blocks, and torch's fp32 GEMM at such a small M is memory
- * bound (docs/perf.md, "Short prefills"). So weight rows are dequantized once per pool chunk
+ * bound (docs/perf-archive.md, "Short prefills"). So weight rows are dequantized once per pool chunk
  * (dequant.c, bit-exact to gguf) into fp32 tiles that stay in cache, then multiplied against
  * every activation row, so the FMA ports, not DRAM, are the limit:
  * - few activation rows: 4 weight rows x 6 activations per register tile (AVX-512; 4 x 3
@@ -16,11 +16,11 @@
  * - many (>= WIDE_MIN_ROWS, vector ISAs): the chunk's 32 rows dequantized transposed
  *   (dequant_rows_t32), 12 activations x 32 outputs per register tile with AVX-512, 6 x 16
  *   with AVX2, no reductions. This beats torch's fp32 GEMM at 512 rows, hence every chunk
- *   takes the blocks with AVX-512 (docs/perf.md, "Prefill: attention and GEMMs in C").
+ *   takes the blocks with AVX-512 (docs/perf-archive.md, "Prefill: attention and GEMMs in C").
  * - Q4_1 with AVX-512, any number of rows (up to 2048 columns): the same 12 x 32 tiles, but
  *   the first tile dequantizes from regrouped quant bytes in registers and stores the
  *   transposed chunk for the tiles after it (q4_1_first_tile), so a short product pays no
- *   separate dequantization pass (docs/perf.md, "Short products without a dequantization
+ *   separate dequantization pass (docs/perf-archive.md, "Short products without a dequantization
  *   pass").
  *
  * - on a CPU with AVX512_BF16, unless switched off (ds4k_set_bf16), products of 96 rows and
@@ -28,7 +28,7 @@
  *   registers, so a short product gains too; other types' short ones pay a dequantization
  *   pass that bf16 does not shorten): the wide tiles with weights and activations rounded to
  *   bf16 (to nearest even) and summed in fp32 by vdpbf16ps, two columns per instruction,
- *   twice the fp32 FMA rate (docs/perf.md, "Prefill products in bf16").
+ *   twice the fp32 FMA rate (docs/perf-archive.md, "Prefill products in bf16").
  *
  * Results equal dequantize(W) @ x up to float summation order (the same values as the fp32
  * copy, which is the dequantized file), or on the bf16 path bf16(dequantize(W)) @ bf16(x)
@@ -617,7 +617,7 @@ static void gemm_chunk(void *ctx, int64_t c) {
 static int gemm(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int64_t n, int nth) {
     if (nparts < 1 || nparts > DS4K_MAX_PARTS || n <= 0 || cols <= 0 || cols % 8 || cols > GEMM_MAX_COLS) return -1;
     /* One row (the head of a prefill): the GEMV reads each block once, without building a
-     * tile (docs/perf.md, "Quant types and run-time ISA variants"). */
+     * tile (docs/perf-archive.md, "Quant types and run-time ISA variants"). */
     if (n == 1) return gemv(parts, nparts, x, y, cols, nth);
     gemm_job job = {.parts = parts, .x = x, .y = y, .cols = cols, .n = n, .nth = nth > 1 ? nth : 1};
     for (int k = 0; k < nparts; k++) {

@@ -16,7 +16,7 @@
  * with the per-32 sums of x (per-16 for Q2_K) computed once per call, not once per row. Signed types
  * subtract their offset in the byte domain (exact). Rows go in pairs: the x loads are
  * shared and two accumulator chains hide FMA latency. Software prefetch ahead of each row
- * stream: the hardware prefetcher alone left the Q8_0 head far below DRAM speed (docs/perf.md,
+ * stream: the hardware prefetcher alone left the Q8_0 head far below DRAM speed (docs/perf-archive.md,
  * "How decode got there", item 2).
  * Block layouts: dequant.c.
  */
@@ -742,7 +742,7 @@ static void gemv_chunk(void *ctx, int64_t c) {
 
 /* A matrix is cut into an even number of equal chunks of at most CHUNK_BYTES, or for a
  * large matrix (an output head) 1/128 of it up to CHUNK_MAX. Large chunks keep each thread
- * on long sequential runs, which the hardware prefetcher needs (docs/perf.md, "How decode
+ * on long sequential runs, which the hardware prefetcher needs (docs/perf-archive.md, "How decode
  * got there", item 5): with 2 threads each one's chunks are not adjacent, and every jump to
  * a new chunk restarts its stream (the Q8_0 head's chunks run in one thread's order, every
  * other chunk: 28 GB/s at 128 KB, 34-36 GB/s at 1 MB, 36 contiguous). Bounds depend on the

@@ -26,7 +26,7 @@ The library is built with the package (setup.py runs build.py: a wheel and an ed
 carry `libds4k.so` beside these sources) and loaded from there when its key, compiled into it,
 matches the sources here. Without one (an install whose build had no compiler, or sources
 edited since), it is compiled on first use (`prepare(progress)` reports it; objects in
-parallel; docs/perf.md, "Backends") into `data_dir()/kernels/<key>-<compiler>/`, written to a
+parallel; docs/perf-archive.md, "Backends") into `data_dir()/kernels/<key>-<compiler>/`, written to a
 temporary name and renamed, so concurrent first uses never load a half-written file; builds
 of older sources are pruned after a day. A machine without either still runs (torch backend).
 `DS4TUI_KERNELS=auto|avx512|avx2|scalar|torch` forces a variant (a forced one the CPU lacks

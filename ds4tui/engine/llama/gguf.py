@@ -7,7 +7,7 @@ the tokenizer (text/gguf_vocab.py) and chat template (text/chat_formats.py) from
 GGUF, and the converted cache.
 
 Why a converted cache: `GGUFReader` spends seconds parsing the 49k tokenizer strings
-and dequantizing takes seconds more, on every start (docs/perf.md, "GGUF start-up and
+and dequantizing takes seconds more, on every start (docs/perf-archive.md, "GGUF start-up and
 the converted copy"). The first load therefore writes
 `data_dir()/converted/<sha256[:16]>-v<version>/` = model.safetensors (fp32, the internal fused
 layout of engine/llama/config.py) + tokenizer.json + meta.json (written last, in a temp dir renamed

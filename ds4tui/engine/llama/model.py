@@ -49,8 +49,8 @@ DEFAULT_CTX = 4096
 TOUCH_STEP = 1 << 22  # elements prepare_session touches between checks for the process's exit
 # Products of at most this many activation rows go through the weights' file blocks when
 # present (qgemm.c) with the scalar kernels: the measured crossover against fp32 torch
-# (docs/perf.md, "Short prefills"). The AVX-512 and AVX2 variants of qgemm.c beat torch's
-# fp32 GEMM at every size (docs/perf.md, "Prefill: attention and GEMMs in C" and "The
+# (docs/perf-archive.md, "Short prefills"). The AVX-512 and AVX2 variants of qgemm.c beat torch's
+# fp32 GEMM at every size (docs/perf-archive.md, "Prefill: attention and GEMMs in C" and "The
 # products at 512 rows, one core and two"), so there every product takes the blocks.
 _SMALL_ROWS = 256
 # Prefill chunk: 512 tokens keep the [G*S, T] masks and activations small while matmuls stay
@@ -241,7 +241,7 @@ class LlamaModel(Model):
 
         A fresh process pays for its first forward (page faults on the memory-mapped weights,
         oneDNN/MKL first calls) and a new session's KV buffer for its first writes (a restore,
-        or a prefill); docs/perf.md, "First-use costs and warm_up", has the measurements. So:
+        or a prefill); docs/perf-archive.md, "First-use costs and warm_up", has the measurements. So:
         one short chunked forward and one decode step (every fp32 weight page, every raw block
         page, the C step's workspace and thread pool) in a session of `ctx_size`, whose buffer
         is then written through and kept for the next new_session of that size. Last, it starts
@@ -269,7 +269,7 @@ class LlamaModel(Model):
         will use it): its KV buffers become the spare the next new_session adopts, unless
         there is one already. That session then skips a fresh buffer's page faults on its first
         restore or prefill (~200 ms for SmolLM2's 92 MB at 4K on the Zen 4 VM against ~13 ms
-        for the same restore into touched memory: docs/perf.md, "Recycled and prepared KV buffers")."""
+        for the same restore into touched memory: docs/perf-archive.md, "Recycled and prepared KV buffers")."""
         if not isinstance(session, LlamaSession) or session.model is not self:
             return
         kv = session.release()
@@ -601,7 +601,7 @@ class _TorchAttention:
             o = torch.bmm(att.softmax(-1), v)  # [Hkv, G, D]
         else:
             # 4-D inputs: with 3-D ones SDPA falls back to its slower math path on CPU
-            # (docs/perf.md, "SDPA input rank"). None: SDPA's own 1/sqrt(D), as before.
+            # (docs/perf-archive.md, "SDPA input rank"). None: SDPA's own 1/sqrt(D), as before.
             sdpa_scale = cfg.attn_scale if cfg.query_pre_attn_scalar else None
             o = F.scaled_dot_product_attention(qg[None], k[None], v[None], attn_mask=mask, scale=sdpa_scale)[0]
         return o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hq * d)

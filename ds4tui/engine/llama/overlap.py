@@ -21,7 +21,7 @@ handed on.
 
 The reads run on one long-lived thread (`_ReadWorker`), started by the first restore and
 parked between restores: starting a thread, and handing it the GIL, cost a hit ~0.3 ms on
-its critical path (docs/perf.md, "The disk hit: a parked reader thread"). A restore that
+its critical path (docs/perf-archive.md, "The disk hit: a parked reader thread"). A restore that
 finds it busy (two sessions restoring at once) gets a thread of its own, as before.
 """
 

@@ -24,7 +24,7 @@ end, then from the start. Files written before the head-major order hold
 token-major rows ([T, 2, Hkv, D] per layer, ds4's raw-row order); they still load,
 through a staging buffer per layer and a numpy reordering copy on the calling
 thread (torch's copy_ of this size is split over its OpenMP threads, and on a busy
-2-core machine one preempted thread stalls the whole copy; docs/perf.md, "KV buffer
+2-core machine one preempted thread stalls the whole copy; docs/perf-archive.md, "KV buffer
 layout and the reorder copy").
 
 A disk hit restores a prefix and then prefills the new message after it. The forward

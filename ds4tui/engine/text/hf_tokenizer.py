@@ -67,7 +67,7 @@ class HFTokenizer:
         if text == last_text:
             return list(last_ids)
         # encode_batch_fast skips the character offsets encode() computes and nothing here
-        # reads: a 4K-token prompt in 3.7 ms instead of 5.2 (docs/perf.md, "Disk hit with a hot and a cold page cache").
+        # reads: a 4K-token prompt in 3.7 ms instead of 5.2 (docs/perf-archive.md, "Disk hit with a hot and a cold page cache").
         if self._encode_fast is not None:
             ids = self._encode_fast([text], add_special_tokens=False)[0].ids
         else:

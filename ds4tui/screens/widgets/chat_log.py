@@ -132,7 +132,7 @@ class AssistantMessage(SelectableMessage, Vertical):
     a closing fence ends it, or the reply ends (`finish`). Why: Textual's `Markdown.append`
     rebuilds the last block's widgets (a whole list, every item) and the screen's layout on
     every append; at ten appends a second that kept one of the two cores busy and halved the
-    decode beside it in a long reply (docs/perf.md, "Streaming in the app")."""
+    decode beside it in a long reply (docs/perf-archive.md, "Streaming in the app")."""
 
     BINDINGS = [Binding("left", "ask('prev')", "Prev version"), Binding("right", "ask('next')", "Next version"),
                 Binding("f", "ask('fork')", "Fork here"), Binding("y", "ask('copy')", "Copy")]

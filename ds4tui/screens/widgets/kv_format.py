@@ -7,7 +7,7 @@ Leaves to callers: which fields to show and where. Pure functions, no Textual,
 so the formats are unit-testable.
 
 The defaults in `ResumeCost` (a cold disk read, the default model's fp32
-prefill) and where they were measured: docs/perf.md, "Resume-cost defaults of
+prefill) and where they were measured: docs/perf-archive.md, "Resume-cost defaults of
 the cache browser". The app passes figures it measured when it has them.
 """
 

@@ -1,10 +1,10 @@
 """Prefill products in bf16 (kernels/qgemm.c) on the real models: a 512-token prompt and a
 20-token follow-up (SmolLM2's Q4_1 products take the bf16 tiles at any length) prefilled with
 bf16 products leave the same next-token distribution as with fp32 ones, up to rounding, and
-the same greedy continuation. Measured (docs/perf.md, "Prefill products in bf16"): KL
+the same greedy continuation. Measured (docs/perf-archive.md, "Prefill products in bf16"): KL
 divergence 3e-6 (Gemma 3) and 1e-5 (SmolLM2), largest logit difference 0.07-0.1 over a logit
 range of 35-44. Attention over 512 keys or more runs on bf16 pairs too (kernels/attn.c;
-docs/perf.md, "bf16 attention at depth"): both prompts' chunks here, the second one deeper.
+docs/perf-archive.md, "bf16 attention at depth"): both prompts' chunks here, the second one deeper.
 With it, the largest KL measured is 1.2e-3, SmolLM2's follow-up after 512 tokens (a flat
 distribution: logit range 31, largest difference 0.18; after 300, 700, 900 tokens 2e-5 or
 less); the bound leaves room for that, the logit and greedy checks stay as strict."""
