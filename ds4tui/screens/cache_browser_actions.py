@@ -38,7 +38,7 @@ class FileActions:
         pin = not e.pinned
         label = self.name_of(e).text[:48] or e.sha[:12]
         done = f"{'Pinned' if pin else 'Unpinned'} {label}"
-        if pin and e.header.quant_bits in (2, 4):  # a file ds4 lists: its own (README, "Sharing a directory with ds4")
+        if pin and e.header.quant_bits in (2, 4):  # a file ds4 lists: its own (docs/format.md, "Sharing a directory with ds4")
             done += " (against ds4tui only: ds4 ignores the pin and may still evict it)"
         self._io(lambda: self.store.set_pinned(e.sha, pin), done,
                  f"Could not {'pin' if pin else 'unpin'} {label}", select=e.sha)
