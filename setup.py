@@ -20,10 +20,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.errors import CompileError
 
-try:
-    from setuptools.command.bdist_wheel import bdist_wheel
-except ImportError:  # setuptools < 70.1
-    from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
+from setuptools.command.bdist_wheel import bdist_wheel  # setuptools >= 70.1 (pyproject's build-system)
 
 KERNELS = Path(__file__).resolve().parent / "ds4tui" / "engine" / "kernels"
 LIB = "ds4tui.engine.kernels.libds4k"
