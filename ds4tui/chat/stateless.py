@@ -49,11 +49,12 @@ class StatelessChats:
     def context_size(self) -> int:
         return self.controller.ctx_size()
 
-    def prompt_tokens(self, messages: list[dict], tools: Sequence[dict] = ()) -> int:
+    def prompt_tokens(self, messages: list[dict], tools: Sequence[dict] = (), prompt: str | None = None) -> int:
         """Tokens of the prompt `complete` would run for `messages` (rendered and encoded as it
-        does); ValueError when the chat template refuses them. Safe off the engine thread:
-        it reads the template and the tokenizer only."""
-        prompt = render_prompt(self.controller.model.chat, messages, datetime.now(), tools)
+        does; `prompt`: that text as it is); ValueError when the chat template refuses them.
+        Safe off the engine thread: it reads the template and the tokenizer only."""
+        if prompt is None:
+            prompt = render_prompt(self.controller.model.chat, messages, datetime.now(), tools)
         return len(self.controller.model.tokenizer.encode(prompt))
 
     def complete(self, messages: list[dict], on_event: EventFn,
@@ -63,7 +64,10 @@ class StatelessChats:
         # A request has no chat of its own to take a date from: a template's date is the
         # request's day, and the turn renders the same prompt the routing compared.
         now = datetime.now()
-        prompt = render_prompt(self.controller.model.chat, messages, now, options.tools if options else ())
+        if options is not None and options.prompt is not None:
+            prompt = options.prompt  # a plain-text completion: no template
+        else:
+            prompt = render_prompt(self.controller.model.chat, messages, now, options.tools if options else ())
         conv = self._route(prompt)
         conv.messages = [dict(m) for m in messages]
         conv.template_now = now

@@ -55,6 +55,7 @@ class TurnOptions:
     between: Callable[[], None] | None = None
     drop_partial: bool = False  # a reply cut inside a character ends before it (no U+FFFD)
     tools: tuple[dict, ...] = ()  # function definitions for templates that render them (the server's)
+    prompt: str | None = None  # a plain-text prompt taken as it is, no template (/v1/completions)
     decode: Callable[[Session, int], object] | None = None
 
 
@@ -118,7 +119,8 @@ class TurnPipeline:
         options = options or TurnOptions()
         cancel = options.cancel or self._stop
         t0 = time.perf_counter()
-        prompt = render_prompt(self.model.chat, conv.messages, conv.template_now, options.tools)
+        prompt = options.prompt if options.prompt is not None else render_prompt(
+            self.model.chat, conv.messages, conv.template_now, options.tools)
         prompt_bytes = prompt.encode("utf-8")
         found = self._prepare(conv, prompt, prompt_bytes, on_event)
         suffix, source = found.suffix, found.source

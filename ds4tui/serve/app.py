@@ -1,6 +1,6 @@
 """The HTTP side of `ds4tui serve`: a Starlette app speaking OpenAI's chat-completions API.
 
-Owns: routes (/health, /v1/models, /v1/chat/completions), the Bearer check
+Owns: routes (/health, /v1/models, /v1/chat/completions, /v1/completions), the Bearer check
 (constant-time), the body cap and JSON depth limit, OpenAI-shaped error bodies
 for every 4xx/5xx, the checks a streamed request gets before its stream opens
 (so they are HTTP errors, not events), CORS for the origins the operator
@@ -75,11 +75,17 @@ def create_app(engine: EngineQueue, *, model_name: str, api_key: str | None, max
         return authorized(request) or JSONResponse(p.models_body(model_name, created))
 
     async def chat_completions(request: Request) -> Response:
+        return await run(request, p.parse_chat_request, text=False)
+
+    async def completions(request: Request) -> Response:
+        return await run(request, p.parse_completion_request, text=True)
+
+    async def run(request: Request, parse, text: bool) -> Response:
         refused = authorized(request)
         if refused is not None:
             return refused
         try:
-            req = p.parse_chat_request(await _read_json(request, max_body_bytes), context=engine.context)
+            req = parse(await _read_json(request, max_body_bytes), context=engine.context)
             engine.check_tools(req)
             if req.stream:
                 # A stream's status line goes out before the engine runs: what can be known
@@ -98,6 +104,12 @@ def create_app(engine: EngineQueue, *, model_name: str, api_key: str | None, max
                               f" retry in {wait:.1f} s", kind="rate_limit_error", code="server_busy",
                          headers={"Retry-After": str(max(1, math.ceil(wait))),
                                   "retry-after-ms": str(max(1, round(wait * 1000)))})
+        if text:
+            rid = "cmpl-" + p.new_id().removeprefix("chatcmpl-")
+            if req.stream:
+                return EventSourceResponse(_stream_text(job, rid, model_name), ping=PING_S,
+                                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return await _complete_text(request, job, rid, model_name)
         rid = p.new_id()
         parser = engine.reply_parser(req)
         if req.stream:
@@ -126,6 +138,7 @@ def create_app(engine: EngineQueue, *, model_name: str, api_key: str | None, max
             Route("/health", health, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=_lifespan(on_shutdown),
@@ -186,6 +199,59 @@ def _failure(exc: BaseException) -> tuple[int, dict]:
 async def _complete(request: Request, job: Job, rid: str, model: str, parser: ReplyParser) -> Response:
     """Wait for the whole reply; a client that disconnects meanwhile cancels it."""
     created = int(time.time())
+    item = await _end(request, job)
+    if item.error is not None:
+        status, body = _failure(item.error)
+        return JSONResponse(body, status_code=status)
+    if item.result is None:
+        return error(499, "the request was cancelled", code="cancelled")
+    pieces = parser.feed(item.result.text) + parser.finish()
+    content = "".join(t for kind, t in pieces if kind == "content")
+    reasoning = "".join(t for kind, t in pieces if kind == "reasoning")
+    return JSONResponse(p.completion_body(rid, model, created, item.result, content=content, reasoning=reasoning,
+                                          tool_calls=[c.body() for c in parser.calls]))
+
+
+async def _complete_text(request: Request, job: Job, rid: str, model: str) -> Response:
+    created = int(time.time())
+    item = await _end(request, job)
+    if item.error is not None:
+        status, body = _failure(item.error)
+        return JSONResponse(body, status_code=status)
+    if item.result is None:
+        return error(499, "the request was cancelled", code="cancelled")
+    return JSONResponse(p.text_completion_body(rid, model, created, item.result))
+
+
+async def _stream_text(job: Job, rid: str, model: str) -> AsyncIterator[str]:
+    """/v1/completions' SSE lines: text chunks, the finish chunk, usage when asked, [DONE]."""
+    created = int(time.time())
+    finished = False
+    try:
+        while True:
+            item = await job.get()
+            if isinstance(item, End):
+                break
+            if isinstance(item, TokenText) and item.text and job.dropped is None:
+                yield _json(p.text_chunk(rid, model, created, text=item.text))
+        finished = True
+        if job.dropped is not None:
+            yield _json(p.error_body(f"the server cancelled this request: {job.dropped}", kind="server_error",
+                                     code="client_too_slow"))
+        elif item.error is not None:
+            yield _json(_failure(item.error)[1])
+        elif item.result is not None:
+            yield _json(p.text_chunk(rid, model, created, finish=p.FINISH.get(item.result.done.stop, "stop")))
+            if job.request.include_usage:
+                yield _json(p.text_chunk(rid, model, created, choices=False, usage=p.usage(item.result)))
+        yield "[DONE]"
+    finally:
+        if not finished:
+            job.cancel.set()
+
+
+async def _end(request: Request, job: Job) -> End:
+    """The job's End, skipping its other events; a client that disconnects meanwhile cancels it."""
     item: object = None
     getter = asyncio.ensure_future(job.get())
     try:
@@ -202,16 +268,7 @@ async def _complete(request: Request, job: Job, rid: str, model: str, parser: Re
             getter.cancel()
             job.cancel.set()
     assert isinstance(item, End)
-    if item.error is not None:
-        status, body = _failure(item.error)
-        return JSONResponse(body, status_code=status)
-    if item.result is None:
-        return error(499, "the request was cancelled", code="cancelled")
-    pieces = parser.feed(item.result.text) + parser.finish()
-    content = "".join(t for kind, t in pieces if kind == "content")
-    reasoning = "".join(t for kind, t in pieces if kind == "reasoning")
-    return JSONResponse(p.completion_body(rid, model, created, item.result, content=content, reasoning=reasoning,
-                                          tool_calls=[c.body() for c in parser.calls]))
+    return item
 
 
 def _deltas(rid: str, model: str, created: int, pieces: list[tuple[str, str]]) -> list[str]:

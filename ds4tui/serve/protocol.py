@@ -15,6 +15,7 @@ chat templates read (a call's `arguments` as an object).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -69,6 +70,28 @@ class ChatRequest:
     presence_penalty: float | None = None
     return_progress: bool = False  # llama-server's prompt_progress chunks while prefilling
     tools: tuple[dict, ...] = ()  # function definitions the template renders ("none": left out)
+    prompt: str | None = None  # /v1/completions: the text itself, no chat template
+
+
+def parse_completion_request(body: Any, *, context: int | None = None) -> ChatRequest:
+    """A checked /v1/completions request (a plain-text `prompt`), or RequestError."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    body = {k: v for k, v in body.items() if v is not None}
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise RequestError("prompt must be a non-empty string (one prompt per request)", param="prompt")
+    for key in ("suffix", "tools", "tool_choice", "messages"):
+        if key in body:
+            raise RequestError(f"{key!r} is not supported on /v1/completions", param=key)
+    if body.get("echo") not in (None, False):
+        raise RequestError("echo is not supported", param="echo")
+    if body.get("best_of", 1) != 1:
+        raise RequestError("only best_of = 1 is supported", param="best_of")
+    checked = parse_chat_request({**body, "messages": [{"role": "user", "content": ""}]}, context=context)
+    return dataclasses.replace(checked, messages=[], prompt=prompt)
 
 
 def parse_chat_request(body: Any, *, context: int | None = None) -> ChatRequest:
@@ -310,3 +333,20 @@ def progress(cached: int, total_new: int, done: int, started: float) -> dict:
 def models_body(model: str, created: int) -> dict:
     return {"object": "list", "data": [{"id": model, "object": "model", "created": created,
                                         "owned_by": "ds4tui"}]}
+
+
+def text_completion_body(rid: str, model: str, created: int, c: Completion) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": c.text, "finish_reason": FINISH.get(c.done.stop, "stop"),
+                         "logprobs": None}],
+            "usage": usage(c)}
+
+
+def text_chunk(rid: str, model: str, created: int, *, text: str = "", finish: str | None = None,
+               choices: bool = True, **extra: Any) -> dict:
+    """One streamed /v1/completions object (the same `text_completion` type, as OpenAI sends)."""
+    body: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": model,
+                            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
+                            if choices else []}
+    body.update(extra)
+    return body

@@ -172,7 +172,7 @@ class EngineQueue:
         """RequestError when the request cannot run: its prompt does not fit the context, or the
         chat template refuses its messages. Any thread (it renders and encodes only)."""
         try:
-            n = self.chats.prompt_tokens(request.messages, request.tools)
+            n = self.chats.prompt_tokens(request.messages, request.tools, request.prompt)
         except ValueError as exc:
             raise RequestError(f"cannot render these messages: {exc}", param="messages") from None
         if n > self.context:
@@ -238,7 +238,7 @@ class EngineQueue:
         )
         return TurnOptions(sampling=sampling, max_tokens=r.max_tokens or cfg.max_tokens, stop=r.stop,
                            cancel=job.cancel, between=self.scheduler.between, decode=self.scheduler.decode,
-                           drop_partial=True, tools=r.tools)
+                           drop_partial=True, tools=r.tools, prompt=r.prompt)
 
     def _emitter(self, job: Job):
         """job.put, cancelling the job once its client has left `max_unread` text chunks unread."""

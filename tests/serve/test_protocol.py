@@ -231,3 +231,39 @@ def test_tools_on_a_template_without_them_are_refused(server):
     # tool_choice "none" leaves the tools out: the request runs
     assert ask(client(server), [{"role": "user", "content": "x"}], tools=[WEATHER], tool_choice="none",
                max_tokens=1).choices
+
+
+def test_text_completions_take_the_prompt_as_it_is(server, tiny_llama):
+    from ds4tui.chat.streaming import ReplyStream
+
+    prompt = "Once upon a time, in a harbour town,"
+    c = client(server)
+    r = c.completions.create(model="tiny-llama", prompt=prompt, max_tokens=10, temperature=0)
+    tokens = tiny_llama.tokenizer.encode(prompt)
+    assert r.object == "text_completion" and r.usage.prompt_tokens == len(tokens)  # no chat template around it
+    session = tiny_llama.new_session(512)
+    session.prefill(tokens)
+    stream, logits, n = ReplyStream(tiny_llama.chat.stop_strings, drop_partial=True), session.logits, 0
+    while n < 10:
+        token = int(logits.argmax())
+        if token in tiny_llama.tokenizer.eos_ids:
+            break
+        stream.feed(tiny_llama.tokenizer.token_bytes(token))
+        n += 1
+        if stream.stopped:
+            break
+        logits = session.decode(token)
+    stream.finish()
+    assert r.choices[0].text == stream.text and r.usage.completion_tokens == n
+    chunks = list(c.completions.create(model="tiny-llama", prompt=prompt, max_tokens=10, temperature=0, stream=True,
+                                       stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == stream.text
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == [
+        r.choices[0].finish_reason]
+    assert chunks[-1].usage.prompt_tokens == len(tokens)
+    with pytest.raises(openai.BadRequestError) as err:
+        c.completions.create(model="tiny-llama", prompt=prompt, echo=True)
+    assert err.value.body["param"] == "echo"
+    with pytest.raises(openai.BadRequestError) as err:
+        c.completions.create(model="tiny-llama", prompt=LONG * 2, max_tokens=2, stream=True)
+    assert err.value.body["code"] == "context_length_exceeded"
