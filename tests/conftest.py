@@ -15,5 +15,6 @@ def _isolated_user_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("DS4TUI_CACHE_DIR", str(tmp_path / "kv"))
     monkeypatch.setenv("DS4TUI_CONFIG", str(tmp_path / "config.toml"))
     monkeypatch.setenv("DS4TUI_TRANSCRIPTS_DIR", str(tmp_path / "transcripts"))
-    monkeypatch.setenv("DS4TUI_STORE", str(tmp_path / "conversations.sqlite3"))
+    # Beside tmp_path, not in it: tests count the files of the directories they use.
+    monkeypatch.setenv("DS4TUI_STORE", str(tmp_path.parent / f"{tmp_path.name}-store" / "conversations.sqlite3"))
     yield

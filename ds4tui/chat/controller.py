@@ -7,7 +7,10 @@ A façade over the chat's parts, each in its own module:
 - turn.py: one turn (live/disk/cold prefix, prefill with checkpoints, streaming);
 - saved.py: titled sessions (save after each reply, list, rename, reopen);
 - moves.py: regenerate, edit and resend, fork, the context-fit check;
-- checkpoints.py: the bridge to the disk cache (ds4tui.cache).
+- checkpoints.py: the bridge to the disk cache (ds4tui.cache);
+- history.py: the bridge to the conversation store (ds4tui.store), the record of every chat:
+  each change is committed there, and the chat list comes from it. The .kv files are only a
+  cache: a chat whose files were evicted opens from its text and re-prefills.
 It never imports textual or rich: a test checks.
 
 Threading: `send`, `resume`, `open_file` and `shutdown` block and are meant for one
@@ -21,12 +24,14 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
+from ds4tui import paths
 from ds4tui.cache.policy import CachePolicy
 from ds4tui.cache.safe_open import dir_problem
 from ds4tui.cache.store import KvStore
 from ds4tui.chat.checkpoints import Checkpoints, SavedSession
 from ds4tui.chat.conversation import MAX_TITLE_CHARS, Conversation, default_title
-from ds4tui.chat.events import ChatError, ChatEvent, ContextWontFit, Done, FitCheck
+from ds4tui.chat.events import ChatError, ChatEvent, ContextWontFit, Done, FitCheck, HistoryOpened
+from ds4tui.chat.history import History
 from ds4tui.chat.moves import Moves
 from ds4tui.chat.search import SearchHit
 from ds4tui.chat.next_turn import open_next_turn
@@ -39,6 +44,7 @@ from ds4tui.config import Config
 from ds4tui.engine.errors import EngineError
 from ds4tui.engine.model import Model, ModelInfo
 from ds4tui.engine.sampling import Sampler, SamplingParams
+from ds4tui.store import ConversationStore, StoredChat, open_store
 
 EventFn = Callable[[ChatEvent], None]
 
@@ -50,9 +56,14 @@ def _ignore(_: ChatEvent) -> None:
 class ChatController(OpenChats):
     """Every open conversation of one model, and the disk cache they share."""
 
-    def __init__(self, model: Model, config: Config | None = None, *, policy: CachePolicy | None = None) -> None:
+    def __init__(self, model: Model, config: Config | None = None, *, policy: CachePolicy | None = None,
+                 store: ConversationStore | None = None) -> None:
         self.model = model
         self.settings = Settings(config)
+        # The record of every chat. A file that cannot be used gives a store in memory whose
+        # notice the UI shows (this session's chats are then at risk, and it says so).
+        self.history = History(store or open_store(paths.store_path(self.settings.config.data_dir)),
+                               model_spec=self.settings.config.model)
         self.policy = policy or CachePolicy(budget_mb=self.settings.config.budget_mb)
         self.checkpoints: Checkpoints | None = None
         # Set when the disk cache is off because its directory cannot be used (not a
@@ -151,6 +162,7 @@ class ChatController(OpenChats):
         conv = self.get(key)
         conv.title = title
         self.saved.retitle(conv, on_event)
+        self.history.commit(conv, on_event)
 
     def close(self, key: str, on_event: EventFn = _ignore) -> None:
         """Forget a chat in memory (its titled file stays); the session is saved first (`evict`)."""
@@ -195,6 +207,9 @@ class ChatController(OpenChats):
         conv.messages.append({"role": "user", "content": text})
         if conv.title is None:
             conv.title = default_title(text)
+        # Committed before the reply: a crash while it streams loses only the reply (the
+        # message comes back as the chat's draft).
+        self.history.commit(conv, on_event)
         return self._turn(conv, on_event)
 
     def _claim(self, key: str) -> Conversation:
@@ -227,6 +242,8 @@ class ChatController(OpenChats):
             conv.messages.pop()
         if done is not None:
             self.saved.save(conv, on_event)
+        # The reply (or as much of it as a cancel left), or the withdrawn message.
+        self.history.commit(conv, on_event)
         self.pool.prepare_next()  # while the user reads the reply: the next chat's memory
         return done
 
@@ -254,6 +271,7 @@ class ChatController(OpenChats):
         done = self._turn(conv, on_event, withdraw=False,
                           seed_offset=len(conv.alternatives.get(index, [])), regenerated=True)
         self.moves.end_regenerate(conv, index, old, done)
+        self.history.commit(conv, on_event)
         return done
 
     def alternatives(self, key: str, index: int) -> tuple[int, int]:
@@ -267,7 +285,9 @@ class ChatController(OpenChats):
         conv = self.get(key)
         if conv.busy:
             raise RuntimeError(f"conversation {key} is busy")
-        return self.moves.show_alternative(conv, index, step)
+        text = self.moves.show_alternative(conv, index, step)
+        self.history.commit(conv)  # the version shown is the branch the chat continues on
+        return text
 
     def edit(self, key: str, index: int, text: str, on_event: EventFn = _ignore) -> tuple[Done | None, Conversation | None]:
         """Replace the user message at `index` (into conv.messages) and answer it again.
@@ -283,6 +303,8 @@ class ChatController(OpenChats):
                 on_event(ContextWontFit(check))
                 return None, None
             fork = self.moves.keep_continuation(conv, index, on_event)
+            if fork is not None:
+                self.history.commit(fork, on_event, forked_from=conv.store_id)
         finally:
             conv.busy = False
         del conv.messages[index:]
@@ -299,6 +321,7 @@ class ChatController(OpenChats):
             fork = self.moves.fork(conv, upto, on_event)
         finally:
             conv.busy = False
+        self.history.commit(fork, on_event, forked_from=conv.store_id)
         self.pool.prepare_next()  # the fork took the spare, if there was one
         return fork
 
@@ -314,6 +337,7 @@ class ChatController(OpenChats):
         if conv.busy:
             raise RuntimeError(f"conversation {key} is busy")
         self.moves.drop_oldest(conv, turns)
+        self.history.commit(conv)
 
     def fresh_like(self, key: str) -> Conversation:
         """A new, empty chat carrying this chat's system prompt and settings."""
@@ -333,7 +357,9 @@ class ChatController(OpenChats):
         if conv.title is None:
             first = next((m["content"] for m in conv.messages if m["role"] == "user"), "")
             conv.title = default_title(first) if first else None
-        return self.conversations.add(conv)
+        self.conversations.add(conv)
+        self.history.commit(conv)
+        return conv
 
     def search(self, pattern: str, regex: bool = False) -> list[tuple[SearchHit, str]]:
         """Every saved chat in the cache directory whose title or transcript matches, each with
@@ -387,24 +413,127 @@ class ChatController(OpenChats):
         if unknown:
             raise ValueError(f"not a chat setting: {', '.join(sorted(unknown))}")
         conv.overrides.update(changes)
+        self.history.commit(conv)
 
     # -- saved sessions --------------------------------------------------------------------------
 
     def resume(self, query: str, on_event: EventFn = _ignore) -> Conversation:
-        """Open a titled session (file-name prefix or exact title): transcript and KV, no prefill.
+        """Open a chat by its store id prefix or title (else a titled .kv file's name or title).
 
-        Raises LookupError when nothing (or more than one file) matches, EngineError
-        when the file cannot be restored into this model.
+        Raises LookupError when nothing (or more than one chat) matches, EngineError
+        when a titled file named this way cannot be restored into this model.
         """
+        found = self.history.store.find(query)
+        if len(found) == 1:
+            return self.open_stored(found[0].id, on_event)
+        if len(found) > 1:
+            names = ", ".join(f"{c.id[:8]} {c.display_title!r}" for c in found[:5])
+            raise LookupError(f"{query!r} matches {len(found)} chats: {names}")
         if self.disk_cache_notice:
-            raise LookupError(f"{self.disk_cache_notice}: nothing to resume")
-        return self.saved.resume(query, on_event)
+            raise LookupError(f"no chat matches {query!r} (see `ds4tui chats ls`)")
+        conv = self.saved.resume(query, on_event)
+        self.history.commit(conv, on_event)
+        return conv
 
     def open_file(self, sha: str, on_event: EventFn = _ignore) -> Conversation:
-        """Open any checkpoint this model wrote (the cache browser's resume), titled or not."""
+        """Open any checkpoint this model wrote (the cache browser's resume), titled or not;
+        a chat's own titled file opens that chat."""
+        stored = self.history.store.by_kv_sha(sha)
+        if stored is not None:
+            return self.open_stored(stored.id, on_event)
         if self.disk_cache_notice:
             raise LookupError(f"{self.disk_cache_notice}: nothing to resume")
-        return self.saved.open_file(sha, on_event)
+        conv = self.saved.open_file(sha, on_event)
+        self.history.commit(conv, on_event)
+        return conv
+
+    # -- the conversation store ----------------------------------------------------------------
+
+    @property
+    def history_notice(self) -> str | None:
+        """Set when the store's file could not be used and chats are kept in memory only."""
+        return self.history.notice
+
+    def stored_chats(self, archived: bool = False) -> list[StoredChat]:
+        """Every stored chat that is not open now, most recently used first (the sidebar)."""
+        return self.history.listing({c.store_id for c in self.list() if c.store_id}, archived)
+
+    def kv_on_disk(self, chat: StoredChat) -> bool:
+        """Whether a stored chat's titled .kv file is still in the cache (else: text only)."""
+        return bool(chat.kv_sha and self.checkpoints is not None
+                    and self.checkpoints.store.path_for(chat.kv_sha).exists())
+
+    def open_stored(self, chat_id: str, on_event: EventFn = _ignore) -> Conversation:
+        """Open a stored chat: its messages and versions now, its KV at the next turn (from its
+        titled file when the cache still has it, else the longest cached prefix, else a
+        prefill). A HistoryOpened event says which, and what a re-prefill costs."""
+        for conv in self.list():
+            if conv.store_id == chat_id:
+                conv.touch()
+                return conv
+        stored = self.history.store.load(chat_id)
+        conv = self.history.conversation(stored, self.conversations.new_key())
+        other = conv.model_spec if conv.model_spec and conv.model_spec != self.config.model else None
+        # Its own titled file, restored now when the cache still has it: the chat is live and
+        # its next message prefills only itself.
+        if not (other is None and self.kv_on_disk(stored) and self.saved.restore(conv, on_event)):
+            conv.saved_sha, conv.saved_upto, conv.parked_tokens = None, 0, 0
+        prefill = 0
+        if conv.session is None and conv.messages:
+            prefill = len(self.model.tokenizer.encode(self.model.chat.render(conv.messages, now=conv.template_now)))
+        self.conversations.add(conv)
+        self.pool.prepare_next()
+        on_event(HistoryOpened(conversation=conv.key, kv_tokens=conv.saved_upto, prefill_tokens=prefill,
+                               made_with=other, remote=stored.remote))
+        return conv
+
+    def delete(self, key: str, on_event: EventFn = _ignore) -> int:
+        """Delete an open chat for good: its session (not saved), its stored history and the
+        .kv files holding its own text. Nothing of it is written again at quit. Returns the
+        number of files removed."""
+        conv = self.get(key)
+        if conv.busy:
+            raise RuntimeError(f"conversation {key} is generating: cancel it first")
+        self.pool.discard(conv)
+        self.conversations.remove(key)
+        files = self._delete_files(conv.saved_sha, conv.messages, conv)
+        if conv.store_id is not None:
+            self.history.forget(conv.store_id)
+        return files
+
+    def delete_stored(self, chat_id: str) -> int:
+        """Delete a chat that is not open (the sidebar's saved rows, `ds4tui chats rm`)."""
+        for conv in self.list():
+            if conv.store_id == chat_id:
+                return self.delete(conv.key)
+        stored = self.history.store.load(chat_id)
+        files = self._delete_files(stored.kv_sha, list(stored.messages), None)
+        self.history.forget(chat_id)
+        return files
+
+    def archive(self, chat_id: str, archived: bool = True) -> None:
+        """Hide a stored chat from the list (kept whole; `ds4tui chats ls --archived`)."""
+        self.history.store.update(chat_id, archived=archived)
+
+    def _delete_files(self, sha: str | None, messages: list[dict], conv: Conversation | None) -> int:
+        """The chat's titled file, and untitled checkpoints that hold its own text (a prefix of
+        it reaching into its first user message: a shared system prompt's file stays)."""
+        if self.checkpoints is None:
+            return 0
+        removed = int(bool(sha) and self.checkpoints.delete(sha))
+        first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
+        if first_user is None:
+            return removed
+        now = conv.template_now if conv is not None else None
+        render = self.model.chat.render
+        text = render(messages, now=now).encode("utf-8")
+        own_from = len(render(messages[:first_user], now=now).encode("utf-8")) + 1
+        acceptor = self.checkpoints.acceptor()
+        for entry in self.checkpoints.store.lookup(text, acceptor):
+            h = entry.header
+            if entry.sha and h is not None and not h.titled and h.text_bytes >= own_from:
+                removed += int(self.checkpoints.delete(entry.sha))
+        return removed
 
     def shutdown(self, on_event: EventFn = _ignore) -> None:
         """Save every live session (reason `shutdown`) and free them; the controller stays usable."""

@@ -63,6 +63,9 @@ class Conversation:
     # the same header, its cached text stays a prefix of the next prompt, and a chat resumed
     # another day still hits its cache.
     template_now: datetime = field(default_factory=datetime.now)
+    store_id: str | None = None  # its row in the conversation store (None until its first message)
+    model_spec: str | None = None  # the model it was made with, when not this controller's
+    draft: str | None = None  # an unanswered message from before a restart, for the message box
 
     def alternative_index(self, index: int) -> tuple[int, int]:
         """(shown version, versions) of the reply at message `index`; (0, 1) without alternatives."""

@@ -124,6 +124,19 @@ class Forked:
 
 
 @dataclass(frozen=True)
+class HistoryOpened:
+    """A chat was opened from the conversation store. Its KV is on disk (`kv_tokens` in its
+    titled file) or only its text is kept (`prefill_tokens` to prefill at the next message);
+    `made_with`: the other model it was written with (its history continues on this one)."""
+
+    conversation: str
+    kv_tokens: int
+    prefill_tokens: int
+    made_with: str | None = None
+    remote: bool = False
+
+
+@dataclass(frozen=True)
 class Cancelled:
     """The prefill was stopped before any token was generated; the user message was withdrawn."""
 
@@ -151,11 +164,11 @@ class ChatError:
 
 ChatEvent = (
     PrefillStarted | PrefillProgress | TokenText | Done | Waiting | Cancelled | SessionFreed | ChatError
-    | ContextWontFit | Forked | Saved | SaveFailed | Hit | Miss | Rejected | Evicted
+    | ContextWontFit | Forked | Saved | SaveFailed | Hit | Miss | Rejected | Evicted | HistoryOpened
 )
 
 __all__ = [
     "CacheReport", "Cancelled", "ChatError", "ChatEvent", "ContextWontFit", "Done", "Evicted", "FitCheck",
-    "Forked", "Hit", "Miss", "PrefillProgress", "PrefillStarted", "Rejected", "SaveFailed", "Saved",
+    "Forked", "HistoryOpened", "Hit", "Miss", "PrefillProgress", "PrefillStarted", "Rejected", "SaveFailed", "Saved",
     "SessionFreed", "TokenText", "Waiting",
 ]

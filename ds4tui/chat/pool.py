@@ -99,6 +99,13 @@ class SessionPool:
             self.model.release_session(session)
         on_event(SessionFreed(conversation=conv.key, reason=reason, written=written))
 
+    def discard(self, conv: Conversation) -> None:
+        """Drop conv's session without saving it (the chat is being deleted)."""
+        session = conv.session
+        conv.session, conv.session_text, conv.stored_upto = None, b"", 0
+        if session is not None and not conv.busy:
+            self.model.release_session(session)
+
     def prepare_next(self) -> None:
         """While the cap leaves room for another live session, have the engine get one ready
         in the background (Model.prepare_session): the next chat opened or resumed then does

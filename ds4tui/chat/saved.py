@@ -105,6 +105,37 @@ class SavedSessions:
                 return conv
         return self._open(self.checkpoints.describe(sha), on_event)
 
+    def restore(self, conv: Conversation, on_event: EventFn) -> bool:
+        """Load conv's titled file (conv.saved_sha) into a live session when its text is the
+        chat's own (a stored chat being opened): the next message then prefills only itself.
+        False, with conv left without a session, when the file is gone, is not loadable by
+        this model or holds another text; the next turn then finds the longest cached prefix."""
+        if self.checkpoints is None or conv.saved_sha is None:
+            return False
+        conv.busy = True
+        try:
+            saved = self.checkpoints.describe(conv.saved_sha)
+            session = self.pool.ensure(conv, on_event)
+            text = self.checkpoints.load_saved(saved, session, on_event)
+            transcript = text.decode("utf-8", errors="replace")
+            messages = _without_stop_string(without_open_turn(self.model.chat.parse(transcript)),
+                                            self.model.chat.stop_strings)
+            when = self.model.chat.written_on(transcript) or datetime.fromtimestamp(saved.created_at)
+            # Equal as the model sees them (a template's default system prompt is in the
+            # file's text, not among the chat's messages).
+            render = self.model.chat.render
+            if render(messages, False, now=when) != render(conv.messages, False, now=when):
+                raise ValueError("the file holds another text")
+            conv.template_now = when
+            conv.session_text = text
+            conv.saved_upto = conv.stored_upto = len(session.tokens)
+            return True
+        except (LookupError, EngineError, ValueError):
+            self.pool.discard(conv)
+            return False
+        finally:
+            conv.busy = False
+
     def _open(self, saved: SavedSession, on_event: EventFn) -> Conversation:
         assert self.checkpoints is not None
         conv = Conversation(key=self.conversations.new_key(), title=saved.title, created_at=saved.created_at)

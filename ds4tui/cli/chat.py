@@ -26,11 +26,14 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model spec: a name from `ds4tui models list`, a GGUF file or a"
                                          f" checkpoint directory (default: {DEFAULT_MODEL})")
     parser.add_argument("--cache-dir", help=f"KV cache directory (default: {paths.cache_dir()})")
+    parser.add_argument("--data-dir", metavar="DIR",
+                        help=f"where the chat history lives, DIR/{paths.STORE_FILE} (default: {paths.store_path()})")
     parser.add_argument("--budget-mb", type=int,
                         help=f"disk budget of the KV cache in MiB (default: {defaults.budget_mb})")
     parser.add_argument("--ctx", type=int, help=f"context size in tokens (default: {DEFAULT_CTX_HELP})")
-    parser.add_argument("--resume", metavar="SHA_PREFIX_OR_TITLE",
-                        help="open a saved session: a file-name prefix, its title or the start of its title")
+    parser.add_argument("--resume", metavar="ID_OR_TITLE",
+                        help="open a saved chat: its id prefix (`ds4tui chats ls`), its title or the start of"
+                             " its title (or a titled .kv file's name prefix)")
     parser.add_argument("--no-disk-cache", action="store_true", help="do not read or write .kv files")
     remote = parser.add_argument_group("remote engine", "chat with an OpenAI-compatible server instead of the "
                                        "embedded engine (ds4-server, llama-server, vLLM, SGLang, ds4tui serve)")
@@ -54,6 +57,7 @@ def chat_config(args: argparse.Namespace):
             load_config(),
             model=getattr(args, "model", None),
             cache_dir=getattr(args, "cache_dir", None),
+            data_dir=getattr(args, "data_dir", None),
             budget_mb=getattr(args, "budget_mb", None),
             ctx=getattr(args, "ctx", None),
             no_disk_cache=True if getattr(args, "no_disk_cache", False) else None,
