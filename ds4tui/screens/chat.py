@@ -13,7 +13,8 @@ Beside it, mixed in, one job each:
   bar, the status bar, notifications; one handler per event type; wording in
   chat_notices.py);
 - chat_dialogs.py: rename, settings and the cache browser;
-- chat_moves.py: regenerate, versions, edit and resend, fork, copy, find, a full context.
+- chat_moves.py: regenerate, versions, edit and resend, fork, copy, find, a full context;
+- chat_history.py: the stored chats: delete (asked first), archive.
 The engine never runs on the UI thread. One engine job runs at a time (the CPU has
 no room for two); switching chats, typing and scrolling stay live meanwhile.
 """
@@ -37,6 +38,7 @@ from ds4tui.config import Config
 from ds4tui.format.display import one_line, safe_lines
 from ds4tui.screens.chat_dialogs import ChatDialogs
 from ds4tui.screens.chat_events import EngineEventView
+from ds4tui.screens.chat_history import ChatHistory
 from ds4tui.screens.chat_moves import ChatMoves, ChatMovesPalette
 from ds4tui.screens.chat_panes import ChatPanes
 from ds4tui.screens.chat_turns import ChatTurns
@@ -64,8 +66,8 @@ def preparing_text(what: str, fraction: float) -> str:
 NOTIFY_TIMEOUT = 4.0  # seconds a cache toast stays up: long enough to read one line
 
 
-class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, ChatTurns, ChatPanes, EngineWorkers,
-                 Screen):
+class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, ChatHistory, ChatTurns, ChatPanes,
+                 EngineWorkers, Screen):
     """The whole chat UI; the app's default screen."""
 
     BINDINGS = [
@@ -174,7 +176,8 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         self._quitting = False
         self._queued: str | None = None  # a message sent while the model loads
         self._sidebar_by_user = False  # ctrl+b was pressed: the width no longer shows or hides the list
-        self._saved: list = []  # titled sessions on disk, as last scanned (off the UI thread)
+        self._saved: list = []  # (stored chat, KV on disk) pairs, as last scanned (off the UI thread)
+        self._opened: dict = {}  # chat key -> its HistoryOpened event, for the resume's toast
         # Set while no engine job runs; the shutdown worker waits on it.
         self._idle = threading.Event()
         self._idle.set()
@@ -213,6 +216,9 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         status.ctx_total = self.controller.ctx_size()
         if self.controller.disk_cache_notice:  # the chat goes on without the disk cache
             self._toast(self.controller.disk_cache_notice, "Disk cache", "warning")
+        if self.controller.history_notice:  # the store's file could not be used: history at risk
+            self.notify(safe_lines(self.controller.history_notice), title="History", severity="error",
+                        timeout=15, markup=False)
         from ds4tui.engine.registry import base_model_note  # no torch: registry is light
 
         note = base_model_note(self.config.model)
@@ -279,8 +285,15 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
             advice = "" if entry.other_model else " (delete it in the cache browser, F4)"
             self._toast(f"{one_line(entry.title, 60)}: cannot be resumed here: {entry.problem}{advice}",
                         "Saved session", "warning")
+        elif entry.chat_id is not None:
+            self._start_resume(entry.chat_id, how="stored")
         elif entry.sha is not None:
-            self._start_resume(entry.sha, exact=True)
+            self._start_resume(entry.sha, how="file")
+
+    @on(ConversationList.DeleteRequested)
+    def _delete_requested(self, message: ConversationList.DeleteRequested) -> None:
+        entry = message.entry
+        self._ask_delete(entry.title, key=entry.key, chat_id=entry.chat_id)  # ChatHistory
 
     def on_resize(self, event) -> None:
         self._fit_sidebar(event.size.width)  # ChatPanes

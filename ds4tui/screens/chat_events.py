@@ -133,5 +133,6 @@ class EngineEventView:
         ev.SaveFailed: _show_notice,
         ev.Rejected: _show_notice,
         ev.Forked: lambda self, event, pane: self._on_forked(event, pane),  # ChatMoves
+        ev.HistoryOpened: lambda self, event, pane: self._opened.__setitem__(event.conversation, event),
         ev.ContextWontFit: lambda self, event, pane: self._on_context_wont_fit(event, pane),  # ChatMoves
     }

@@ -93,14 +93,16 @@ class ChatPanes:
         entries = [ChatEntry(c.display_title, key=c.key, live=c.live or not c.context_tokens,
                              busy=c.key == self._busy)
                    for c in self.controller.list()]
-        open_shas = {c.saved_sha for c in self.controller.list() if c.saved_sha}
-        entries += [ChatEntry(s.title, sha=s.sha, problem=s.problem, other_model=s.other_model) for s in self._saved if s.sha not in open_shas]
+        open_ids = {c.store_id for c in self.controller.list() if c.store_id}
+        entries += [ChatEntry(chat.display_title, chat_id=chat.id, text_only=not on_disk)
+                    for chat, on_disk in self._saved if chat.id not in open_ids]
         # exit_on_error=False: a redraw racing the app's exit must not end in a traceback.
         self.run_worker(self.query_one(ConversationList).show_entries(entries, self._active),
                         group="sidebar", exclusive=False, exit_on_error=False)
 
     def _saved_scanned(self, saved: list) -> None:
-        """The saved sessions on disk (EngineWorkers._scan_saved): shown below the open chats."""
+        """The stored chats, each with whether its KV is on disk (EngineWorkers._scan_saved):
+        shown below the open chats."""
         self._saved = saved
         self._refresh_sidebar()
 

@@ -129,15 +129,15 @@ class ChatTurns:
         if self.controller is None:
             self.notify("The model is still loading.", severity="warning", markup=False)
             return
-        self._start_resume(sha, exact=True)
+        self._start_resume(sha, how="file")
 
-    def _start_resume(self, query: str, exact: bool = False) -> None:
+    def _start_resume(self, query: str, how: str = "query") -> None:
         if self._engine_job:
             self.notify("Wait for the reply to finish (Escape cancels it).", severity="warning", markup=False)
             return
         self._begin_job()
         self.query_one(StatusBar).activity = "resuming…"
-        self._resume_session(query, exact)
+        self._resume_session(query, how)
 
     async def _show_resumed(self, key: str | None, error: str | None) -> None:
         """A resume ended: its chat on screen (a pane of its own if new), or the error."""
@@ -164,5 +164,26 @@ class ChatTurns:
         if already_open:  # found again (ctrl+f, the browser): nothing was loaded
             self._toast(f"{short_title(conv.display_title)} is already open: shown", "Session")
             return
-        self._toast(f"Resumed {short_title(conv.display_title)} ({fmt.tokens(conv.context_tokens)} tokens,"
-                    " no prefill)", "Session")
+        if conv.draft:  # a message from before the app stopped, never answered: back in the box
+            prompt = self.query_one("#prompt", PromptInput)
+            if not prompt.text:
+                prompt.load_text(conv.draft)
+                prompt.move_cursor(prompt.document.end)
+            conv.draft = None
+        self._toast(resumed_text(conv, self._opened.pop(conv.key, None), self._prefill_tok_s), "Session")
+
+
+def resumed_text(conv, opened: ev.HistoryOpened | None, prefill_tok_s: float | None) -> str:
+    """The toast of a chat opened from the store: restored from its KV, or from its text only
+    (what the next message will re-prefill, and about how long that takes here)."""
+    title = short_title(conv.display_title)
+    if conv.live or opened is None:
+        return f"Resumed {title} ({fmt.tokens(conv.context_tokens)} tokens, no prefill)"
+    if opened.remote:
+        return f"Resumed {title}: the server re-reads its history at the next message"
+    cost = f"re-prefill {fmt.tokens(opened.prefill_tokens)} tok"
+    if prefill_tok_s:
+        cost += f" ~ {opened.prefill_tokens / prefill_tok_s:.1f} s"
+    if opened.made_with:
+        return f"Resumed {title}: made with {opened.made_with}; continuing here will {cost}"
+    return f"Resumed {title}: history kept, KV evicted: {cost} at the next message"

@@ -93,11 +93,14 @@ class EngineWorkers:
             self.post_message(self.TurnEnded(key, done))
 
     @work(thread=True, group="engine", description="resume a saved session")
-    def _resume_session(self, query: str, exact: bool) -> None:
+    def _resume_session(self, query: str, how: str) -> None:
+        """how: "stored" (a chat id of the store), "file" (a .kv file's sha) or "query" (--resume)."""
         assert self.controller is not None
         sink = EventBatcher(lambda event: self.post_message(self.EngineEvent("", event)))
         try:
-            if exact:
+            if how == "stored":
+                conv = self.controller.open_stored(query, sink)
+            elif how == "file":
                 conv = self.controller.open_file(query, sink)
             else:
                 conv = self.controller.resume(query, sink)
@@ -125,12 +128,25 @@ class EngineWorkers:
             sink.flush()
             self.post_message(self.SessionsSaved())
 
-    @work(thread=True, group="scan", exclusive=True, description="list saved sessions")
+    @work(thread=True, group="scan", exclusive=True, description="list saved chats")
     def _scan_saved(self) -> None:
-        """Read the titled sessions on disk (deep inspection reads files: never on the UI thread)."""
+        """The stored chats that are not open, each with whether its KV is still on disk
+        (a file check per chat: never on the UI thread)."""
         assert self.controller is not None
         try:
-            saved = self.controller.saved_sessions(with_problems=True)
-        except Exception:  # an unreadable directory lists nothing; the chat goes on
+            saved = [(chat, self.controller.kv_on_disk(chat)) for chat in self.controller.stored_chats()]
+        except Exception:  # an unreadable store lists nothing; the chat goes on
             saved = []
         self._call_from_thread(self._saved_scanned, saved)
+
+    @work(thread=True, group="engine", description="delete a chat")
+    def _delete_chat(self, key: str | None, chat_id: str | None, title: str) -> None:
+        assert self.controller is not None
+        try:
+            files = self.controller.delete(key) if key is not None else self.controller.delete_stored(chat_id)
+        except Exception as exc:  # StoreError, a busy chat: one line
+            self._idle.set()
+            self._call_from_thread(self._chat_deleted, key, title, None, str(exc) or type(exc).__name__)
+        else:
+            self._idle.set()
+            self._call_from_thread(self._chat_deleted, key, title, files, None)

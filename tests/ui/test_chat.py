@@ -109,22 +109,24 @@ async def test_resume_a_titled_session_without_prefill(tiny_llama, tmp_path):
 
 
 async def test_saved_sessions_are_listed_and_open_from_the_sidebar(tiny_llama):
-    """A titled session on disk shows as ↺ in the sidebar; selecting it opens it."""
+    """A stored chat whose KV is on disk shows as ↺ in the sidebar; selecting it opens it, live."""
     writer = make_controller(tiny_llama)
     conv = writer.new_conversation()
     writer.send(conv.key, "An older chat", lambda e: None)
     app = ChatHost(tiny_llama)
     async with app.run_test(size=SIZE) as pilot:
-        await app.wait_for(ConversationList.Redrawn, lambda m: any(e.sha for e in m.entries))
+        await app.wait_for(ConversationList.Redrawn, lambda m: any(e.chat_id for e in m.entries))
         sidebar = app.chat.query_one("#sidebar")
-        saved = [i for i in sidebar.query(ChatItem) if i.entry.sha == conv.saved_sha]
-        assert saved and saved[0].entry.title == "An older chat"
+        saved = [i for i in sidebar.query(ChatItem) if i.entry.chat_id == conv.store_id]
+        assert saved and saved[0].entry.title == "An older chat" and not saved[0].entry.text_only
         sidebar.index = list(sidebar.query(ChatItem)).index(saved[0])
         sidebar.focus()
         await pilot.press("enter")
         resumed = await app.wait_for(ChatScreen.Resumed)
         assert resumed.error is None
-        assert app.chat.controller.get(resumed.key).saved_sha == conv.saved_sha
+        reopened = app.chat.controller.get(resumed.key)
+        assert reopened.saved_sha == conv.saved_sha and reopened.live
+        assert reopened.messages == conv.messages
 
 
 async def test_settings_apply_to_the_active_chat(tiny_llama):

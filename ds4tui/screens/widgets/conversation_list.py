@@ -1,4 +1,4 @@
-"""The sidebar: open chats (live in memory or parked on disk) and saved sessions to resume.
+"""The sidebar: open chats (live in memory or parked on disk) and the stored chats to reopen.
 
 Owns: the list items, their markers and the `ChatChosen` message. Titles come
 from files, so they are shown as `Text` after `format.display.one_line`, never as markup.
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from rich.text import Text
 from textual import on
+from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import Label, ListItem, ListView
 
@@ -19,16 +20,19 @@ from ds4tui.format.display import one_line
 from ds4tui.screens.widgets.title_fit import split_tag
 
 LIVE, PARKED, SAVED, BUSY = "●", "○", "↺", "▶"
+TEXT_ONLY = "◌"  # a stored chat whose KV was evicted: its text is kept, the next message re-prefills
 BROKEN = "⚠"  # a saved session that cannot be resumed (the reason shows when chosen)
 
 
 @dataclass(frozen=True)
 class ChatEntry:
-    """One row: an open chat (`key`) or a saved session (`sha`)."""
+    """One row: an open chat (`key`), a stored chat (`chat_id`) or a saved session (`sha`)."""
 
     title: str
     key: str | None = None
     sha: str | None = None
+    chat_id: str | None = None
+    text_only: bool = False  # a stored chat whose .kv file is gone (on disk: text only)
     live: bool = False
     busy: bool = False
     problem: str | None = None  # a saved session that cannot be resumed, and why
@@ -48,7 +52,7 @@ class ChatItem(ListItem):
     @staticmethod
     def _labels(entry: ChatEntry, active: bool) -> tuple[Text, Text]:
         if entry.key is None:
-            marker = BROKEN if entry.problem else SAVED
+            marker = BROKEN if entry.problem else (TEXT_ONLY if entry.text_only else SAVED)
         else:
             marker = BUSY if entry.busy else (LIVE if entry.live else PARKED)
         style = "bold" if active else ("dim" if entry.problem else "")
@@ -68,7 +72,15 @@ class ChatItem(ListItem):
 
 
 class ConversationList(ListView):
-    """Open chats first (● live in memory, ○ saved to disk, ▶ generating), then saved sessions (↺)."""
+    """Open chats first (● live in memory, ○ saved to disk, ▶ generating), then stored chats
+    (↺ with their KV on disk, ◌ text only: the next message re-prefills)."""
+
+    BINDINGS = [Binding("delete", "delete_chat", "Delete chat", show=False)]
+    """
+    | Key | Description |
+    | :- | :- |
+    | delete | Delete the highlighted chat (asks first). |
+    """
 
     DEFAULT_CSS = """
     ConversationList {
@@ -83,6 +95,17 @@ class ConversationList(ListView):
     @dataclass
     class ChatChosen(Message):
         """The user picked a row; handle with `on_conversation_list_chat_chosen`."""
+
+        conversation_list: ConversationList
+        entry: ChatEntry
+
+        @property
+        def control(self) -> ConversationList:
+            return self.conversation_list
+
+    @dataclass
+    class DeleteRequested(Message):
+        """The user asked to delete the row `entry`; handle with `on_conversation_list_delete_requested`."""
 
         conversation_list: ConversationList
         entry: ChatEntry
@@ -125,6 +148,11 @@ class ConversationList(ListView):
                     self.index = i
                     break
         self.post_message(self.Redrawn(self, tuple(entries)))
+
+    def action_delete_chat(self) -> None:
+        item = self.highlighted_child
+        if isinstance(item, ChatItem):
+            self.post_message(self.DeleteRequested(self, item.entry))
 
     @on(ListView.Selected)
     def _chosen(self, event: ListView.Selected) -> None:
