@@ -204,6 +204,8 @@ class ChatController(OpenChats):
                 return None
         finally:
             conv.busy = False
+        if conv.model_spec and conv.model_spec != self.config.model:
+            self.history.record_model(conv)  # a chat of another model continues on this one
         conv.messages.append({"role": "user", "content": text})
         if conv.title is None:
             conv.title = default_title(text)
