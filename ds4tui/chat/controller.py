@@ -456,6 +456,15 @@ class ChatController(OpenChats):
         """Set when the store's file could not be used and chats are kept in memory only."""
         return self.history.notice
 
+    def import_existing(self):
+        """Bring every titled .kv session of the cache directory and every remote transcript
+        of an older ds4tui into the store, once per file (chat/history_import.py); returns the
+        ImportReport. Reads files: call off the UI thread."""
+        from ds4tui.chat.history_import import import_existing
+
+        cache = self.checkpoints.store.dir if self.checkpoints is not None else None
+        return import_existing(self.history.store, cache, paths.transcripts_dir())
+
     def stored_chats(self, archived: bool = False) -> list[StoredChat]:
         """Every stored chat that is not open now, most recently used first (the sidebar)."""
         return self.history.listing({c.store_id for c in self.list() if c.store_id}, archived)
@@ -478,7 +487,12 @@ class ChatController(OpenChats):
         other = conv.model_spec if conv.model_spec and conv.model_spec != self.config.model else None
         # Its own titled file, restored now when the cache still has it: the chat is live and
         # its next message prefills only itself.
-        if not (other is None and self.kv_on_disk(stored) and self.saved.restore(conv, on_event)):
+        problem = None
+        if other is None and self.kv_on_disk(stored):
+            problem = self.saved.restore(conv, on_event)
+            if problem is not None:
+                problem = f"its .kv file was refused ({problem})"
+        if conv.session is None:
             conv.saved_sha, conv.saved_upto, conv.parked_tokens = None, 0, 0
         prefill = 0
         if conv.session is None and conv.messages:
@@ -486,7 +500,7 @@ class ChatController(OpenChats):
         self.conversations.add(conv)
         self.pool.prepare_next()
         on_event(HistoryOpened(conversation=conv.key, kv_tokens=conv.saved_upto, prefill_tokens=prefill,
-                               made_with=other, remote=stored.remote))
+                               made_with=other, remote=stored.remote, kv_problem=problem))
         return conv
 
     def delete(self, key: str, on_event: EventFn = _ignore) -> int:

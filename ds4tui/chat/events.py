@@ -134,6 +134,7 @@ class HistoryOpened:
     prefill_tokens: int
     made_with: str | None = None
     remote: bool = False
+    kv_problem: str | None = None  # why its titled file, still on disk, could not be restored
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ class RemoteChatController(OpenChats):
         self._cancel = threading.Event()
         self._lock = threading.Lock()
         self.disk_cache_notice: str | None = None  # the KV cache is the server's own
+        self.history_notice: str | None = None
         self._response: httpx.Response | None = None
 
     # -- what the screen shows ----------------------------------------------------------------
@@ -117,6 +118,30 @@ class RemoteChatController(OpenChats):
 
     def find_saved(self, query: str) -> list[SavedSession]:
         return self.transcripts.find(query)
+
+    # The chat screen lists stored chats; until remote chats move into the conversation store,
+    # their transcripts are shown as such rows (the id is the transcript's name).
+
+    def import_existing(self):
+        from ds4tui.chat.history_import import ImportReport
+
+        return ImportReport()
+
+    def stored_chats(self, archived: bool = False) -> list:
+        from ds4tui.store import StoredChat
+
+        if archived:
+            return []
+        return [StoredChat(id=s.sha, title=s.title, model=self._model_id or "", engine=self.endpoint,
+                           system_prompt=None, settings={}, created_at=s.created_at, updated_at=s.last_used,
+                           kv_sha=None, kv_tokens=0, forked_from=None, archived=False)
+                for s in self.saved_sessions()]
+
+    def kv_on_disk(self, chat) -> bool:
+        return True  # the server holds what it holds; nothing to re-prefill here
+
+    def open_stored(self, chat_id: str, on_event: EventFn = _ignore) -> Conversation:
+        return self.resume(chat_id, on_event)
 
     def rename(self, key: str, title: str, on_event: EventFn = _ignore) -> None:
         title = " ".join(title.split())

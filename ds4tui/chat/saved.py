@@ -105,13 +105,13 @@ class SavedSessions:
                 return conv
         return self._open(self.checkpoints.describe(sha), on_event)
 
-    def restore(self, conv: Conversation, on_event: EventFn) -> bool:
+    def restore(self, conv: Conversation, on_event: EventFn) -> str | None:
         """Load conv's titled file (conv.saved_sha) into a live session when its text is the
         chat's own (a stored chat being opened): the next message then prefills only itself.
-        False, with conv left without a session, when the file is gone, is not loadable by
+        Returns why not (conv then has no session) when the file is gone, is not loadable by
         this model or holds another text; the next turn then finds the longest cached prefix."""
         if self.checkpoints is None or conv.saved_sha is None:
-            return False
+            return "no .kv file"
         conv.busy = True
         try:
             saved = self.checkpoints.describe(conv.saved_sha)
@@ -129,10 +129,10 @@ class SavedSessions:
             conv.template_now = when
             conv.session_text = text
             conv.saved_upto = conv.stored_upto = len(session.tokens)
-            return True
-        except (LookupError, EngineError, ValueError):
+            return None
+        except (LookupError, EngineError, ValueError) as exc:
             self.pool.discard(conv)
-            return False
+            return str(exc) or type(exc).__name__
         finally:
             conv.busy = False
 

@@ -178,6 +178,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         self._sidebar_by_user = False  # ctrl+b was pressed: the width no longer shows or hides the list
         self._saved: list = []  # (stored chat, KV on disk) pairs, as last scanned (off the UI thread)
         self._opened: dict = {}  # chat key -> its HistoryOpened event, for the resume's toast
+        self._imported_history = False  # older chats (titled .kv files) imported into the store
         # Set while no engine job runs; the shutdown worker waits on it.
         self._idle = threading.Event()
         self._idle.set()

@@ -156,7 +156,8 @@ class ChatTurns:
             pane = await self._add_pane(conv.key)
             # A reply cut off before the app quit is marked as the live chat marked it.
             pane.log.show_messages(conv.visible_messages(),
-                                   stop_note(conv.resumed_stop) or "" if conv.resumed_stop else "")
+                                   stop_note(conv.resumed_stop) or "" if conv.resumed_stop else "",
+                                   version_notes(conv))
         if "" in self._cache_lines:  # the resume's disk hit, reported before the chat existed
             self._cache_lines[conv.key] = self._cache_lines.pop("")
         self._switch(conv.key)
@@ -186,4 +187,16 @@ def resumed_text(conv, opened: ev.HistoryOpened | None, prefill_tok_s: float | N
         cost += f" ~ {opened.prefill_tokens / prefill_tok_s:.1f} s"
     if opened.made_with:
         return f"Resumed {title}: made with {opened.made_with}; continuing here will {cost}"
+    if opened.kv_problem:
+        return f"Resumed {title}: {opened.kv_problem}; history kept: {cost} at the next message"
     return f"Resumed {title}: history kept, KV evicted: {cost} at the next message"
+
+
+def version_notes(conv) -> dict[int, str]:
+    """Visible-message index -> where that reply stands among its versions (kept in the store)."""
+    notes = {}
+    visible = [i for i, m in enumerate(conv.messages) if m.get("role") in ("user", "assistant")]
+    for shown_at, index in enumerate(visible):
+        if index in conv.alternatives:
+            notes[shown_at] = version_note(*conv.alternative_index(index))
+    return notes

@@ -133,6 +133,17 @@ class EngineWorkers:
         """The stored chats that are not open, each with whether its KV is still on disk
         (a file check per chat: never on the UI thread)."""
         assert self.controller is not None
+        if not self._imported_history:
+            # Once per start: chats of an older ds4tui (titled .kv files, remote transcripts).
+            self._imported_history = True
+            try:
+                report = self.controller.import_existing()
+            except Exception as exc:  # the import is a convenience: the chat goes on
+                self._call_from_thread(self._toast, f"import of older chats failed: {exc}", "History", "warning")
+            else:
+                if report.imported or report.skipped or report.error:
+                    severity = "warning" if report.skipped or report.error else "information"
+                    self._call_from_thread(self._toast, f"Older chats: {report.summary()}", "History", severity)
         try:
             saved = [(chat, self.controller.kv_on_disk(chat)) for chat in self.controller.stored_chats()]
         except Exception:  # an unreadable store lists nothing; the chat goes on

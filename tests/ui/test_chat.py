@@ -213,9 +213,10 @@ async def test_f2_renames_the_chat_and_f4_opens_the_cache_browser(tiny_llama):
         assert app.screen.store.dir == app.chat.controller.cache_store.dir
 
 
-async def test_a_broken_saved_session_stays_listed_with_its_reason(tiny_llama):
-    """A titled file that cannot be resumed (here: truncated) is listed with ⚠, not dropped;
-    choosing it says why instead of resuming."""
+async def test_a_chat_whose_kv_file_broke_opens_from_its_history(tiny_llama):
+    """A chat whose titled file cannot be restored (here: truncated) is still listed; choosing
+    it opens its messages from the store, says why the file was refused, and the next
+    message re-prefills: the cache is only a cache."""
     writer = make_controller(tiny_llama)
     conv = writer.new_conversation()
     writer.send(conv.key, "A chat that will break", lambda e: None)
@@ -223,23 +224,23 @@ async def test_a_broken_saved_session_stays_listed_with_its_reason(tiny_llama):
     path.write_bytes(path.read_bytes()[:-100])
     app = ChatHost(tiny_llama)
     async with app.run_test(size=SIZE) as pilot:
-        await app.wait_for(ConversationList.Redrawn, lambda m: any(e.sha == conv.saved_sha for e in m.entries))
+        await app.wait_for(ConversationList.Redrawn, lambda m: any(e.chat_id == conv.store_id for e in m.entries))
         sidebar = app.chat.query_one("#sidebar")
-        broken = [i for i in sidebar.query(ChatItem) if i.entry.sha == conv.saved_sha][0]
-        assert broken.entry.problem and str(broken.query_one(Label).render()).startswith("⚠")
-        sidebar.index = list(sidebar.query(ChatItem)).index(broken)
+        row = [i for i in sidebar.query(ChatItem) if i.entry.chat_id == conv.store_id][0]
+        sidebar.index = list(sidebar.query(ChatItem)).index(row)
         sidebar.focus()
         await pilot.press("enter")
-        await pilot.pause()
-        notes = [n.message for n in app.toasts]
-        assert any("cannot be resumed" in n and broken.entry.problem in n for n in notes)
-        assert all(c.saved_sha != conv.saved_sha for c in app.chat.controller.list())
+        resumed = await app.wait_for(ChatScreen.Resumed)
+        opened = app.chat.controller.get(resumed.key)
+        assert opened.messages == conv.messages and not opened.live
+        note = [n.message for n in app.toasts if n.title == "Session"][-1]
+        assert "its .kv file was refused" in note and "re-prefill" in note
 
 
-async def test_a_session_of_another_model_is_listed_without_advice_to_delete_it(tiny_llama, tmp_path):
-    """SmolLM2 and Gemma 3 are both llama-family: each lists the other's chats as not resumable
-    here. The file is fine, so the notice says which model can resume it and never suggests
-    deleting it; its title (from the file) reaches the toast escaped."""
+async def test_a_chat_of_another_model_opens_and_says_it_will_re_prefill(tiny_llama, tmp_path):
+    """A chat made with another model (another file of the family) is listed like any other;
+    opened here, its history shows and the toast names the model it was made with and what
+    continuing here costs. Its title (user text) reaches the toast escaped."""
     import shutil
 
     from safetensors.torch import save_file
@@ -257,17 +258,16 @@ async def test_a_session_of_another_model_is_listed_without_advice_to_delete_it(
     writer.send(conv.key, "Other model \x1b[2J chat", lambda e: None)
     app = ChatHost(tiny_llama)
     async with app.run_test(size=SIZE) as pilot:
-        await app.wait_for(ConversationList.Redrawn, lambda m: any(e.sha == conv.saved_sha for e in m.entries))
+        await app.wait_for(ConversationList.Redrawn, lambda m: any(e.chat_id == conv.store_id for e in m.entries))
         sidebar = app.chat.query_one("#sidebar")
-        row = [i for i in sidebar.query(ChatItem) if i.entry.sha == conv.saved_sha][0]
-        # This cache directory noted which model writes there: the notice names it.
-        assert row.entry.other_model and row.entry.problem.startswith("written by other-tiny: `ds4tui --resume")
+        row = [i for i in sidebar.query(ChatItem) if i.entry.chat_id == conv.store_id][0]
         sidebar.index = list(sidebar.query(ChatItem)).index(row)
         sidebar.focus()
         await pilot.press("enter")
-        await pilot.pause()
-        note = [n.message for n in app.toasts if "cannot be resumed" in n.message][0]
-        assert row.entry.problem in note and "delete" not in note
+        resumed = await app.wait_for(ChatScreen.Resumed)
+        assert app.chat.controller.get(resumed.key).messages == conv.messages
+        note = [n.message for n in app.toasts if n.title == "Session"][-1]
+        assert f"made with {other.info.name}" in note and "re-prefill" in note
         assert "\x1b" not in note and "Other model \\e[2J chat" in note
 
 

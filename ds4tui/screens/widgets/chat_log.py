@@ -270,14 +270,18 @@ class ChatLog(VerticalScroll):
         self.mount(notice)
         return notice
 
-    def show_messages(self, messages: list[dict], last_stats: str = "") -> None:
+    def show_messages(self, messages: list[dict], last_stats: str = "", notes: dict[int, str] | None = None) -> None:
         """Fill the log from a transcript (a resumed session): user and assistant turns only;
-        `last_stats` goes under the last message when it is a reply (how that reply ended)."""
+        `last_stats` goes under the last message when it is a reply (how that reply ended),
+        `notes[i]` under the reply at messages[i] (where it stands among its versions)."""
         for i, message in enumerate(messages):
             if message.get("role") == "user":
                 self.add_user(str(message.get("content", "")))
             elif message.get("role") == "assistant":
-                self.add_assistant(str(message.get("content", "")), last_stats if i == len(messages) - 1 else "")
+                note = (notes or {}).get(i, "")
+                if i == len(messages) - 1 and last_stats:
+                    note = f"{last_stats} · {note}" if note else last_stats
+                self.add_assistant(str(message.get("content", "")), note)
 
     def messages(self) -> list[Widget]:
         """The user and assistant message widgets, in order (conv.visible_messages() order)."""
