@@ -31,9 +31,8 @@ from ds4tui.cache.store import KvStore
 from ds4tui.chat.checkpoints import Checkpoints, SavedSession
 from ds4tui.chat.conversation import MAX_TITLE_CHARS, Conversation, default_title
 from ds4tui.chat.events import ChatError, ChatEvent, ContextWontFit, Done, FitCheck, HistoryOpened
-from ds4tui.chat.history import History
+from ds4tui.chat.history import ChatHit, History
 from ds4tui.chat.moves import Moves
-from ds4tui.chat.search import SearchHit
 from ds4tui.chat.next_turn import open_next_turn
 from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.registry import Conversations, OpenChats
@@ -363,24 +362,23 @@ class ChatController(OpenChats):
         self.history.commit(conv)
         return conv
 
-    def search(self, pattern: str, regex: bool = False) -> list[tuple[SearchHit, str]]:
-        """Every saved chat in the cache directory whose title or transcript matches, each with
-        how it would resume here: "load N tok from disk" (this model's file: no prefill) or why
-        not. Reads every file: call off the UI thread."""
-        if self.checkpoints is None:
-            return []
-        from ds4tui.chat.search import search
-
-        ours = {s.sha for s in self.checkpoints.titled_sessions()}
+    def search(self, pattern: str, regex: bool = False) -> list[ChatHit]:
+        """Every stored chat whose title or any message (every branch) matches, each with how
+        it would open here. Reads the store and checks files: call off the UI thread.
+        ValueError for a bad regular expression."""
+        open_ids = {c.store_id for c in self.list() if c.store_id}
         out = []
-        for hit in search(self.checkpoints.store.dir, pattern, regex=regex):
-            if hit.sha in ours:
-                how = f"load {hit.tokens:,} tok from disk, no prefill"
-            elif hit.title is None and hit.model_id == self.model.info.model_id:
-                how = f"load {hit.tokens:,} tok from disk (a prompt prefix)"
+        for hit in self.history.store.grep(pattern, regex=regex):
+            chat = hit.chat
+            if chat.id in open_ids:
+                how = "open now"
+            elif chat.model and chat.model != self.config.model:
+                how = f"made with {chat.model}: continuing here re-prefills"
+            elif self.kv_on_disk(chat):
+                how = f"load {chat.kv_tokens:,} tok from disk, no prefill"
             else:
-                how = "another model's file: not loadable here"
-            out.append((hit, how))
+                how = "text only: the next message re-prefills"
+            out.append(ChatHit(chat.id, chat.display_title, hit.where, hit.snippet, how))
         return out
 
     # -- per-chat settings -------------------------------------------------------------------------
@@ -431,8 +429,8 @@ class ChatController(OpenChats):
         if len(found) > 1:
             names = ", ".join(f"{c.id[:8]} {c.display_title!r}" for c in found[:5])
             raise LookupError(f"{query!r} matches {len(found)} chats: {names}")
-        if self.disk_cache_notice:
-            raise LookupError(f"no chat matches {query!r} (see `ds4tui chats ls`)")
+        if self.disk_cache_notice:  # no titled .kv file to look for either
+            raise LookupError(f"no chat matches {query!r} (see `ds4tui chats ls`; {self.disk_cache_notice})")
         conv = self.saved.resume(query, on_event)
         self.history.commit(conv, on_event)
         return conv

@@ -14,6 +14,7 @@ longest cached prefix, or a prefill from the text: the cache is only a cache).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from ds4tui.chat.conversation import Conversation
@@ -26,6 +27,17 @@ EventFn = Callable[[ChatEvent], None]
 
 def _ignore(_: ChatEvent) -> None:
     pass
+
+
+@dataclass(frozen=True)
+class ChatHit:
+    """A stored chat that matches a search (ctrl+f): where it matched and how it would open."""
+
+    chat_id: str
+    title: str
+    role: str  # "title", or the role of the first matching message
+    line: str  # the match in its context, one line
+    how: str  # e.g. "load 1,234 tok from disk, no prefill", "text only: re-prefills"
 
 
 class History:

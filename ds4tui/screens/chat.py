@@ -14,7 +14,8 @@ Beside it, mixed in, one job each:
   chat_notices.py);
 - chat_dialogs.py: rename, settings and the cache browser;
 - chat_moves.py: regenerate, versions, edit and resend, fork, copy, find, a full context;
-- chat_history.py: the stored chats: delete (asked first), archive.
+- chat_history.py: the stored chats: delete (asked first), archive;
+- chat_model_switch.py: "Switch model": the chats stay, the one on screen reopens on the new model.
 The engine never runs on the UI thread. One engine job runs at a time (the CPU has
 no room for two); switching chats, typing and scrolling stay live meanwhile.
 """
@@ -39,6 +40,7 @@ from ds4tui.format.display import one_line, safe_lines
 from ds4tui.screens.chat_dialogs import ChatDialogs
 from ds4tui.screens.chat_events import EngineEventView
 from ds4tui.screens.chat_history import ChatHistory
+from ds4tui.screens.chat_model_switch import ModelSwitch, ModelSwitched
 from ds4tui.screens.chat_moves import ChatMoves, ChatMovesPalette
 from ds4tui.screens.chat_panes import ChatPanes
 from ds4tui.screens.chat_turns import ChatTurns
@@ -66,8 +68,8 @@ def preparing_text(what: str, fraction: float) -> str:
 NOTIFY_TIMEOUT = 4.0  # seconds a cache toast stays up: long enough to read one line
 
 
-class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, ChatHistory, ChatTurns, ChatPanes,
-                 EngineWorkers, Screen):
+class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, ChatHistory, ModelSwitch, ChatTurns,
+                 ChatPanes, EngineWorkers, Screen):
     """The whole chat UI; the app's default screen."""
 
     BINDINGS = [
@@ -99,7 +101,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
     | f4 | Open the cache browser. |
     | ctrl+b | Show or hide the chat list. |
     | ctrl+r | Regenerate the last reply (the old one stays: ←/→ on it). |
-    | ctrl+f | Find a chat: titles and transcripts of every saved session. |
+    | ctrl+f | Find a chat: titles and messages of every stored chat. |
     | tab, then e / f / y / ← → | On a selected message: edit and resend, fork, copy, versions. |
     | ctrl+pageup / ctrl+pagedown | Previous / next open chat. |
     | pageup / pagedown | Scroll the transcript, from the message box too. |
@@ -290,6 +292,10 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
             self._start_resume(entry.chat_id, how="stored")
         elif entry.sha is not None:
             self._start_resume(entry.sha, how="file")
+
+    @on(ModelSwitched)
+    async def _model_switched(self, message: ModelSwitched) -> None:
+        await self._show_switched(message)  # ModelSwitch
 
     @on(ConversationList.DeleteRequested)
     def _delete_requested(self, message: ConversationList.DeleteRequested) -> None:

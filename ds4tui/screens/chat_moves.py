@@ -274,14 +274,14 @@ class ChatMoves:
     # -- find a chat --------------------------------------------------------------------------------
 
     def action_find_chat(self) -> None:
-        """ctrl+f: search every saved chat's title and transcript; Enter opens the one chosen."""
+        """ctrl+f: search every stored chat's title and messages; Enter opens the one chosen."""
         if not self._model_ready_or_say():
             return
         from ds4tui.screens.find_chat import FindChatScreen
 
-        def chosen(sha: str | None) -> None:
-            if sha:
-                self.open_file(sha)
+        def chosen(chat_id: str | None) -> None:
+            if chat_id:
+                self._start_resume(chat_id, how="stored")
 
         self.app.push_screen(FindChatScreen(self.controller), chosen)
 

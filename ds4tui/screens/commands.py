@@ -21,11 +21,12 @@ CHAT_COMMANDS = (
     ("Settings", "Temperature, top-p, max tokens, system prompt of this chat (f3)", "settings"),
     ("Regenerate reply", "Sample the last reply again; the old one stays (ctrl+r, then ←/→ on it)", "regenerate"),
     ("Show/hide the chat list", "The sidebar of open and saved chats (ctrl+b)", "toggle_sidebar"),
-    ("Find a chat", "Search titles and transcripts of every saved session (ctrl+f)", "find_chat"),
+    ("Find a chat", "Search titles and messages of every stored chat (ctrl+f)", "find_chat"),
     ("Fork chat", "A new chat holding this one's state: no prefill (f on a selected message forks there)", "fork_chat"),
     ("Delete chat", "Delete the active chat: its history and its .kv files (asks first)", "delete_chat"),
     ("Archive chat", "Hide the active chat from the list; `ds4tui chats ls --archived` shows it", "archive_chat"),
     ("Export chat", "Write this chat as NAME.md and NAME.json in the working directory", "export_chat"),
+    ("Switch model", "Load another model; the chat on screen reopens on it from its history", "switch_model"),
     ("Model info", "Architecture, weight types, attention layout and chat format of the model", "model_info"),
     ("Quit", "Save live sessions and exit (ctrl+q)", "quit"),
 )

@@ -1,8 +1,8 @@
-"""Find a chat (ctrl+f): search every saved session's title and transcript, see the matching
-line and how it would resume, Enter opens it.
+"""Find a chat (ctrl+f): search every stored chat's title and messages (every branch), see
+the matching line and how it would open, Enter opens it.
 
-Owns the search box and the result list; the search runs on a thread worker (it reads
-every file) through `ChatController.search`. Dismisses with the chosen file's sha.
+Owns the search box and the result list; the search runs on a thread worker (it reads the
+store and checks files) through `ChatController.search`. Dismisses with the chosen chat's id.
 Everything from a file is shown as plain text (format.display), never markup.
 """
 
@@ -36,7 +36,7 @@ class FindChatScreen(ModalScreen[str | None]):
     def __init__(self, controller) -> None:
         super().__init__()
         self.controller = controller
-        self._shas: list[str] = []
+        self._ids: list[str] = []
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -58,7 +58,7 @@ class FindChatScreen(ModalScreen[str | None]):
         else:  # results of a longer query would stay up, matching nothing typed
             self.workers.cancel_group(self, "find")
             self.query_one("#results", OptionList).clear_options()
-            self._shas = []
+            self._ids = []
             self._hint()
 
     @on(Input.Submitted, "#query")
@@ -82,22 +82,21 @@ class FindChatScreen(ModalScreen[str | None]):
             return  # an older search, finished after the query changed
         results = self.query_one("#results", OptionList)
         results.clear_options()
-        self._shas = []
-        for hit, how in hits:
-            title = one_line(hit.title, 40) if hit.title else f"checkpoint {hit.sha[:12]}"
-            line = Text(title, style="bold")
+        self._ids = []
+        for hit in hits:
+            line = Text(one_line(hit.title, 40), style="bold")
             line.append(f"  {hit.role}: ", style="dim")
             line.append(one_line(hit.line, 80))
-            line.append(f"\n   {hit.sha[:12]} · {how}", style="dim")
+            line.append(f"\n   {hit.chat_id[:8]} · {hit.how}", style="dim")
             results.add_option(Option(line))
-            self._shas.append(hit.sha)
+            self._ids.append(hit.chat_id)
         summary = error or f"{len(hits)} match(es) for {one_line(pattern, 40)}"
         self.query_one(".summary", Static).update(Text(summary))
 
     @on(OptionList.OptionSelected, "#results")
     def _selected(self, event: OptionList.OptionSelected) -> None:
-        if 0 <= event.option_index < len(self._shas):
-            self.dismiss(self._shas[event.option_index])
+        if 0 <= event.option_index < len(self._ids):
+            self.dismiss(self._ids[event.option_index])
 
     def action_dismiss_none(self) -> None:
         self.dismiss(None)

@@ -25,7 +25,7 @@ CHAT_KEYS: tuple[tuple[str, str], ...] = (
     ("ctrl+n", "new chat"),
     ("ctrl+pageup/down", "previous / next open chat"),
     ("ctrl+b", "show / hide the chat list"),
-    ("ctrl+f", "find a chat in every saved session"),
+    ("ctrl+f", "find a chat: titles and messages of every stored chat"),
     ("pageup/down", "scroll the transcript"),
     ("f2", "rename the chat"),
     ("f3", "settings: sampling, max tokens, system prompt"),
@@ -37,7 +37,7 @@ CHAT_KEYS: tuple[tuple[str, str], ...] = (
 
 
 # The chat list's markers (widgets/conversation_list.py), under the keys.
-MARKERS = "chat list: ● in memory ○ on disk ▶ generating ↺ saved ⚠ cannot resume here"
+MARKERS = "chat list: ● in memory ○ on disk ▶ generating ↺ stored ◌ text only"
 
 
 def keys_table() -> Table:

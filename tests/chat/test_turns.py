@@ -50,7 +50,9 @@ def test_next_turn_reuses_live_session(tiny_llama, tmp_path, recorder):
     before = len(conv.session.tokens)
     ctl.send(conv.key, "And what next?", recorder)
     started = recorder.of(ev.PrefillStarted)[0]
-    assert started.source == "live" and started.cached == before
+    # A reply cut inside a character by max_tokens keeps only its whole characters (never
+    # U+FFFD, chat/streaming.py): the session then rewinds over that character's tokens.
+    assert started.source == "live" and before - 4 <= started.cached <= before
     assert not recorder.of(ev.Hit) and not recorder.of(ev.Miss)
     # The session's bytes are exactly what the rendered transcript starts with.
     assert conv.session_text == b"".join(tiny_llama.tokenizer.token_bytes(t) for t in conv.session.tokens)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 
@@ -17,6 +18,13 @@ from tests.ui import kv_fixtures as kvf
 
 LS_KEYS = ["id", "title", "model", "engine", "messages", "created_at", "updated_at", "kv_sha", "kv_tokens", "kv",
            "archived"]
+
+
+def _store_file():
+    """The store this test's autouse fixture points DS4TUI_STORE at (its folder made)."""
+    path = Path(os.environ["DS4TUI_STORE"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def run(capsys, *argv):
@@ -52,7 +60,7 @@ def test_ls_before_anything_is_stored_creates_nothing(tmp_path, capsys):
     assert code == 0 and err == "" and "no chats in" in out and "the chat creates it" in out
     assert run(capsys, "chats", "ls", "--json")[1] == "[]\n"
     assert run(capsys, "chats", "grep", "x")[0] == 1
-    assert not (tmp_path / "conversations.sqlite3").exists()
+    assert not (_store_file()).exists()
 
 
 def test_import_from_cache_then_ls_lists_every_chat(dirs, capsys):
@@ -101,7 +109,7 @@ def test_show_prints_the_shown_path_escaped_with_its_versions(dirs, capsys, tmp_
     assert "[user]\nPlan three days in Lisbon. \\e[31mred?\\e[0m\n" in out and "\x1b" not in out
     assert " · kv (" in out and "64 tokens" in out
     # A chat with two versions of its reply says which one it shows.
-    store = open_store(tmp_path / "conversations.sqlite3")
+    store = open_store(_store_file())
     chat = store.create(title="Versions")
     store.commit(chat, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "second"}],
                  {1: ["first", "second"]})
@@ -166,7 +174,7 @@ def test_rm_of_a_chat_made_after_the_store_leaves_nothing_to_import(tmp_path, ca
     import would make it a chat again."""
     kv = tmp_path / "kv"
     sha = kvf.titled_session(kv, title="Mine")
-    store = open_store(tmp_path / "conversations.sqlite3")
+    store = open_store(_store_file())
     chat = store.create(title="Mine")
     store.commit(chat, [{"role": "user", "content": "Hello"}], kv_sha=sha, kv_tokens=64)
     store.close()
@@ -191,7 +199,7 @@ def test_grep_text_json_and_errors(dirs, capsys):
 
 
 def test_archived_chats_list_apart(tmp_path, capsys):
-    store = open_store(tmp_path / "conversations.sqlite3")
+    store = open_store(_store_file())
     kept = store.create(title="Kept", messages=[{"role": "user", "content": "a"}])
     old = store.create(title="Put away", messages=[{"role": "user", "content": "b"}])
     store.update(old, archived=True)
@@ -213,7 +221,7 @@ def test_data_dir_picks_the_store_file(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv", [["ls"], ["show", "x"], ["import", "--from-cache"], ["rm", "x", "--yes"]])
 def test_a_store_that_cannot_be_opened_is_one_line_and_left_alone(tmp_path, capsys, argv):
-    path = tmp_path / "conversations.sqlite3"
+    path = _store_file()
     path.write_bytes(b"this is not a database" * 100)
     before = path.read_bytes()
     code, out, err = run(capsys, "chats", *argv)

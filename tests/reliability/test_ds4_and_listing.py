@@ -8,9 +8,10 @@ import struct
 import pytest
 
 from ds4tui.cache import KvStore, inspect_file
+from ds4tui.chat import events as ev
 from ds4tui.format.kvc import OFFSET_HITS, QUANT_DS4TUI_MARK, parse_kvc
-from ds4tui.engine.errors import EngineError
 from tests.cache.kvc_builders import dsv4_payload, write_kv
+from tests.chat.conftest import Recorder
 
 
 def ds4_reads(head: bytes) -> bool:
@@ -109,13 +110,16 @@ def test_a_titled_session_with_a_flipped_payload_byte_is_refused_kept_and_marked
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0x10
     path.write_bytes(bytes(raw))
-    with pytest.raises(EngineError, match="checksum mismatch"):
-        ctl.resume(conv.title)
+    # The chat itself is in the store: it opens from its history, and says why its file was refused.
+    events = Recorder()
+    reopened = ctl.resume(conv.title, events)
+    assert not reopened.live and reopened.messages == conv.messages
+    assert "checksum mismatch" in events.of(ev.HistoryOpened)[0].kv_problem
     assert path.exists()
     [s] = ctl.checkpoints.titled_sessions(with_problems=True)
     assert s.problem.startswith("checksum mismatch")
     with pytest.raises(LookupError, match="cannot be resumed: checksum mismatch"):
-        ctl.resume(conv.title)
+        ctl.saved.resume(conv.saved_sha[:12], Recorder())  # the file alone, as `--resume SHA` once did
 
 
 def test_kv_ls_and_the_store_keep_listing_a_corrupt_titled_file(ctl, tmp_path):

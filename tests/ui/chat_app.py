@@ -19,6 +19,7 @@ from ds4tui.chat import events as ev
 from ds4tui.config import Config
 from ds4tui.chat.controller import ChatController
 from ds4tui.screens.chat import ChatScreen
+from ds4tui.screens.chat_model_switch import ModelSwitched
 from ds4tui.screens.widgets.conversation_list import ConversationList
 from tests.ui.toasts import KeepsToasts
 from tests.ui.waiting import HANG_S
@@ -52,6 +53,7 @@ class ChatHost(KeepsToasts, Ds4TuiApp):
     @on(ChatScreen.TurnEnded)
     @on(ChatScreen.Resumed)
     @on(ConversationList.Redrawn)
+    @on(ModelSwitched)
     def _record(self, message: Message) -> None:
         self.seen.append(message)
         if self._news is not None:

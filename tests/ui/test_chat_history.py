@@ -118,3 +118,36 @@ async def test_delete_from_the_sidebar_asks_then_leaves_no_file_and_no_row(tiny_
         await pilot.pause()
     # Quitting wrote nothing of it again.
     assert all(b"Delete me." not in p.read_bytes() for p in _kv(tmp_path))
+
+
+async def test_switch_model_keeps_the_chats_and_reopens_the_one_on_screen(tiny_llama, tmp_path):
+    """Palette "Switch model": the chat on screen reopens on the new model from its history
+    (its messages all there; the next message re-prefills), and the old model's chats stay listed."""
+    from ds4tui.engine.registry import DEFAULT_MODEL, REGISTRY, is_installed
+    from ds4tui.screens.chat_model_switch import ModelSwitched
+    from ds4tui.screens.widgets.choice_dialog import ChoiceDialog
+
+    if not is_installed(REGISTRY[DEFAULT_MODEL]):
+        import pytest
+
+        pytest.fail(f"{DEFAULT_MODEL} is not pulled (`make test` pulls it)")
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, cache_dir=str(tmp_path)))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "Hello from the tiny model.")
+        before = app.chat.controller.get(app.chat._active)
+        messages, store_id = [dict(m) for m in before.messages], before.store_id
+        app.chat.action_switch_model()
+        await pilot.pause()
+        dialog = app.screen
+        assert isinstance(dialog, ChoiceDialog)
+        mark = len(app.seen)
+        dialog.query_one(f"#choice-1").press()
+        switched = await app.wait_for(ModelSwitched, after=mark, timeout=300)  # loads a real model
+        assert switched.error is None and switched.spec == DEFAULT_MODEL
+        resumed = await app.wait_for(ChatScreen.Resumed, after=mark)
+        ctl = app.chat.controller
+        assert ctl.config.model == DEFAULT_MODEL and ctl.model_name != tiny_llama.info.name
+        conv = ctl.get(resumed.key)
+        assert conv.store_id == store_id and conv.messages == messages and not conv.live
+        note = [n.message for n in app._notifications if n.title == "Session"][-1]
+        assert f"made with {tiny_llama.info.name}" in note and "re-prefill" in note

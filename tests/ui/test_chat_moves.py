@@ -89,7 +89,7 @@ async def test_find_a_chat(tiny_llama, tmp_path):
         results = screen.query_one("#results")
         assert results.option_count >= 1
         text = str(results.get_option_at_index(0).prompt)
-        assert "Where is the lighthouse?" in text and "load" in text and "no prefill" in text
+        assert "Where is the lighthouse?" in text and "open now" in text
         screen.query_one("#query").value = "l"  # too short: the old results go, the hint is back
         await pilot.pause()
         assert results.option_count == 0 and "at least 2" in str(screen.query_one(".summary").render())

@@ -134,4 +134,4 @@ def test_each_key_line_fits_one_row_of_the_f1_box():
 
     key_width = max(len(k) for k, _ in CHAT_KEYS)
     assert all(key_width + 2 + len(what) <= 78 - 4 for _, what in CHAT_KEYS)  # border and padding
-    assert len(MARKERS) <= 78 - 4 and all(m in MARKERS for m in (cl.LIVE, cl.PARKED, cl.SAVED, cl.BUSY, cl.BROKEN))
+    assert len(MARKERS) <= 78 - 4 and all(m in MARKERS for m in (cl.LIVE, cl.PARKED, cl.SAVED, cl.BUSY, cl.TEXT_ONLY))
