@@ -149,5 +149,5 @@ async def test_switch_model_keeps_the_chats_and_reopens_the_one_on_screen(tiny_l
         assert ctl.config.model == DEFAULT_MODEL and ctl.model_name != tiny_llama.info.name
         conv = ctl.get(resumed.key)
         assert conv.store_id == store_id and conv.messages == messages and not conv.live
-        note = [n.message for n in app._notifications if n.title == "Session"][-1]
+        note = [n.message for n in app.toasts if n.title == "Session"][-1]
         assert f"made with {tiny_llama.info.name}" in note and "re-prefill" in note
