@@ -48,8 +48,8 @@ class ChatHistory:
         if self._engine_job:
             self._toast("Wait for the reply to finish (Escape cancels it), then delete.", "Delete", "warning")
             return
-        question = Text("Delete ")
-        question.append(one_line(title, 60), style="bold")
+        question = Text("Delete the chat ")
+        question.append(f"“{one_line(title, 60)}”", style="bold")
         question.append("? Its messages and its .kv files go for good.")
 
         def answered(yes: bool | None) -> None:
