@@ -23,13 +23,14 @@ CHILD = textwrap.dedent("""
     from ds4tui.engine.loader import load_model
 
     model = load_model("tiny-llama")
-    ctl = ChatController(model, Config(model="tiny-llama", temperature=1.0, max_tokens=200,
+    ctl = ChatController(model, Config(model="tiny-llama", temperature=1.0, max_tokens=24,
                                        cache_dir=sys.argv[1]))
     chat_id = sys.argv[2] if len(sys.argv) > 2 else None
     conv = ctl.open_stored(chat_id) if chat_id else ctl.new_conversation()
     turn = 0
     while True:
-        done = ctl.send(conv.key, f"turn {turn} of this run", lambda e: None)
+        # 24 tokens a reply: 20 runs of one or two turns stay well inside the context.
+        done = ctl.send(conv.key, f"turn {turn}", lambda e: None)
         assert done is not None
         # Committed when send returns: the parent counts on every line printed.
         sys.stdout.write(f"{conv.store_id} {len(conv.messages)}\\n")
