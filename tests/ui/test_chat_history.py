@@ -11,7 +11,7 @@ from ds4tui.screens.widgets.chat_log import AssistantMessage
 from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
 from ds4tui.screens.widgets.conversation_list import TEXT_ONLY, ChatItem, ConversationList
 from tests.chat.conftest import make_controller
-from tests.ui.chat_app import SIZE, ChatHost, chat_config, send, tiny_llama  # noqa: F401
+from tests.ui.chat_app import SIZE, ChatHost, chat_config, send
 
 
 def _kv(directory: Path) -> list[Path]:
@@ -141,7 +141,7 @@ async def test_switch_model_keeps_the_chats_and_reopens_the_one_on_screen(tiny_l
         dialog = app.screen
         assert isinstance(dialog, ChoiceDialog)
         mark = len(app.seen)
-        dialog.query_one(f"#choice-1").press()
+        dialog.query_one("#choice-1").press()
         switched = await app.wait_for(ModelSwitched, after=mark, timeout=300)  # loads a real model
         assert switched.error is None and switched.spec == DEFAULT_MODEL
         resumed = await app.wait_for(ChatScreen.Resumed, after=mark)
