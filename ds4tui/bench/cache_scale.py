@@ -155,7 +155,7 @@ elif op == "browser":
     result = cache_scan.scan(store, acceptor, gen=1, now=time.time(), texts=texts,
                              checksums=cache_scan.ChecksumIndex(), read_checksums=False)
     names = name_files(result, texts)
-    plan = EvictionPlan.build(result.entries, store.budget_bytes)
+    plan = EvictionPlan.build(result.entries, store.budget_bytes, store.overhead_bytes())
     extra["rows"] = len(result.entries)
     extra["unchecked"] = result.unchecked
 print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, **extra}))

@@ -228,11 +228,13 @@ class EvictionPlan:
     pinned_count: int
 
     @classmethod
-    def build(cls, entries: list[KvEntry], budget_bytes: int) -> EvictionPlan:
+    def build(cls, entries: list[KvEntry], budget_bytes: int, overhead_bytes: int = 0) -> EvictionPlan:
         """`entries` must be scored (KvStore.scan). Uses the store's victim choice:
-        a target of 0 bytes ranks everything that is not pinned."""
+        a target of 0 bytes ranks everything that is not pinned. `overhead_bytes`: what the
+        budget holds besides the files (KvStore.overhead_bytes: saves in progress, the index),
+        as a budget pass counts it."""
         order = choose_victims(entries, 0)
-        now = choose_victims(entries, budget_bytes)
+        now = choose_victims(entries, budget_bytes - overhead_bytes)
         return cls(tuple(order), frozenset(e.path for e in now), sum(e.file_bytes for e in entries),
                    budget_bytes, sum(1 for e in entries if e.pinned))
 

@@ -65,6 +65,17 @@ class HeaderIndex:
         self._lock = threading.Lock()
         self._unusable = False  # not a database, or a newer ds4tui's: the files are read instead
 
+    def size_bytes(self) -> int:
+        """The index's bytes on disk (with a journal left by a write in progress): counted in
+        the directory's budget beside the cache files."""
+        total = 0
+        for path in (self.path, self.path.with_name(self.path.name + "-journal")):
+            try:
+                total += path.stat().st_size
+            except OSError:
+                pass
+        return total
+
     def _connect(self, *, create: bool) -> sqlite3.Connection | None:
         if self._unusable:
             return None

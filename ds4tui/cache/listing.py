@@ -238,6 +238,10 @@ class CacheDirectory:
         """Bytes held by temp files of saves in progress (this process's and others')."""
         return sum(t.bytes for t in files.temp_files(self.dir))
 
+    def overhead_bytes(self) -> int:
+        """What the budget holds besides the cache files: saves in progress and the header index."""
+        return self.temp_bytes() + self.index.size_bytes()
+
 
 def repaired(e: KvEntry, acceptor: Acceptor | None) -> bool:
     """Repair one of this model's files whose header bytes 7/20 a ds4 hit zeroed (see

@@ -88,8 +88,9 @@ def save(directory: CacheDirectory, text: bytes, *, tokens: int, reason: str, en
     # Re-saving a session (the same name) keeps what belongs to the file, not to this
     # state: its pin and its hit counter (each resume counted one). files.write_atomic
     # carries them over from the file it replaces, read under that file's lock.
-    # Other saves in progress hold disk space too; they count as if pinned.
-    pinned_bytes = sum(e.file_bytes for e in entries if e.pinned and e.sha != sha) + d.temp_bytes()
+    # Other saves in progress hold disk space too, and so does the header index: they count
+    # as if pinned.
+    pinned_bytes = sum(e.file_bytes for e in entries if e.pinned and e.sha != sha) + d.overhead_bytes()
     if required + pinned_bytes > d.budget_bytes:
         return failed(f"file of {human_bytes(file_bytes)} (+{d.policy.headroom_percent}% headroom)"
                       f" does not fit the {human_bytes(d.budget_bytes)} budget"
@@ -99,7 +100,7 @@ def save(directory: CacheDirectory, text: bytes, *, tokens: int, reason: str, en
     others = [e for e in entries if e.sha != sha]
     incoming = eviction.Incoming(text, engine.model_id, engine.payload_abi, header.quant_bits,
                                  engine.ctx_size, created)
-    pre = apply_eviction(d, others, d.budget_bytes - file_bytes - d.temp_bytes(), incoming=incoming)
+    pre = apply_eviction(d, others, d.budget_bytes - file_bytes - d.overhead_bytes(), incoming=incoming)
     evicted: tuple[Evicted, ...] = (pre,) if pre.files else ()
     t0 = time.perf_counter()
     # A fresh titled save is named by its title and the creation time the write stamps.
@@ -140,7 +141,7 @@ def evict(directory: CacheDirectory, *, budget_bytes: int | None = None, dry_run
     d = directory
     budget = d.budget_bytes if budget_bytes is None else budget_bytes
     entries = d.scan()  # removes dead writers' temp files; live ones count toward the budget
-    return apply_eviction(d, entries, budget - d.temp_bytes(), frozenset(protect), dry_run=dry_run, budget=budget)
+    return apply_eviction(d, entries, budget - d.overhead_bytes(), frozenset(protect), dry_run=dry_run, budget=budget)
 
 
 def apply_eviction(directory: CacheDirectory, entries: list[KvEntry], target: int,

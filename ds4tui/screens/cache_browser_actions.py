@@ -124,7 +124,7 @@ class FileActions:
             known = self._by_sha.get(e.sha)
             if known is not None:
                 e.title, e.text_preview = known.title, known.text_preview
-        plan = EvictionPlan.build(entries, self.store.budget_bytes)
+        plan = EvictionPlan.build(entries, self.store.budget_bytes, self.store.overhead_bytes())
         self.app.call_from_thread(self.app.push_screen, EvictionPreview(plan))
 
     @work(thread=True, group="io", description="cache file operation")

@@ -377,8 +377,9 @@ def test_eviction_plan_matches_a_real_budget_pass(store):
     from ds4tui.cache.eviction import EvictionPlan
 
     shas = [_put(store, f"file {i}".encode(), reason=2, hits=i, size=10_000) for i in range(4)]
-    budget = sum(e.file_bytes for e in store.scan()) - 15_000  # two files must go
-    plan = EvictionPlan.build(store.score(store.scan()), budget)
+    # two files must go (the header index counts toward the budget too)
+    budget = sum(e.file_bytes for e in store.scan()) + store.overhead_bytes() - 15_000
+    plan = EvictionPlan.build(store.score(store.scan()), budget, store.overhead_bytes())
     assert [e.sha for e in plan.order] == _order(store) and len(plan.order) == len(shas)
     would = store.evict(budget_bytes=budget, dry_run=True)
     assert {store.path_for(f.sha).as_posix() for f in would.files} == {Path(p).as_posix() for p in plan.now}
