@@ -13,7 +13,8 @@ here, never a check of the architecture name in the forward:
 | query_pre_attn_scalar (scores scaled by its -1/2 power) | head_dim | head_dim | head_dim | from config |
 | sliding_window, layer_types | - | - | - | 5 sliding per global |
 | rope_local_theta (RoPE base of sliding layers) | - | - | - | 10000 |
-| rope_freq_factors (per-frequency divisors, global layers) | llama3 scaling | - | - | linear scaling |
+| rope_freq_factors (per-frequency divisors, global layers) | RoPE scaling: linear, yarn, llama3 (rope.py) | same | same | same, global layers only |
+| rope_attn_factor (cos/sin of global layers times) | yarn: 0.1 ln(factor) + 1 | same | same | same |
 
 Gemma's RMSNorm multiplies by (1 + w): the loaders store 1 + w (as llama.cpp's GGUF
 converter does), so every norm here multiplies by its weight.
@@ -21,7 +22,7 @@ converter does), so every norm here multiplies by its weight.
 Internal weight names (also the names in the converted fp32 cache, so a cached
 load maps tensors straight in without renaming or fusing):
   embed [V, H]; norm [H]; lm_head [V, H] (absent: tied to embed);
-  rope_freqs [D/2] (only with rope_freq_factors);
+  rope_freqs [D/2] (only with rope_freq_factors: every RoPE scaling kind, as divisors);
   layers.{i}.attn_norm [H]; layers.{i}.wqkv [(Hq + 2 Hkv) D, H] (q rows, k rows, v rows);
   layers.{i}.bqkv [(Hq + 2 Hkv) D] (attn_bias); layers.{i}.q_norm, k_norm [D] (qk_norm);
   layers.{i}.wo [H, Hq D]; layers.{i}.post_attn_norm [H] (post_norms);
@@ -38,10 +39,16 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Mapping
 
 from ds4tui.engine.errors import WeightsError
+from ds4tui.engine.llama.rope import RopeScaling, hf_rope_scaling
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 ACTIVATIONS = ("silu", "gelu_tanh")
 FULL, SLIDING = "full", "sliding"
+# The RoPE tables hold a row per position (2 x 2M x D/2 floats at most: 1 GB at D = 128): a
+# longer context_length is refused rather than allocated. The 1M-context Qwen 2.5 files fit.
+MAX_POSITIONS = 1 << 21
+MAX_WIDTH = 1 << 20  # hidden or FFN size: a damaged header is refused before it sizes anything
+MAX_HEAD_DIM = 1 << 10
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,7 @@ class LlamaConfig:
     layer_types: tuple[str, ...] = field(default=())  # per layer FULL or SLIDING; () = all FULL
     rope_local_theta: float = 0.0  # 0: rope_theta
     rope_freq_factors: bool = False
+    rope_attn_factor: float = 1.0  # cos/sin of global layers times (YaRN)
     final_logit_softcapping: float = 0.0  # 0: none
 
     def __post_init__(self) -> None:
@@ -79,6 +87,15 @@ class LlamaConfig:
             raise WeightsError(f"{self.num_heads} query heads do not group over {self.num_kv_heads} KV heads")
         if self.head_dim % 2:
             raise WeightsError("head_dim must be even for RoPE")
+        if self.max_position_embeddings > MAX_POSITIONS:
+            raise WeightsError(f"a context of {self.max_position_embeddings} positions is over the "
+                               f"{MAX_POSITIONS} the RoPE tables hold")
+        for name in ("rope_theta", "rms_norm_eps", "rope_attn_factor"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise WeightsError(f"config {name} must be a positive number, got {value!r}")
+        if not (math.isfinite(self.rope_local_theta) and self.rope_local_theta >= 0):
+            raise WeightsError(f"config rope_local_theta must be a positive number, got {self.rope_local_theta!r}")
         if self.arch not in ARCHITECTURES:
             raise WeightsError(f"architecture {self.arch!r} is not supported ({', '.join(ARCHITECTURES)})")
         if self.act not in ACTIVATIONS:
@@ -174,27 +191,6 @@ def expected_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def llama3_freq_factors(head_dim: int, theta: float, factor: float, low_freq_factor: float,
-                        high_freq_factor: float, original_max_positions: int) -> list[float]:
-    """Llama 3.x RoPE scaling as one divisor per frequency (what llama.cpp's converter writes
-    as the `rope_freqs` tensor): long wavelengths are divided by `factor`, short ones kept,
-    and the band between blends the two smoothly."""
-    low_wavelen = original_max_positions / low_freq_factor
-    high_wavelen = original_max_positions / high_freq_factor
-    out = []
-    for i in range(0, head_dim, 2):
-        freq = 1.0 / theta ** (i / head_dim)
-        wavelen = 2 * math.pi / freq
-        if wavelen < high_wavelen:
-            out.append(1.0)
-        elif wavelen > low_wavelen:
-            out.append(factor)
-        else:
-            smooth = (original_max_positions / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-            out.append(1.0 / ((1 - smooth) / factor + smooth))
-    return out
-
-
 # Hugging Face model_type -> our architecture.
 HF_MODEL_TYPES = {
     "llama": "llama", "mistral": "llama", "smollm": "llama", "smollm2": "llama",
@@ -202,7 +198,6 @@ HF_MODEL_TYPES = {
 }
 GEMMA3_SWA_PATTERN = 6  # every 6th layer is global
 GEMMA3_ROPE_LOCAL_BASE = 10000.0
-ROPE_TYPES = ("default", "none", "linear", "llama3")
 
 
 def supported_text() -> str:
@@ -231,23 +226,8 @@ def swa_pattern_types(n_layers: int, pattern) -> tuple[str, ...]:
     return tuple(SLIDING if n > 1 and (i + 1) % n else FULL for i in range(n_layers))
 
 
-def _rope_factors(rope: Mapping | None, head_dim: int, theta: float, source: str) -> list[float] | None:
-    """Per-frequency divisors for a rope_scaling / rope_parameters dict, or None (no scaling)."""
-    if not rope:
-        return None
-    kind = str(rope.get("rope_type", rope.get("type", "default")))
-    if kind in ("default", "none"):
-        return None
-    if kind == "linear":
-        return [float(rope["factor"])] * (head_dim // 2)
-    if kind == "llama3":
-        return llama3_freq_factors(head_dim, theta, float(rope["factor"]), float(rope["low_freq_factor"]),
-                                   float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
-    raise WeightsError(f"{source}: RoPE scaling {kind!r} is not supported ({', '.join(ROPE_TYPES)})")
-
-
-def parse_hf_config(cfg: Mapping) -> tuple[LlamaConfig, list[float] | None]:
-    """(config, RoPE divisors of the global layers or None) from a config.json dict."""
+def parse_hf_config(cfg: Mapping) -> tuple[LlamaConfig, RopeScaling | None]:
+    """(config, the RoPE scaling of the global layers or None) from a config.json dict."""
     model_type = str(cfg.get("model_type", "llama")).lower()
     arch = HF_MODEL_TYPES.get(model_type)
     if arch is None:
@@ -260,12 +240,18 @@ def parse_hf_config(cfg: Mapping) -> tuple[LlamaConfig, list[float] | None]:
         params = cfg.get("rope_parameters")  # transformers >= 5; older configs: rope_theta + rope_scaling
         if isinstance(params, Mapping) and "full_attention" in params:
             global_rope, local_rope = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+            where = "rope_parameters.full_attention"
         else:
             global_rope, local_rope = (params if isinstance(params, Mapping) else cfg.get("rope_scaling")) or {}, {}
+            where = "rope_parameters" if isinstance(params, Mapping) else "rope_scaling"
         theta = float(global_rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-        factors = _rope_factors(global_rope, head_dim, theta, "config.json")
-        if _rope_factors(local_rope, head_dim, theta, "config.json") is not None:
-            raise WeightsError("config.json: RoPE scaling of sliding layers is not supported")
+        max_positions = int(cfg.get("max_position_embeddings", 2048))
+        scaling = hf_rope_scaling(global_rope, head_dim, theta, max_positions, where, "config.json")
+        local = hf_rope_scaling(local_rope, head_dim, theta, max_positions, "rope_parameters.sliding_attention",
+                                "config.json")
+        if local is not None:
+            raise WeightsError(f"config.json: RoPE scaling of sliding layers (rope_parameters.sliding_attention."
+                               f"rope_type = {local.kind!r}) is not supported")
         extra = arch_features(arch, hidden)
         if arch == "gemma3":
             types = cfg.get("layer_types")
@@ -294,12 +280,13 @@ def parse_hf_config(cfg: Mapping) -> tuple[LlamaConfig, list[float] | None]:
             head_dim=head_dim,
             rope_theta=theta,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            max_position_embeddings=max_positions,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch == "gemma3")),
             arch=arch,
-            rope_freq_factors=factors is not None,
+            rope_freq_factors=scaling is not None,
+            rope_attn_factor=scaling.attn_factor if scaling is not None else 1.0,
             **extra,
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
         raise WeightsError(f"config.json: missing or bad field ({exc})") from None
-    return config, factors
+    return config, scaling

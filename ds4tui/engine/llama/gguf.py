@@ -21,6 +21,7 @@ process with SIGBUS on its next weight read.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import tempfile
@@ -38,8 +39,10 @@ from ds4tui.engine.text.gguf_vocab import build_gguf_tokenizer
 from ds4tui.engine.text.hf_tokenizer import HFTokenizer
 from ds4tui.engine.kernels.quants import BLOCK_TYPES, QuantMix, gguf_name
 from ds4tui.engine.kernels.raw_weights import gguf_quant_mix, gguf_raw_blocks, move_raw_into_huge_pages, split_raw
-from ds4tui.engine.llama.arch import GGUF_LAYER_NORMS, gguf_permutes_qk, parse_gguf_metadata
+from ds4tui.engine.llama.arch import GGUF_LAYER_NORMS, gguf_expected_shapes, gguf_permutes_qk, parse_gguf_metadata
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
+from ds4tui.engine.llama.gguf_meta import GgufMeta, check_layout
+from ds4tui.engine.llama.rope import RopeScaling, combined_divisors
 from ds4tui.engine.llama.model import LlamaModel
 from ds4tui.engine.llama.weights import eos_ids_for, file_sha256, make_info
 from ds4tui.engine.errors import WeightsError
@@ -48,7 +51,8 @@ from ds4tui.engine.errors import WeightsError
 # 3: the copy also holds the file's raw weight blocks for the fused decode step.
 # 4: blocks of every kernel type, as row parts ("raw.<name>.<k>"); the quant mix in meta.json.
 # 5: qwen2/qwen3/gemma3 configs, SentencePiece vocabularies, chat formats.
-CONVERT_VERSION = 5
+# 6: RoPE scaling from every rope.scaling key as llama.cpp reads them (linear, yarn); its name in meta.json.
+CONVERT_VERSION = 6
 _CONVERT_LOCK = threading.Lock()
 # progress(what, fraction): the one-time conversion's progress, `what` naming the model
 # (the GGUF's file name up to its first dot, e.g. "SmolLM2-135M-Instruct"), fraction 0..1.
@@ -118,7 +122,7 @@ def load_converted(out: Path, meta: dict, name: str) -> LlamaModel:
     # waits for it).
     model.huge_pages = move_raw_into_huge_pages(raw, out / "model.safetensors")
     model.quant_mix = QuantMix.from_dict(meta.get("quant_mix"))  # for the info line and `bench engine`
-    model.details = {"chat": chat_line}
+    model.details = {"chat": chat_line, "rope": meta.get("rope")}
     return model
 
 
@@ -140,38 +144,41 @@ def convert_gguf(path: Path, sha: str, out: Path, progress: ConvertProgress | No
             progress(path.name.split(".")[0], fraction)
 
     step(0.0)
+    if path.stat().st_size < 24:
+        raise WeightsError(f"{path}: not a GGUF file ({path.stat().st_size} bytes)")
+    with open(path, "rb") as fp, mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        check_layout(buf, str(path))  # gguf's reader trusts the header's counts
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as exc:  # the gguf package raises ValueError/struct errors on bad files
         raise WeightsError(f"{path}: not a readable GGUF ({exc})") from None
-    fields = {k: f for k, f in reader.fields.items()}
-
-    def meta(key: str, default=None):
-        f = fields.get(key)
-        return default if f is None else f.contents()
-
+    meta = GgufMeta(reader.fields, str(path))
     tensors_by_name = {t.name: t for t in reader.tensors}
-    tokens = meta("tokenizer.ggml.tokens")
+    tokens = meta.strings("tokenizer.ggml.tokens", [])
     if not tokens:
         raise WeightsError(f"{path}: no tokenizer.ggml.tokens")
-    cfg, rope_factors = parse_gguf_metadata(meta, set(tensors_by_name), len(tokens), str(path))
+    cfg, scaling = parse_gguf_metadata(meta, set(tensors_by_name), len(tokens), str(path))
+    check_gguf_shapes(cfg, tensors_by_name, str(path))  # before any tensor data is read
     step(0.05)
-    tensors = gguf_tensors_to_internal(cfg, tensors_by_name, str(path),
+    tensors = gguf_tensors_to_internal(cfg, tensors_by_name, str(path), scaling,
                                        on_layer=lambda i: step(0.05 + 0.6 * (i + 1) / cfg.num_layers))
-    if rope_factors is not None:
-        tensors["rope_freqs"] = torch.tensor(rope_factors, dtype=torch.float32)
     raw, raw_types = gguf_raw_blocks(cfg, tensors_by_name, unpermute_rope_rows if gguf_permutes_qk(cfg) else _keep_rows)
     step(0.7)
     tensors.update(raw)
-    vocab_kind = str(meta("tokenizer.ggml.model", "gpt2"))
-    token_types = meta("tokenizer.ggml.token_type") or []
-    tok = build_gguf_tokenizer(vocab_kind, tokens, token_types, merges=meta("tokenizer.ggml.merges") or [],
-                               scores=meta("tokenizer.ggml.scores") or [], pre=meta("tokenizer.ggml.pre", "default"),
-                               add_space_prefix=bool(meta("tokenizer.ggml.add_space_prefix", False)), source=str(path))
+    vocab_kind = meta.text("tokenizer.ggml.model", "gpt2")
+    token_types = meta.integers("tokenizer.ggml.token_type", [])
+    scores = meta.numbers("tokenizer.ggml.scores", [])
+    for key, values in (("tokenizer.ggml.token_type", token_types), ("tokenizer.ggml.scores", scores)):
+        if values and len(values) != len(tokens):
+            raise WeightsError(f"{path}: {key} has {len(values)} entries for {len(tokens)} tokens")
+    tok = build_gguf_tokenizer(vocab_kind, tokens, token_types, merges=meta.strings("tokenizer.ggml.merges", []),
+                               scores=scores, pre=meta.text("tokenizer.ggml.pre", "default"),
+                               add_space_prefix=meta.flag("tokenizer.ggml.add_space_prefix", False), source=str(path))
     wrapped = HFTokenizer(tok, [], byte_level=vocab_kind == "gpt2", spm=vocab_kind == "llama")
-    eos_id, bos_id = meta("tokenizer.ggml.eos_token_id"), meta("tokenizer.ggml.bos_token_id")
+    eos_id = meta.integer("tokenizer.ggml.eos_token_id", None, low=0, high=len(tokens) - 1)
+    bos_id = meta.integer("tokenizer.ggml.bos_token_id", None, low=0, high=len(tokens) - 1)
     specials = {"bos": _piece(tokens, bos_id), "eos": _piece(tokens, eos_id)}
-    template = meta("tokenizer.chat_template")
+    template = meta.text("tokenizer.chat_template", None)
     chat, _ = _chat(template, wrapped, cfg.arch, specials, str(path))
     # The declared EOS, and the turn end of the chat format (Gemma's <end_of_turn>).
     eos = sorted(eos_ids_for(wrapped, [eos_id, wrapped.token_to_id(chat.stop_strings[0])]))
@@ -195,6 +202,8 @@ def convert_gguf(path: Path, sha: str, out: Path, progress: ConvertProgress | No
             "default_system_prompt": chat.default_system_prompt,
             "chat_template": template,
             "raw_types": raw_types,
+            "rope": scaling.describe() if scaling is not None else (
+                RopeScaling("rope_freqs", 1.0, None).describe() if cfg.rope_freq_factors else None),
             "quant_mix": gguf_quant_mix(reader.tensors).as_dict(),
         }
         (tmp / "meta.json").write_text(json.dumps(info, indent=1))
@@ -231,8 +240,26 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def gguf_tensors_to_internal(cfg: LlamaConfig, by_name: dict, source: str,
+def check_gguf_shapes(cfg: LlamaConfig, by_name: dict, source: str) -> None:
+    """Every tensor the config reads is in the file's index with the shape the config gives it
+    (and a rope_freqs tensor has one divisor per frequency): a header that disagrees with its
+    tensors is refused before anything is dequantized or sized by it."""
+    want = gguf_expected_shapes(cfg)
+    if "rope_freqs.weight" in by_name:
+        want["rope_freqs.weight"] = (cfg.head_dim // 2,)
+    for name, shape in want.items():
+        t = by_name.get(name)
+        if t is None:
+            raise WeightsError(f"{source}: tensor {name} is missing")
+        got = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dimensions innermost first
+        if got != shape:
+            raise WeightsError(f"{source}: tensor {name} has shape {got}, config needs {shape}")
+
+
+def gguf_tensors_to_internal(cfg: LlamaConfig, by_name: dict, source: str, scaling: RopeScaling | None = None,
                              on_layer: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
+    """The internal fp32 tensors (config.py's layout); `rope_freqs` is the file's own tensor
+    times the divisors of the scaling its keys describe."""
     from gguf.quants import dequantize
 
     def get(name: str) -> np.ndarray:
@@ -244,6 +271,8 @@ def gguf_tensors_to_internal(cfg: LlamaConfig, by_name: dict, source: str,
         except NotImplementedError:
             raise WeightsError(f"{source}: tensor {name} has type {t.tensor_type.name}, which gguf cannot "
                                f"dequantize (the C kernels read {', '.join(map(gguf_name, BLOCK_TYPES))})") from None
+        except ValueError as exc:  # data that is not whole blocks of its type
+            raise WeightsError(f"{source}: tensor {name} cannot be read as {t.tensor_type.name} ({exc})") from None
         # A copy: F32/F16 tensors come back as read-only views of the memory-mapped file.
         return np.array(arr, dtype=np.float32, order="C", copy=True)
 
@@ -256,8 +285,9 @@ def gguf_tensors_to_internal(cfg: LlamaConfig, by_name: dict, source: str,
     out = {"embed": t(get("token_embd.weight")), "norm": t(get("output_norm.weight"))}
     if not cfg.tie_word_embeddings:
         out["lm_head"] = t(get("output.weight"))
-    if cfg.rope_freq_factors and "rope_freqs.weight" in by_name:
-        out["rope_freqs"] = t(get("rope_freqs.weight"))  # Llama 3 scaling, as llama.cpp's converter writes it
+    divisors = combined_divisors(scaling, get("rope_freqs.weight") if "rope_freqs.weight" in by_name else None, source)
+    if divisors is not None:  # Llama 3's rope_freqs tensor, as llama.cpp's converter writes it, and the keys' scaling
+        out["rope_freqs"] = torch.tensor(divisors, dtype=torch.float32)
     for i in range(cfg.num_layers):
         b = f"blk.{i}."
         q = qk_rows(get(b + "attn_q.weight"), cfg.num_heads)

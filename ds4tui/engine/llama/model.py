@@ -29,6 +29,7 @@ from ds4tui.engine.kernels.llama_step import LAYER_KV_ONLY, LAYER_LAST_ROW, make
 from ds4tui.engine.kernels.llama_step import supported as fast_supported
 from ds4tui.engine.kernels.qgemm import make_blocks
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
+from ds4tui.engine.llama.rope import rope_tables
 from ds4tui.engine.llama.session import (
     DEFAULT_KV_DTYPE,
     KV_DTYPES,
@@ -108,17 +109,6 @@ class LlamaLayer:
         self.sliding = cfg.is_sliding(i)
 
 
-def rope_tables(cfg: LlamaConfig, theta: float, divisors: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [positions, D/2] computed the way HF does (float32 inv_freq x position);
-    `divisors` (Llama 3 or linear scaling) divide the frequencies."""
-    d = cfg.head_dim
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    if divisors is not None:
-        inv_freq = inv_freq / divisors.float()
-    freqs = torch.outer(torch.arange(cfg.max_position_embeddings, dtype=torch.float32), inv_freq)
-    return freqs.cos().contiguous(), freqs.sin().contiguous()
-
-
 def check_tensors(cfg: LlamaConfig, tensors: Mapping[str, torch.Tensor], source: str) -> None:
     for name, shape in expected_shapes(cfg).items():
         t = tensors.get(name)
@@ -157,12 +147,17 @@ class LlamaModel(Model):
         self.norm = tensors["norm"]
         self.lm_head = make_linear(tensors["embed"] if cfg.tie_word_embeddings else tensors["lm_head"])
         self.layers = [LlamaLayer(cfg, tensors, i) for i in range(cfg.num_layers)]
-        # RoPE tables for every position: global layers use rope_theta (and the scaling divisors),
-        # sliding layers their own base when the architecture has one (Gemma 3: 10000).
-        self.cos, self.sin = rope_tables(cfg, cfg.rope_theta, tensors.get("rope_freqs") if cfg.rope_freq_factors else None)
+        # RoPE tables for every position (rope.py): global layers use rope_theta and the scaling
+        # (divisors, attention factor); sliding layers their own base when the architecture has
+        # one (Gemma 3: 10000), never scaled, as in llama.cpp and transformers.
+        d, rows = cfg.head_dim, cfg.max_position_embeddings
+        self.cos, self.sin = rope_tables(d, rows, cfg.rope_theta,
+                                         tensors.get("rope_freqs") if cfg.rope_freq_factors else None,
+                                         cfg.rope_attn_factor)
         self.local_cos, self.local_sin = self.cos, self.sin
-        if cfg.sliding_layers and cfg.rope_local_theta and cfg.rope_local_theta != cfg.rope_theta:
-            self.local_cos, self.local_sin = rope_tables(cfg, cfg.rope_local_theta, None)
+        local_theta = cfg.rope_local_theta or cfg.rope_theta
+        if cfg.sliding_layers and (local_theta != cfg.rope_theta or cfg.rope_freq_factors or cfg.rope_attn_factor != 1.0):
+            self.local_cos, self.local_sin = rope_tables(d, rows, local_theta)
         # Batch-1 forwards (decode) run as one C call over the raw blocks (kernels/); None on
         # the torch kernel backend or for shapes the step does not take, and tests may set it
         # to None to force the torch path.
@@ -200,8 +195,8 @@ class LlamaModel(Model):
         """One line for the model info: architecture, weight types, attention layout, what
         decodes (the fused C step or the torch forward), chat format."""
         cfg = self.cfg
-        parts = [f"{cfg.arch}, {cfg.num_layers} layers, hidden {cfg.hidden_size}"
-                 + (", scaled RoPE" if cfg.rope_freq_factors else "")]
+        rope = self.details.get("rope") or ("scaled RoPE" if cfg.rope_freq_factors else "")
+        parts = [f"{cfg.arch}, {cfg.num_layers} layers, hidden {cfg.hidden_size}" + (f", {rope}" if rope else "")]
         if self.quant_mix is not None:
             parts.append(f"weights {self.quant_mix.summary()}")
         elif self.details.get("weights"):

@@ -112,7 +112,7 @@ def load_llama_hf(path: str | Path, name: str) -> LlamaModel:
         raw_cfg = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise WeightsError(f"{path}/config.json: {exc}") from None
-    cfg, rope_factors = parse_hf_config(raw_cfg)
+    cfg, scaling = parse_hf_config(raw_cfg)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise WeightsError(f"{path}: no *.safetensors files")
@@ -125,8 +125,8 @@ def load_llama_hf(path: str | Path, name: str) -> LlamaModel:
         except Exception as exc:  # safetensors raises its own error types for corrupt files
             raise WeightsError(f"{f}: unreadable safetensors ({exc})") from None
     tensors = hf_to_internal(cfg, hf, str(path))
-    if rope_factors is not None:
-        tensors["rope_freqs"] = torch.tensor(rope_factors, dtype=torch.float32)
+    if scaling is not None:
+        tensors["rope_freqs"] = torch.tensor(scaling.divisors, dtype=torch.float32)
     identity = "safetensors:" + ",".join(file_sha256(f) for f in files)
     tok_file = path / "tokenizer.json"
     if not tok_file.is_file():
@@ -154,7 +154,8 @@ def load_llama_hf(path: str | Path, name: str) -> LlamaModel:
     bits = {torch.float32: 32, torch.float16: 16, torch.bfloat16: 16}.get(hf["model.embed_tokens.weight"].dtype, 32)
     info = make_info(name, cfg, identity, bits)
     model = LlamaModel(cfg, tensors, info, hf_tok, chat, str(path))
-    model.details = {"weights": _DTYPE_NAMES.get(hf["model.embed_tokens.weight"].dtype, "F32"), "chat": chat_line}
+    model.details = {"weights": _DTYPE_NAMES.get(hf["model.embed_tokens.weight"].dtype, "F32"), "chat": chat_line,
+                     "rope": scaling.describe() if scaling is not None else None}
     return model
 
 

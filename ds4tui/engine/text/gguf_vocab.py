@@ -69,8 +69,19 @@ def _vocab(tokens: Sequence[str], source: str) -> dict[str, int]:
     return vocab
 
 
+def _bpe(source: str, vocab: dict[str, int], merges: list[tuple[str, str]], **options):
+    """tokenizers' BPE model; a merge whose pieces or result the vocabulary lacks is refused in
+    one line (tokenizers raises a bare Exception for it)."""
+    from tokenizers import models
+
+    try:
+        return models.BPE(vocab, merges, **options)
+    except Exception as exc:  # noqa: BLE001 - tokenizers' own error type is Exception
+        raise WeightsError(f"{source}: the vocabulary and its merges do not form a BPE model ({exc})") from None
+
+
 def _byte_level_bpe(tokens: Sequence[str], merges: Sequence[str], pre: str | None, source: str):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
 
     name = PRE_ALIASES.get(pre or "", pre or "default")
     if name not in PRE_TOKENIZERS:
@@ -81,8 +92,8 @@ def _byte_level_bpe(tokens: Sequence[str], merges: Sequence[str], pre: str | Non
         if len(parts) != 2:
             raise WeightsError(f"{source}: bad merge {m!r}")
         pairs.append((parts[0], parts[1]))
-    tok = Tokenizer(models.BPE(_vocab(tokens, source), pairs, fuse_unk=False, byte_fallback=False,
-                               ignore_merges=name in _IGNORE_MERGES))
+    tok = Tokenizer(_bpe(source, _vocab(tokens, source), pairs, fuse_unk=False, byte_fallback=False,
+                         ignore_merges=name in _IGNORE_MERGES))
     regex = PRE_TOKENIZERS[name]
     if regex is None:
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
@@ -117,13 +128,13 @@ def spm_merges(tokens: Sequence[str], token_types: Sequence[int], scores: Sequen
 
 def _sentencepiece_bpe(tokens: Sequence[str], token_types: Sequence[int], scores: Sequence[float],
                        add_space_prefix: bool, source: str):
-    from tokenizers import Tokenizer, decoders, models, normalizers
+    from tokenizers import Tokenizer, decoders, normalizers
 
     if len(scores) != len(tokens):
         raise WeightsError(f"{source}: a SentencePiece vocabulary needs one score per token")
     unk = next((tokens[i] for i, k in enumerate(token_types) if k == TOKEN_UNKNOWN), None)
-    tok = Tokenizer(models.BPE(_vocab(tokens, source), spm_merges(tokens, token_types, scores), unk_token=unk,
-                               fuse_unk=True, byte_fallback=True))
+    tok = Tokenizer(_bpe(source, _vocab(tokens, source), spm_merges(tokens, token_types, scores), unk_token=unk,
+                         fuse_unk=True, byte_fallback=True))
     steps = [normalizers.Replace(" ", "▁")]
     if add_space_prefix:
         steps.insert(0, normalizers.Prepend("▁"))

@@ -13,7 +13,8 @@ import torch
 
 from ds4tui.engine.kernels import qgemv, quants
 from ds4tui.engine.kernels.llama_step import FastDecoder
-from ds4tui.engine.llama.config import FULL, SLIDING, LlamaConfig, expected_shapes, llama3_freq_factors
+from ds4tui.engine.llama.config import FULL, SLIDING, LlamaConfig, expected_shapes
+from ds4tui.engine.llama.rope import llama3_divisors
 from ds4tui.engine.llama.model import LlamaModel
 from ds4tui.engine.llama.weights import make_info
 from ds4tui.engine.loader import load_model
@@ -46,7 +47,7 @@ def _tensors(cfg: LlamaConfig, seed: int) -> dict[str, torch.Tensor]:
     for name, shape in expected_shapes(cfg).items():
         key = name.rsplit(".", 1)[-1]
         if key == "rope_freqs":
-            t = torch.tensor(llama3_freq_factors(cfg.head_dim, cfg.rope_theta, 8.0, 1.0, 4.0, 64))
+            t = torch.tensor(llama3_divisors(cfg.head_dim, cfg.rope_theta, 8.0, 1.0, 4.0, 64))
         elif len(shape) == 1 and key != "bqkv":
             t = 1.0 + 0.1 * torch.randn(shape, generator=gen)  # norms
         elif key == "bqkv":

@@ -36,12 +36,37 @@ CONFIGS = {
 }
 CONFIGS["gemma3-qpas"] = dict(CONFIGS["gemma3"], query_pre_attn_scalar=24)
 
+# RoPE scaling kinds, as a config.json's rope_scaling names them (test_rope_scaling.py): original
+# contexts at which YaRN's ramp and llama3's blend both cut through the frequencies of these
+# head sizes, factors that move every angle of a 53-token prompt. A YaRN model's context is
+# its factor times the original one, as in real configs.
+ROPE_SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
+    "yarn-betas": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512,
+                   "beta_fast": 16.0, "beta_slow": 2.0, "attention_factor": 1.25},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32},
+}
+
+
+def scaled(arch: str, scaling: str | None) -> str:
+    """Register CONFIGS[arch/scaling]: `arch` with that RoPE scaling (None: none at all)."""
+    name = f"{arch}/{scaling or 'none'}"
+    cfg = {k: v for k, v in CONFIGS[arch].items() if k != "rope_scaling"}
+    if scaling is not None:
+        rope = cfg["rope_scaling"] = dict(ROPE_SCALINGS[scaling])
+        if rope["rope_type"] == "yarn":
+            cfg["max_position_embeddings"] = int(rope["factor"] * rope["original_max_position_embeddings"])
+    CONFIGS[name] = cfg
+    return name
+
 
 def hf_model(arch: str, seed: int = 7):
     """A transformers model with seeded random weights of sizes that keep activations O(1)."""
     import transformers as tr
 
-    kind = arch.split("-")[0]
+    kind = arch.split("-")[0].split("/")[0]
     cls = {"llama": (tr.LlamaConfig, tr.LlamaForCausalLM), "qwen2": (tr.Qwen2Config, tr.Qwen2ForCausalLM),
            "qwen3": (tr.Qwen3Config, tr.Qwen3ForCausalLM),
            "gemma3": (tr.Gemma3TextConfig, tr.Gemma3ForCausalLM)}[kind]
@@ -114,10 +139,29 @@ def _llama3_divisors(model) -> np.ndarray:
     return (base / scaled).numpy().astype(np.float32)
 
 
+def _write_rope_scaling(w, rope: dict) -> None:
+    """The keys llama.cpp's converter writes for a rope_parameters dict (conversion/base.py,
+    TextModel.set_gguf_parameters); llama3 is the rope_freqs tensor instead."""
+    kind, factor = rope.get("rope_type"), rope.get("factor")
+    if kind == "linear" and factor is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(factor)
+    elif kind == "yarn" and factor is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(factor)
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        if rope.get("attention_factor") is not None:
+            w.add_rope_scaling_yarn_attn_factor(rope["attention_factor"])
+        if rope.get("beta_fast") is not None:
+            w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        if rope.get("beta_slow") is not None:
+            w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+
+
 def write_gguf(model, arch: str, path: Path, qtype: Q = Q.F32, *, specials=tuple(SPECIALS),
                chat_template: str = CHAT_TEMPLATE, bos_id: int | None = None) -> Path:
     """specials: the tokenizer's special tokens, ids 0, 1, 2, ... (id 2 is the EOS)."""
-    kind = arch.split("-")[0]
+    kind = arch.split("-")[0].split("/")[0]
     cfg = model.config
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     tok = json.loads(_tokenizer(tuple(specials)).to_str())
@@ -138,7 +182,9 @@ def write_gguf(model, arch: str, path: Path, qtype: Q = Q.F32, *, specials=tuple
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     rope = cfg.rope_parameters
-    w.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])
+    rope = rope.get("full_attention") or rope
+    w.add_rope_freq_base(rope["rope_theta"])
+    _write_rope_scaling(w, rope)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     if kind == "gemma3":
@@ -172,7 +218,7 @@ def write_gguf(model, arch: str, path: Path, qtype: Q = Q.F32, *, specials=tuple
     norm("output_norm.weight", "model.norm.weight")
     if not cfg.tie_word_embeddings:
         put("output.weight", sd["lm_head.weight"])
-    if kind == "llama":
+    if kind == "llama" and rope.get("rope_type") == "llama3":
         put("rope_freqs.weight", _llama3_divisors(model))
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     for i in range(cfg.num_hidden_layers):

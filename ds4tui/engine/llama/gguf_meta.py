@@ -1,0 +1,202 @@
+"""Typed reads of a GGUF's metadata: every value the llama loader uses passes through here.
+
+Owns the check that a key holds what the loader means to read (an integer, a number, a
+string, a list of those), so that a missing required key, a value of the wrong type, text
+that is not UTF-8 or a number out of range is a WeightsError naming the key and the value,
+the one-line refusal the CLI, the chat and `serve` print, never a TypeError deep in the
+conversion. GGUF files are untrusted input.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+from ds4tui.engine.errors import WeightsError
+
+_REQUIRED = object()  # a default meaning: the key must be there
+_ABSENT = object()
+_SHOWN = 60  # characters of a bad value an error quotes
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
+
+
+def _integral(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class GgufMeta:
+    """fields: key -> a gguf.ReaderField (its contents() is the value) or a plain value."""
+
+    def __init__(self, fields: Mapping[str, Any], source: str) -> None:
+        self._fields = fields
+        self.source = source
+
+    def has(self, key: str) -> bool:
+        return key in self._fields
+
+    def value(self, key: str, default: Any = None) -> Any:
+        """The raw value, or `default` when the key is absent."""
+        field = self._fields.get(key)
+        if field is None:
+            return default
+        contents: Callable[[], Any] | None = getattr(field, "contents", None)
+        if contents is None:
+            return field
+        try:
+            return contents()
+        except Exception:  # noqa: BLE001 - gguf decodes strings as UTF-8 and arrays by declared type
+            raise WeightsError(f"{self.source}: GGUF key {key} holds a value that cannot be read") from None
+
+    def _get(self, key: str, default: Any) -> Any:
+        """The value, or _ABSENT for an absent key that has a default."""
+        value = self.value(key, _ABSENT)
+        if value is _ABSENT and default is _REQUIRED:
+            raise WeightsError(f"{self.source}: GGUF key {key} is missing")
+        return value
+
+    def _bad(self, key: str, value: Any, what: str) -> WeightsError:
+        return WeightsError(f"{self.source}: GGUF key {key} = {_shown(value)} is not {what}")
+
+    def integer(self, key: str, default: Any = _REQUIRED, *, low: int | None = None,
+                high: int | None = None) -> Any:
+        value = self._get(key, default)
+        if value is _ABSENT:
+            return default
+        if not _integral(value):
+            raise self._bad(key, value, "an integer")
+        if (low is not None and value < low) or (high is not None and value > high):
+            span = f"{low if low is not None else '...'}..{high if high is not None else '...'}"
+            raise self._bad(key, value, f"in {span}")
+        return int(value)
+
+    def number(self, key: str, default: Any = _REQUIRED, *, positive: bool = False) -> Any:
+        value = self._get(key, default)
+        if value is _ABSENT:
+            return default
+        if not _numeric(value) or not math.isfinite(value):
+            raise self._bad(key, value, "a finite number")
+        if positive and value <= 0:
+            raise self._bad(key, value, "positive")
+        return value
+
+    def text(self, key: str, default: Any = _REQUIRED) -> Any:
+        value = self._get(key, default)
+        if value is _ABSENT:
+            return default
+        if not isinstance(value, str):
+            raise self._bad(key, value, "a string")
+        return value
+
+    def flag(self, key: str, default: Any = _REQUIRED) -> Any:
+        value = self._get(key, default)
+        if value is _ABSENT:
+            return default
+        if not isinstance(value, bool):
+            raise self._bad(key, value, "a boolean")
+        return value
+
+    def _list(self, key: str, default: Any, ok: Callable[[Any], bool], what: str) -> Any:
+        value = self._get(key, default)
+        if value is _ABSENT:
+            return default
+        if not isinstance(value, list):
+            raise self._bad(key, value, f"an array of {what}")
+        for item in value:
+            if not ok(item):
+                raise WeightsError(f"{self.source}: GGUF key {key} holds {_shown(item)}, not {what[:-1]}")
+        return value
+
+    def strings(self, key: str, default: Any = _REQUIRED) -> Any:
+        return self._list(key, default, lambda v: isinstance(v, str), "strings")
+
+    def flags(self, key: str, default: Any = _REQUIRED) -> Any:
+        return self._list(key, default, lambda v: isinstance(v, bool), "booleans")
+
+    def integers(self, key: str, default: Any = _REQUIRED) -> Any:
+        return self._list(key, default, _integral, "integers")
+
+    def numbers(self, key: str, default: Any = _REQUIRED) -> Any:
+        return self._list(key, default, _numeric, "numbers")
+
+
+# ---------------------------------------------------------------- the file's layout
+
+# GGUF value types -> bytes of one scalar (8: string, 9: array are variable).
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+_MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+_MAX_NESTING = 2
+
+
+def check_layout(buf, source: str) -> None:
+    """Walk a GGUF's header (key/values and tensor infos) checking every count and length
+    against the bytes that remain before anything loops over it or allocates by it: gguf's
+    reader trusts them (an array count flipped to 2^60 there loops and grows without end)."""
+    size = len(buf)
+    pos = 0
+
+    def bad(what: str) -> WeightsError:
+        return WeightsError(f"{source}: not a readable GGUF ({what} at byte {pos})")
+
+    def take(n: int) -> int:
+        nonlocal pos
+        if n < 0 or pos + n > size:
+            raise bad("the file ends inside its header")
+        at, pos = pos, pos + n
+        return at
+
+    def u32() -> int:
+        return int.from_bytes(buf[take(4):pos], "little")
+
+    def u64() -> int:
+        return int.from_bytes(buf[take(8):pos], "little")
+
+    def string() -> None:
+        take(u64())
+
+    def value(vtype: int, depth: int) -> None:
+        if vtype in _SCALAR_BYTES:
+            take(_SCALAR_BYTES[vtype])
+        elif vtype == _STRING:
+            string()
+        elif vtype == _ARRAY:
+            if depth >= _MAX_NESTING:
+                raise bad("arrays nested too deep")
+            sub, count = u32(), u64()
+            if sub in _SCALAR_BYTES:
+                take(count * _SCALAR_BYTES[sub])
+            elif sub in (_STRING, _ARRAY):
+                if count * (8 if sub == _STRING else 12) > size - pos:
+                    raise bad(f"an array of {count} entries longer than the file")
+                for _ in range(count):
+                    value(sub, depth + 1)
+            else:
+                raise bad(f"value type {sub}")
+        else:
+            raise bad(f"value type {vtype}")
+
+    if bytes(buf[take(4):pos]) != b"GGUF":
+        raise WeightsError(f"{source}: not a GGUF file (no GGUF magic)")
+    version = u32()
+    if version not in (2, 3):
+        raise bad(f"GGUF version {version}")
+    n_tensors, n_kv = u64(), u64()
+    if n_kv * 13 > size or n_tensors * 28 > size:  # the smallest key/value, tensor info
+        raise bad(f"{n_kv} keys and {n_tensors} tensors in {size} bytes")
+    for _ in range(n_kv):
+        string()
+        value(u32(), 0)
+    for _ in range(n_tensors):
+        string()
+        dims = u32()
+        if not 1 <= dims <= _MAX_DIMS:
+            raise bad(f"a tensor of {dims} dimensions")
+        take(8 * dims + 4 + 8)
