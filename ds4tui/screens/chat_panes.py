@@ -94,7 +94,9 @@ class ChatPanes:
                              busy=c.key == self._busy)
                    for c in self.controller.list()]
         open_ids = {c.store_id for c in self.controller.list() if c.store_id}
-        entries += [ChatEntry(chat.display_title, chat_id=chat.id, text_only=not on_disk)
+        here = self.config.model
+        entries += [ChatEntry(chat.display_title, chat_id=chat.id, text_only=not on_disk,
+                              model=chat.model if chat.model and chat.model != here and not chat.remote else "")
                     for chat, on_disk in self._saved if chat.id not in open_ids]
         # exit_on_error=False: a redraw racing the app's exit must not end in a traceback.
         self.run_worker(self.query_one(ConversationList).show_entries(entries, self._active),

@@ -261,6 +261,8 @@ async def test_a_chat_of_another_model_opens_and_says_it_will_re_prefill(tiny_ll
         await app.wait_for(ConversationList.Redrawn, lambda m: any(e.chat_id == conv.store_id for e in m.entries))
         sidebar = app.chat.query_one("#sidebar")
         row = [i for i in sidebar.query(ChatItem) if i.entry.chat_id == conv.store_id][0]
+        assert row.entry.model == other.info.name  # the sidebar says which model made it
+        assert other.info.name[:16] in str(row.query_one(".tag").render())
         sidebar.index = list(sidebar.query(ChatItem)).index(row)
         sidebar.focus()
         await pilot.press("enter")

@@ -33,6 +33,7 @@ class ChatEntry:
     sha: str | None = None
     chat_id: str | None = None
     text_only: bool = False  # a stored chat whose .kv file is gone (on disk: text only)
+    model: str = ""  # the model a stored chat was made with, when it is not the one loaded
     live: bool = False
     busy: bool = False
     problem: str | None = None  # a saved session that cannot be resumed, and why
@@ -60,7 +61,10 @@ class ChatItem(ListItem):
         # Cut by the label's width with "…" (the sidebar's width, whatever it is now).
         label = Text(f"{marker} ", no_wrap=True, overflow="ellipsis")
         label.append(body, style=style)
-        return label, Text(tag, style=style, no_wrap=True)
+        tag_text = Text(tag, style=style, no_wrap=True)
+        if entry.model:  # made with another model: opening it continues on this one
+            tag_text.append(f" {one_line(entry.model, 16)}", style="dim italic")
+        return label, tag_text
 
     def show(self, entry: ChatEntry, active: bool) -> None:
         """Redraw this row for `entry` (same position, new title or state)."""
