@@ -28,6 +28,7 @@ from ds4tui import paths
 from ds4tui.cache.policy import CachePolicy
 from ds4tui.cache.safe_open import dir_problem
 from ds4tui.cache.store import KvStore
+from ds4tui.chat import branches
 from ds4tui.chat.checkpoints import Checkpoints, SavedSession
 from ds4tui.chat.conversation import MAX_TITLE_CHARS, Conversation, default_title
 from ds4tui.chat.events import ChatError, ChatEvent, ContextWontFit, Done, FitCheck, HistoryOpened
@@ -398,17 +399,7 @@ class ChatController(OpenChats):
         if conv.busy:
             raise RuntimeError(f"conversation {key} is busy")
         if "system_prompt" in changes:
-            prompt = changes.pop("system_prompt")
-            has = conv.system_prompt is not None
-            if prompt:
-                if has:
-                    conv.messages[0] = {"role": "system", "content": prompt}
-                else:
-                    conv.messages.insert(0, {"role": "system", "content": prompt})
-                    conv.alternatives = {i + 1: v for i, v in conv.alternatives.items()}
-            elif has:
-                del conv.messages[0]
-                conv.alternatives = {i - 1: v for i, v in conv.alternatives.items()}
+            branches.set_system_prompt(conv, changes.pop("system_prompt"))
         unknown = set(changes) - set(CHAT_KEYS)
         if unknown:
             raise ValueError(f"not a chat setting: {', '.join(sorted(unknown))}")

@@ -16,8 +16,9 @@ import copy
 import time
 from typing import Callable
 
+from ds4tui.chat import branches
 from ds4tui.chat.checkpoints import Checkpoints
-from ds4tui.chat.conversation import MAX_TITLE_CHARS, Conversation
+from ds4tui.chat.conversation import Conversation
 from ds4tui.chat.events import ChatEvent, Done, FitCheck, Forked
 from ds4tui.chat.next_turn import opening
 from ds4tui.chat.pool import SessionPool
@@ -49,45 +50,20 @@ class Moves:
 
     def begin_regenerate(self, conv: Conversation) -> tuple[int, dict]:
         """Take the last reply off (kept among its versions); the turn then answers again."""
-        if not conv.messages or conv.messages[-1].get("role") != "assistant":
-            raise ValueError("the chat does not end with a reply: nothing to regenerate")
-        index = len(conv.messages) - 1
-        old = conv.messages.pop()
-        versions = conv.alternatives.setdefault(index, [old["content"]])
-        if old["content"] not in versions:
-            versions.append(old["content"])
-        return index, old
+        return branches.begin_regenerate(conv)
 
     def end_regenerate(self, conv: Conversation, index: int, old: dict, done: Done | None) -> None:
-        if done is None:  # cancelled or failed before a token: the old reply is back
-            if not conv.messages or conv.messages[-1].get("role") != "user":
-                return
-            conv.messages.append(old)
-            return
-        conv.alternatives[index].append(conv.messages[index]["content"])
+        branches.end_regenerate(conv, index, old, done)
 
     def show_alternative(self, conv: Conversation, index: int, step: int) -> str:
-        if index != len(conv.messages) - 1 or conv.messages[index].get("role") != "assistant":
-            raise ValueError("only the last reply can switch versions")
-        versions = conv.alternatives.get(index)
-        if not versions:
-            raise ValueError("this reply has no other versions")
-        shown, count = conv.alternative_index(index)
-        pick = min(max(shown + step, 0), count - 1)
-        conv.messages[index] = {"role": "assistant", "content": versions[pick]}
-        return versions[pick]
+        return branches.show_alternative(conv, index, step)
 
     # -- edit and fork -------------------------------------------------------------------------------
 
     def fork_title(self, title: str) -> str:
         """"title (fork)", or "title (fork N)" when an open or saved chat has that title."""
-        taken = {c.title for c in self.conversations.all()}
-        taken |= {s.title for s in self.saved.listing()}
-        base = title[: MAX_TITLE_CHARS - 12]
-        name, n = f"{base} (fork)", 2
-        while name in taken:
-            name, n = f"{base} (fork {n})", n + 1
-        return name
+        taken = {c.title for c in self.conversations.all()} | {s.title for s in self.saved.listing()}
+        return branches.fork_title(title, taken)
 
     def keep_continuation(self, conv: Conversation, index: int, on_event: EventFn) -> Conversation | None:
         """Before an edit of message `index`: the chat as it is becomes a fork (its titled file,
@@ -200,11 +176,4 @@ class Moves:
         return FitCheck(False, n, reserve, ctx, drop_turns, drop_prefill, self._count(system + [user]))
 
     def drop_oldest(self, conv: Conversation, turns: int) -> None:
-        system = 1 if conv.messages and conv.messages[0].get("role") == "system" else 0
-        starts = [i for i, m in enumerate(conv.messages) if i >= system and m.get("role") == "user"]
-        if not 0 < turns <= len(starts):
-            raise ValueError(f"cannot drop {turns} of {len(starts)} exchanges")
-        cut = starts[turns] if turns < len(starts) else len(conv.messages)
-        dropped = cut - system
-        conv.messages = conv.messages[:system] + conv.messages[cut:]
-        conv.alternatives = {i - dropped: v for i, v in conv.alternatives.items() if i >= cut}
+        branches.drop_oldest(conv, turns)

@@ -1,23 +1,30 @@
 """The chat against a remote OpenAI-compatible server (`ds4tui --engine URL`).
 
-The same public interface as `ChatController`, so the chat screen drives either
-one: conversations, send (streamed, with the same events), cancel, titles,
-saved sessions, resume. What differs underneath:
+One of the two chat backends (chat/backend.py, `ChatBackend`): the chat screen drives it
+as it drives the embedded `ChatController`, every move included. What differs underneath:
 - the model runs on the server: every turn sends the whole conversation and the
   server's own prefix cache makes the resend cheap (`ds4tui serve`, llama-server,
-  vLLM and SGLang all keep one);
-- history is kept here as transcripts (chat/transcripts.py), listed and resumed
-  like titled sessions; there is no local KV cache (`cache_store` is None);
+  vLLM and SGLang all keep one); there is no local KV cache (`cache_store` is None);
+- history lives in the same conversation store as the embedded chats' (chat/history.py,
+  the engine recorded as this URL, the model as the server names it): a turn is
+  committed before its reply and again when it ends; regenerate keeps the old reply as a
+  version, an edit keeps the old continuation as a fork, a fork is a new stored chat;
+- the moves are only message bookkeeping (chat/branches.py): the server re-reads what
+  its cache does not hold;
+- the context fit check uses the server's reported token counts, scaled to the next
+  message, when the server says its context (`max_model_len` in /v1/models: vLLM,
+  ds4tui serve); without one every message is sent and the server's refusal is the answer;
 - cancel closes the HTTP stream, which every server takes as "stop generating";
 - a failure (connection refused, 401, 429, a stream that drops) is one ChatError
   line and the user message is withdrawn, so the screen puts the text back.
 
-Threading as ChatController: `send`/`resume` block in one worker thread; `cancel`
-may come from any thread.
+Threading as ChatController: `send` and the moves block in one worker thread; `cancel`
+may come from any thread, the listings and lookups from the UI thread.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -26,20 +33,27 @@ from typing import Callable
 import httpx
 
 from ds4tui import paths
-from ds4tui.chat.checkpoints import SavedSession
+from ds4tui.chat import branches
 from ds4tui.chat.conversation import MAX_TITLE_CHARS, Conversation, default_title
-from ds4tui.chat.events import Cancelled, ChatError, ChatEvent, Done, Waiting
+from ds4tui.chat.events import (Cancelled, ChatError, ChatEvent, ContextWontFit, Done, FitCheck, Forked,
+                                HistoryOpened, Waiting)
+from ds4tui.chat.history import ChatHit, History
+from ds4tui.chat.history_import import ImportReport, import_existing
 from ds4tui.chat.registry import Conversations, OpenChats
 from ds4tui.chat.remote_stream import ReplyReader, RemoteError, sse_data
-from ds4tui.chat.settings import Settings
-from ds4tui.chat.transcripts import Transcript, Transcripts
+from ds4tui.chat.settings import CHAT_KEYS, Settings
 from ds4tui.config import Config
 from ds4tui.engine.sampling import SamplingParams
+from ds4tui.store import ConversationStore, StoredChat, StoreError, open_store
 
 EventFn = Callable[[ChatEvent], None]
 CONNECT_S = 10.0
 READ_S = 600.0  # a long prompt on a slow server may take minutes before its first byte
 WAITING_TICK_S = 0.5  # how often the "waiting for the server" line updates
+# Tokens a message must leave for its reply (as the embedded chat: moves.REPLY_RESERVE).
+REPLY_RESERVE = 256
+# What /v1/models may say a model's context is: vLLM and ds4tui serve, LM Studio, OpenRouter.
+CONTEXT_FIELDS = ("max_model_len", "context_length", "max_context_length")
 
 
 def _ignore(_: ChatEvent) -> None:
@@ -60,20 +74,23 @@ class RemoteChatController(OpenChats):
     conversation_kind = RemoteConversation
 
     def __init__(self, endpoint: str, config: Config | None = None, *, api_key: str | None = None,
-                 model: str | None = None, transcripts_dir: str | None = None,
+                 model: str | None = None, store: ConversationStore | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.settings = Settings(config)
         self.conversations = Conversations()
-        self.transcripts = Transcripts(transcripts_dir or paths.transcripts_dir())
+        # The record of every chat, shared with the embedded chat: this engine is the URL.
+        self.history = History(store or open_store(paths.store_path(self.settings.config.data_dir)),
+                               model_spec=model or "", engine=self.endpoint)
         self._model_id = model
+        self._context: int | None = None  # the server's context, when /v1/models says it
+        self._models_asked = False
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(headers=headers, transport=transport,
                                   timeout=httpx.Timeout(READ_S, connect=CONNECT_S))
         self._cancel = threading.Event()
         self._lock = threading.Lock()
         self.disk_cache_notice: str | None = None  # the KV cache is the server's own
-        self.history_notice: str | None = None
         self._response: httpx.Response | None = None
 
     # -- what the screen shows ----------------------------------------------------------------
@@ -99,7 +116,11 @@ class RemoteChatController(OpenChats):
         return None
 
     def ctx_size(self) -> int:
-        return 0  # the server's; OpenAI's API does not say it
+        """The server's context when its /v1/models said it (after the first turn), else 0."""
+        return self._context or 0
+
+    def has_sliding_window(self) -> bool:
+        return False  # the server's sessions: no storage policy to set from here
 
     def warm_up(self) -> None:
         pass
@@ -107,41 +128,14 @@ class RemoteChatController(OpenChats):
     def live_count(self) -> int:
         return 0
 
+    @property
+    def history_notice(self) -> str | None:
+        """Set when the store's file could not be used and chats are kept in memory only."""
+        return self.history.notice
+
     # -- conversations ------------------------------------------------------------------------
 
     # new_conversation, get, find, list: OpenChats (registry.py), opening RemoteConversations
-
-    def saved_sessions(self, with_problems: bool = False) -> list[SavedSession]:
-        """Remote chats kept here as transcripts (a transcript has no state that can break)."""
-        open_names = {c.saved_sha for c in self.conversations.all() if c.saved_sha}
-        return [s for s in self.transcripts.listing() if s.sha not in open_names]
-
-    def find_saved(self, query: str) -> list[SavedSession]:
-        return self.transcripts.find(query)
-
-    # The chat screen lists stored chats; until remote chats move into the conversation store,
-    # their transcripts are shown as such rows (the id is the transcript's name).
-
-    def import_existing(self):
-        from ds4tui.chat.history_import import ImportReport
-
-        return ImportReport()
-
-    def stored_chats(self, archived: bool = False) -> list:
-        from ds4tui.store import StoredChat
-
-        if archived:
-            return []
-        return [StoredChat(id=s.sha, title=s.title, model=self._model_id or "", engine=self.endpoint,
-                           system_prompt=None, settings={}, created_at=s.created_at, updated_at=s.last_used,
-                           kv_sha=None, kv_tokens=0, forked_from=None, archived=False)
-                for s in self.saved_sessions()]
-
-    def kv_on_disk(self, chat) -> bool:
-        return True  # the server holds what it holds; nothing to re-prefill here
-
-    def open_stored(self, chat_id: str, on_event: EventFn = _ignore) -> Conversation:
-        return self.resume(chat_id, on_event)
 
     def rename(self, key: str, title: str, on_event: EventFn = _ignore) -> None:
         title = " ".join(title.split())
@@ -149,8 +143,7 @@ class RemoteChatController(OpenChats):
             raise ValueError("a title must not be empty")
         conv = self.get(key)
         conv.title = default_title(title, MAX_TITLE_CHARS) if len(title) > MAX_TITLE_CHARS else title
-        if conv.saved_sha:
-            self._save(conv, on_event)
+        self.history.commit(conv, on_event)
 
     def close(self, key: str, on_event: EventFn = _ignore) -> None:
         self.conversations.remove(key)
@@ -160,6 +153,50 @@ class RemoteChatController(OpenChats):
 
     def update_config(self, **changes) -> None:
         self.settings.update(**changes)
+
+    def fresh_like(self, key: str) -> Conversation:
+        """A new, empty chat carrying this chat's system prompt and settings."""
+        conv = self.get(key)
+        fresh = self.new_conversation(conv.system_prompt or "")
+        fresh.overrides = dict(conv.overrides)
+        return fresh
+
+    def import_messages(self, messages: list[dict], title: str | None = None,
+                        created_at: int | None = None) -> Conversation:
+        """Open a transcript (OpenAI messages) as a new chat; its next message sends it all."""
+        conv = RemoteConversation(key=self.conversations.new_key(), title=title)
+        if created_at:
+            conv.created_at = created_at
+        conv.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        if conv.title is None:
+            first = next((m["content"] for m in conv.messages if m["role"] == "user"), "")
+            conv.title = default_title(first) if first else None
+        self.conversations.add(conv)
+        self.history.commit(conv)
+        return conv
+
+    # -- per-chat settings -------------------------------------------------------------------------
+
+    def chat_settings(self, key: str) -> dict:
+        """The active chat's system prompt and sampling, as its next request will send them."""
+        conv = self.get(key)
+        out = {k: self.settings.value(k, conv) for k in CHAT_KEYS}
+        out["system_prompt"] = conv.system_prompt
+        return out
+
+    def set_chat_settings(self, key: str, **changes) -> None:
+        """Change one chat's sampling (CHAT_KEYS, sent with each of its requests) and system
+        prompt (its first message); new chats keep the config's defaults."""
+        conv = self.get(key)
+        if conv.busy:
+            raise RuntimeError(f"conversation {key} is busy")
+        unknown = set(changes) - set(CHAT_KEYS) - {"system_prompt"}
+        if unknown:
+            raise ValueError(f"not a chat setting: {', '.join(sorted(unknown))}")
+        if "system_prompt" in changes:
+            branches.set_system_prompt(conv, changes.pop("system_prompt"))
+        conv.overrides.update(changes)
+        self.history.commit(conv)
 
     # -- a turn -------------------------------------------------------------------------------
 
@@ -172,33 +209,56 @@ class RemoteChatController(OpenChats):
             response.close()
 
     def send(self, key: str, text: str, on_event: EventFn = _ignore) -> Done | None:
+        """Add a user message and stream the reply. Returns Done, or None when cancelled before
+        a token or failed (the message is then withdrawn). A message the server's context
+        cannot hold (check_fit) is not sent: a ContextWontFit event carries the choices."""
+        conv = self._claim(key)
+        try:
+            check = self._fit(conv, text)
+            if not check.fits:
+                on_event(ContextWontFit(check))
+                return None
+            conv.messages.append({"role": "user", "content": text})
+            if conv.title is None:
+                conv.title = default_title(text)
+            return self._turn(conv, on_event)
+        finally:
+            conv.busy = False
+
+    def _claim(self, key: str) -> Conversation:
         conv = self.get(key)
         if conv.busy:
             raise RuntimeError(f"conversation {key} is already generating")
         self._cancel.clear()
         conv.busy = True
         conv.touch()
-        conv.messages.append({"role": "user", "content": text})
-        if conv.title is None:
-            conv.title = default_title(text)
+        return conv
+
+    def _turn(self, conv: Conversation, on_event: EventFn, withdraw: bool = True, regenerated: bool = False,
+              seed_offset: int = 0) -> Done | None:
+        """One request on conv's messages (they end with the user message), committed before
+        (the message) and after (the reply, or as much of it as a cancel left)."""
         try:
-            done = self._turn(conv, on_event)
+            self._model()  # the server's model names the chat in the store
+            if conv.model_spec != self.history.model_spec:
+                self.history.record_model(conv)  # a chat of another engine continues here
+            self.history.commit(conv, on_event)  # a crash while it streams loses only the reply
+            done = self._stream(conv, on_event, seed_offset)
         except RemoteError as exc:
             on_event(ChatError("remote", str(exc)))
             done = None
         except Exception as exc:  # a bug must not take the app down
             on_event(ChatError("remote", f"{type(exc).__name__}: {exc}"))
             done = None
-        finally:
-            conv.busy = False
-        if done is None and conv.messages and conv.messages[-1].get("role") == "user":
+        if done is not None and regenerated:
+            done = dataclasses.replace(done, regenerated=True)
+        if withdraw and done is None and conv.messages and conv.messages[-1].get("role") == "user":
             conv.messages.pop()
-        if done is not None:
-            self._save(conv, on_event)
+        self.history.commit(conv, on_event)
         return done
 
-    def _turn(self, conv: Conversation, on_event: EventFn) -> Done | None:
-        body = self._body(conv.messages)
+    def _stream(self, conv: Conversation, on_event: EventFn, seed_offset: int = 0) -> Done | None:
+        body = self._body(conv, seed_offset)
         started = time.perf_counter()
         reader = ReplyReader(on_event, started)
         ticker = _WaitingTicker(on_event, started)
@@ -251,76 +311,277 @@ class RemoteChatController(OpenChats):
         on_event(done)
         return done
 
-    def _body(self, messages: list[dict]) -> dict:
-        c = self.config
+    def _body(self, conv: Conversation, seed_offset: int = 0) -> dict:
+        """The request: the whole history and this chat's sampling (its F3 settings, else the config's)."""
+        value = lambda k: self.settings.value(k, conv)  # noqa: E731
         body = {
             "model": self._model(),
-            "messages": messages,
+            "messages": conv.messages,
             "stream": True,
             "stream_options": {"include_usage": True},
-            "max_tokens": c.max_tokens,
-            "temperature": c.temperature,
-            "top_p": c.top_p,
+            "max_tokens": int(value("max_tokens")),
+            "temperature": value("temperature"),
+            "top_p": value("top_p"),
             "return_progress": True,  # llama-server's prefill progress; other servers ignore it
         }
-        if c.min_p > 0:
-            body["min_p"] = c.min_p  # vLLM, SGLang, llama-server and ds4tui serve take it
-        if c.seed is not None:
-            body["seed"] = c.seed
+        if value("min_p") > 0:
+            body["min_p"] = value("min_p")  # vLLM, SGLang, llama-server and ds4tui serve take it
+        if value("seed") is not None:
+            body["seed"] = value("seed") + seed_offset  # a regenerate with a fixed seed still differs
         return body
 
     def _model(self) -> str:
-        """--remote-model, else the first model the server lists (asked once)."""
-        if self._model_id is None:
+        """--remote-model, else the first model the server lists; /v1/models is asked once,
+        also for the model's context when the server says it."""
+        if not self._models_asked:
             try:
                 r = self._http.get(f"{self.endpoint}/models", timeout=CONNECT_S)
-            except httpx.HTTPError as exc:
-                raise RemoteError(describe_transport(exc, self.endpoint, 0)) from None
-            if r.status_code != 200:
-                raise RemoteError(describe_status(r, self.endpoint))
-            try:
-                self._model_id = str(r.json()["data"][0]["id"])
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise RemoteError(f"{self.endpoint}/models lists no model: pass --remote-model NAME") from None
+                listed = r.json().get("data") if r.status_code == 200 else None
+            except (httpx.HTTPError, ValueError, AttributeError) as exc:
+                if self._model_id is None:
+                    if isinstance(exc, httpx.HTTPError):
+                        raise RemoteError(describe_transport(exc, self.endpoint, 0)) from None
+                    raise RemoteError(f"{self.endpoint}/models lists no model: pass --remote-model NAME") from None
+                listed = None  # the model is named: its context stays unknown
+            else:
+                if r.status_code != 200 and self._model_id is None:
+                    raise RemoteError(describe_status(r, self.endpoint))
+            entries = [m for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
+            if self._model_id is None:
+                if not entries or "id" not in entries[0]:
+                    raise RemoteError(f"{self.endpoint}/models lists no model: pass --remote-model NAME")
+                self._model_id = str(entries[0]["id"])
+            self._models_asked = True
+            mine = next((m for m in entries if str(m.get("id")) == self._model_id), None)
+            self._context = _context_of(mine) if mine is not None else None
+            self.history.model_spec = self._model_id
+        assert self._model_id is not None
         return self._model_id
 
-    # -- transcripts --------------------------------------------------------------------------
+    # -- the context ---------------------------------------------------------------------------------
 
-    def _save(self, conv: Conversation, on_event: EventFn) -> None:
-        conv.saved_sha = conv.saved_sha or self.transcripts.new_name()
+    def check_fit(self, key: str, text: str) -> FitCheck:
+        """Whether `text` as the next message fits the server's context with room for a reply,
+        and the choices when not (see _fit)."""
+        return self._fit(self.get(key), text)
+
+    def _fit(self, conv: Conversation, text: str, upto: int | None = None) -> FitCheck:
+        """The embedded chat's check on the server's numbers: the tokens it counted for this chat
+        last time, per character, give each message's size (a tokenizer we do not have would
+        give it exactly). With no context known or nothing counted yet, the message fits and
+        the server is the judge."""
+        ctx = self.ctx_size()
+        counted = conv.remote_tokens if isinstance(conv, RemoteConversation) else 0
+        sent = _chars(conv.messages)
+        if not ctx or not counted or not sent:
+            return FitCheck(True, 0, 0, ctx)
+        per_char = counted / sent
+        reserve = min(self.settings.max_tokens(conv), REPLY_RESERVE, max(1, ctx // 8))
+        return branches.fit_check(list(conv.messages[:upto] if upto is not None else conv.messages), text,
+                                  lambda ms: round(_chars(ms) * per_char), ctx, reserve)
+
+    def drop_oldest(self, key: str, turns: int) -> None:
+        """Drop the oldest `turns` user/assistant exchanges, keeping the system prompt (the
+        caller's choice after check_fit); the next request sends what is left."""
+        conv = self.get(key)
+        if conv.busy:
+            raise RuntimeError(f"conversation {key} is busy")
+        branches.drop_oldest(conv, turns)
+        if isinstance(conv, RemoteConversation):
+            conv.remote_tokens = 0  # what the server counted was the longer chat
+        self.history.commit(conv)
+
+    # -- conversation moves -------------------------------------------------------------------------
+
+    def regenerate(self, key: str, on_event: EventFn = _ignore) -> Done | None:
+        """Ask for the last reply again (the history up to it is resent); the old reply stays
+        as a version (`alternatives`, `show_alternative`), in the store too."""
+        conv = self._claim(key)
         try:
-            self.transcripts.save(Transcript(sha=conv.saved_sha, title=conv.display_title, created_at=conv.created_at,
-                                             messages=conv.messages, engine=self.endpoint, model=self._model_id or ""))
-        except OSError as exc:
-            on_event(ChatError("save", f"transcript not saved: {exc}"))
+            index, old = branches.begin_regenerate(conv)
+            done = self._turn(conv, on_event, withdraw=False, regenerated=True,
+                              seed_offset=len(conv.alternatives.get(index, [])))
+            branches.end_regenerate(conv, index, old, done)
+            self.history.commit(conv, on_event)
+            return done
+        finally:
+            conv.busy = False
+
+    def alternatives(self, key: str, index: int) -> tuple[int, int]:
+        """(shown, count) versions of the reply at message `index` (into conv.messages)."""
+        return self.get(key).alternative_index(index)
+
+    def show_alternative(self, key: str, index: int, step: int) -> str:
+        """Show the previous (-1) or next (+1) version of the last reply; returns its text. The
+        next message continues from the shown one (it is the one sent)."""
+        conv = self.get(key)
+        if conv.busy:
+            raise RuntimeError(f"conversation {key} is busy")
+        text = branches.show_alternative(conv, index, step)
+        self.history.commit(conv)  # the version shown is the branch the chat continues on
+        return text
+
+    def edit(self, key: str, index: int, text: str,
+             on_event: EventFn = _ignore) -> tuple[Done | None, Conversation | None]:
+        """Replace the user message at `index` and ask again. What followed it is kept as a fork
+        (returned, "title (fork)", a stored chat of its own). Returns (Done or None, the fork)."""
+        conv = self._claim(key)
+        try:
+            if not 0 <= index < len(conv.messages) or conv.messages[index].get("role") != "user":
+                raise ValueError(f"message {index} is not a user message")
+            check = self._fit(conv, text, upto=index)
+            if not check.fits:
+                on_event(ContextWontFit(check))
+                return None, None
+            fork = self._branch(conv, len(conv.messages), keep_created=True)
+            self.history.commit(fork, on_event, forked_from=conv.store_id)
+            del conv.messages[index:]
+            conv.alternatives = {i: v for i, v in conv.alternatives.items() if i < index}
+            conv.messages.append({"role": "user", "content": text})
+            return self._turn(conv, on_event), fork
+        finally:
+            conv.busy = False
+
+    def fork(self, key: str, upto: int, on_event: EventFn = _ignore) -> Conversation:
+        """A new chat holding conv.messages[:upto], stored as "title (fork)"; its first message
+        sends that history (a Forked event with nothing copied: the server's cache holds what
+        it holds)."""
+        t0 = time.perf_counter()
+        conv = self._claim(key)
+        try:
+            if not 0 < upto <= len(conv.messages):
+                raise ValueError(f"cannot fork at {upto} of {len(conv.messages)} messages")
+            fork = self._branch(conv, upto)
+        finally:
+            conv.busy = False
+        self.history.commit(fork, on_event, forked_from=conv.store_id)
+        on_event(Forked(conversation=fork.key, parent=conv.key, at_message=upto, tokens=0, source="none",
+                        replayed=0, ms=(time.perf_counter() - t0) * 1000.0))
+        return fork
+
+    def _branch(self, conv: Conversation, upto: int, keep_created: bool = False) -> Conversation:
+        taken = [c.title for c in self.list()] + [c.title for c in self.history.store.list()]
+        fork = branches.branch(conv, self.conversations.new_key(), branches.fork_title(conv.display_title, taken),
+                               upto, RemoteConversation, keep_created=keep_created)
+        fork.model_spec = conv.model_spec
+        return self.conversations.add(fork)
+
+    # -- finding and opening stored chats ------------------------------------------------------------
+
+    def search(self, pattern: str, regex: bool = False) -> list[ChatHit]:
+        """Every stored chat whose title or any message (every branch) matches (the store's
+        grep), each with how it opens here. ValueError for a bad regular expression."""
+        open_ids = {c.store_id for c in self.list() if c.store_id}
+        return [ChatHit(hit.chat.id, hit.chat.display_title, hit.where, hit.snippet,
+                        "open now" if hit.chat.id in open_ids else "the server re-reads it at the next message")
+                for hit in self.history.store.grep(pattern, regex=regex)]
 
     def resume(self, query: str, on_event: EventFn = _ignore) -> Conversation:
-        """Open a transcript by name prefix or title; LookupError when none or several match."""
-        for conv in self.conversations.all():
-            if conv.saved_sha and (conv.saved_sha.startswith(query.lower()) or conv.title == query):
-                conv.touch()
-                return conv
-        matches = self.transcripts.find(query)
-        if not matches:
-            raise LookupError(f"no saved conversation matches {query!r}")
-        if len(matches) > 1:
-            names = ", ".join(f"{m.sha[:12]} {m.title!r}" for m in matches[:5])
-            raise LookupError(f"{query!r} matches {len(matches)} saved conversations: {names}")
-        return self.open_file(matches[0].sha, on_event)
+        """Open a stored chat by its id prefix or title; LookupError when none or several match."""
+        found = self.history.store.find(query)
+        if len(found) > 1:
+            names = ", ".join(f"{c.id[:8]} {c.display_title!r}" for c in found[:5])
+            raise LookupError(f"{query!r} matches {len(found)} chats: {names}")
+        if not found:
+            raise LookupError(f"no chat matches {query!r} (see `ds4tui chats ls`)")
+        return self.open_stored(found[0].id, on_event)
 
     def open_file(self, sha: str, on_event: EventFn = _ignore) -> Conversation:
-        for conv in self.conversations.all():
-            if conv.saved_sha == sha:
+        """The cache browser's resume: the stored chat whose titled .kv file is `sha` (its text
+        goes to the server); LookupError for any other file."""
+        stored = self.history.store.by_kv_sha(sha)
+        if stored is None:
+            raise LookupError(f"{sha[:12]} is no stored chat's file: a .kv file alone needs the embedded engine")
+        return self.open_stored(stored.id, on_event)
+
+    def import_existing(self) -> ImportReport:
+        """Bring the remote JSON transcripts of an older ds4tui into the store, once per file
+        (chat/history_import.py); the titled .kv sessions are the embedded chat's to import.
+        Reads files: call off the UI thread."""
+        return import_existing(self.history.store, None, paths.transcripts_dir())
+
+    def stored_chats(self, archived: bool = False) -> list[StoredChat]:
+        """Every stored chat that is not open now (local ones too: their text is sent), most
+        recently used first."""
+        return self.history.listing({c.store_id for c in self.list() if c.store_id}, archived)
+
+    def kv_on_disk(self, chat: StoredChat) -> bool:
+        """Always False: what the server keeps of a chat is its own business; here only the text."""
+        return False
+
+    def open_stored(self, chat_id: str, on_event: EventFn = _ignore) -> Conversation:
+        """Open a stored chat: its messages and versions now; the next message sends them all
+        (a HistoryOpened event says so)."""
+        for conv in self.list():
+            if conv.store_id == chat_id:
                 conv.touch()
                 return conv
-        t = self.transcripts.load(sha)
-        conv = RemoteConversation(key=self.conversations.new_key(), title=t.title, created_at=t.created_at,
-                                  messages=list(t.messages), saved_sha=sha)
-        return self.conversations.add(conv)
+        stored = self.history.store.load(chat_id)
+        base = self.history.conversation(stored, self.conversations.new_key())
+        conv = RemoteConversation(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+        conv.parked_tokens = 0
+        self.conversations.add(conv)
+        other = stored.model if stored.model and stored.model != self.history.model_spec else None
+        on_event(HistoryOpened(conversation=conv.key, kv_tokens=0, prefill_tokens=0, made_with=other, remote=True))
+        return conv
+
+    # -- delete and archive ------------------------------------------------------------------------
+
+    def delete(self, key: str, on_event: EventFn = _ignore) -> int:
+        """Delete an open chat for good: its stored history, and the titled .kv file of a local
+        chat continued here. Returns the number of files removed."""
+        conv = self.get(key)
+        if conv.busy:
+            raise RuntimeError(f"conversation {key} is generating: cancel it first")
+        files = self._delete_kv(conv.saved_sha)
+        if conv.store_id is not None:
+            self.history.forget(conv.store_id)
+        self.conversations.remove(key)
+        return files
+
+    def delete_stored(self, chat_id: str) -> int:
+        """Delete a chat that is not open (the sidebar's stored rows)."""
+        for conv in self.list():
+            if conv.store_id == chat_id:
+                return self.delete(conv.key)
+        stored = self.history.store.get(chat_id)
+        if stored is None:
+            raise LookupError(f"no conversation {chat_id[:12]} in the store")
+        files = self._delete_kv(stored.kv_sha)
+        self.history.forget(chat_id)
+        return files
+
+    def archive(self, chat_id: str, archived: bool = True) -> None:
+        """Hide a stored chat from the list (kept whole; `ds4tui chats ls --archived`)."""
+        self.history.store.update(chat_id, archived=archived)
+
+    def _delete_kv(self, sha: str | None) -> int:
+        """A local chat's titled file, when this config's cache directory has it (a remote chat has none)."""
+        if not sha or self.config.no_disk_cache:
+            return 0
+        from ds4tui.cache import KvStore
+
+        try:
+            kv = KvStore(self.config.cache_path())
+            return int(kv.path_for(sha).exists() and kv.delete(sha))
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"cannot remove its .kv file: {exc}") from None
 
     def shutdown(self, on_event: EventFn = _ignore) -> None:
-        """Stop what runs; transcripts are already saved after every reply."""
+        """Stop what runs; every turn is already in the store."""
         self.cancel()
+
+
+def _chars(messages: list[dict]) -> int:
+    return sum(len(m.get("content", "")) for m in messages)
+
+
+def _context_of(entry: dict) -> int | None:
+    for key in CONTEXT_FIELDS:
+        value = entry.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def _has_signal(chunk: object) -> bool:

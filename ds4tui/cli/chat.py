@@ -245,10 +245,11 @@ def run_remote_chat(args: argparse.Namespace, config) -> int:
     controller = remote_controller(args, config)
     resume = getattr(args, "resume", None)
     if resume:
-        matches = controller.find_saved(resume)
+        matches = controller.history.store.find(resume)
         if len(matches) != 1:
-            found = "nothing" if not matches else f"{len(matches)} conversations"
-            raise CliError(f"--resume {resume!r} matches {found} in {controller.transcripts.directory}")
+            found = "nothing" if not matches else f"{len(matches)} chats"
+            where = controller.history.store.path or "the store (in memory)"
+            raise CliError(f"--resume {resume!r} matches {found} in {where} (see `ds4tui chats ls`)")
     from ds4tui.screens.app import Ds4TuiApp
 
     Ds4TuiApp(config, controller=controller, resume=resume).run()

@@ -22,7 +22,7 @@ from ds4tui.screens.commands import ChatCommands
 from ds4tui.screens.terminal_watch import CHECK_EVERY_S, terminal_gone
 
 if TYPE_CHECKING:
-    from ds4tui.chat.controller import ChatController
+    from ds4tui.chat.backend import ChatBackend
     from ds4tui.engine.model import Model
 
 
@@ -45,7 +45,7 @@ class Ds4TuiApp(App[None]):
     """
 
     def __init__(self, config: Config | None = None, *, model: Model | None = None,
-                 controller: ChatController | None = None, resume: str | None = None,
+                 controller: ChatBackend | None = None, resume: str | None = None,
                  cursor_blink: bool = True, imported: dict | None = None) -> None:
         """
         Args:

@@ -51,7 +51,7 @@ from ds4tui.screens.widgets.prompt_input import PromptInput
 from ds4tui.screens.widgets.status_bar import StatusBar
 
 if TYPE_CHECKING:
-    from ds4tui.chat.controller import ChatController
+    from ds4tui.chat.backend import ChatBackend
     from ds4tui.engine.model import Model
 
 
@@ -151,7 +151,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
     class SessionsSaved(Message):
         """The shutdown saves are done; the app may exit."""
 
-    def __init__(self, config: Config, *, model: Model | None = None, controller: ChatController | None = None,
+    def __init__(self, config: Config, *, model: Model | None = None, controller: ChatBackend | None = None,
                  resume: str | None = None, cursor_blink: bool = True, imported: dict | None = None) -> None:
         """
         Args:

@@ -86,7 +86,7 @@ class ChatDialogs:
             self.notify(settings_notice(dialog.saved_to), markup=False)
 
         # A remote controller (ds4tui --engine) has no local model: no SWA field, no template default.
-        sliding = getattr(self.controller, "has_sliding_window", lambda: False)()
+        sliding = self.controller.has_sliding_window()
         template = getattr(getattr(self.controller, "model", None), "chat", None)
         dialog = SettingsScreen(self.controller.config, chat, sliding_window=sliding,
                                 default_system_prompt=getattr(template, "default_system_prompt", None))

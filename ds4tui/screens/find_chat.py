@@ -2,7 +2,8 @@
 the matching line and how it would open, Enter opens it.
 
 Owns the search box and the result list; the search runs on a thread worker (it reads the
-store and checks files) through `ChatController.search`. Dismisses with the chosen chat's id.
+store and checks files) through the controller's `search` (chat/backend.py). Dismisses with
+the chosen chat's id.
 Everything from a file is shown as plain text (format.display), never markup.
 """
 

@@ -72,7 +72,12 @@ def create_app(engine: EngineQueue, *, model_name: str, api_key: str | None, max
         return JSONResponse({"status": "ok", "model": model_name, **engine.state()})
 
     async def models(request: Request) -> Response:
-        return authorized(request) or JSONResponse(p.models_body(model_name, created))
+        refused = authorized(request)
+        if refused is not None:
+            return refused
+        # Off the event loop: the first ask may probe the engine with a session.
+        context = await asyncio.to_thread(lambda: engine.context)
+        return JSONResponse(p.models_body(model_name, created, context))
 
     async def chat_completions(request: Request) -> Response:
         return await run(request, p.parse_chat_request, text=False)

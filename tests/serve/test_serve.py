@@ -34,7 +34,8 @@ def reference(model, messages, max_tokens=8) -> str:
 
 
 def test_models_and_health(server):
-    assert [m.id for m in client(server).models.list().data] == ["tiny-llama"]
+    [model] = client(server).models.list().data
+    assert model.id == "tiny-llama" and model.max_model_len == 2048  # the context, as vLLM names it
     state = server.health()
     assert state["status"] == "ok" and state["model"] == "tiny-llama"
 
