@@ -331,31 +331,31 @@ class RemoteChatController(OpenChats):
         return body
 
     def _model(self) -> str:
-        """--remote-model, else the first model the server lists; /v1/models is asked once,
-        also for the model's context when the server says it."""
-        if not self._models_asked:
-            try:
-                r = self._http.get(f"{self.endpoint}/models", timeout=CONNECT_S)
-                listed = r.json().get("data") if r.status_code == 200 else None
-            except (httpx.HTTPError, ValueError, AttributeError) as exc:
-                if self._model_id is None:
-                    if isinstance(exc, httpx.HTTPError):
-                        raise RemoteError(describe_transport(exc, self.endpoint, 0)) from None
-                    raise RemoteError(f"{self.endpoint}/models lists no model: pass --remote-model NAME") from None
-                listed = None  # the model is named: its context stays unknown
-            else:
-                if r.status_code != 200 and self._model_id is None:
-                    raise RemoteError(describe_status(r, self.endpoint))
-            entries = [m for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
+        """--remote-model, else the first model the server lists. /v1/models is asked until it
+        answers once, also for the model's context where the server says it."""
+        if self._models_asked:
+            assert self._model_id is not None
+            return self._model_id
+        try:
+            r = self._http.get(f"{self.endpoint}/models", timeout=CONNECT_S)
+        except httpx.HTTPError as exc:
             if self._model_id is None:
-                if not entries or "id" not in entries[0]:
-                    raise RemoteError(f"{self.endpoint}/models lists no model: pass --remote-model NAME")
-                self._model_id = str(entries[0]["id"])
-            self._models_asked = True
-            mine = next((m for m in entries if str(m.get("id")) == self._model_id), None)
-            self._context = _context_of(mine) if mine is not None else None
-            self.history.model_spec = self._model_id
-        assert self._model_id is not None
+                raise RemoteError(describe_transport(exc, self.endpoint, 0)) from None
+            return self._model_id  # named: the context is asked for again next turn
+        if r.status_code != 200 and self._model_id is None:
+            raise RemoteError(describe_status(r, self.endpoint))
+        try:
+            entries = [m for m in r.json()["data"] if isinstance(m, dict)] if r.status_code == 200 else []
+        except (ValueError, KeyError, TypeError):
+            entries = []
+        if self._model_id is None:
+            if not entries or "id" not in entries[0]:
+                raise RemoteError(f"{self.endpoint}/models lists no model: pass --remote-model NAME")
+            self._model_id = str(entries[0]["id"])
+        self._models_asked = True
+        mine = next((m for m in entries if str(m.get("id")) == self._model_id), None)
+        self._context = _context_of(mine) if mine is not None else None
+        self.history.model_spec = self._model_id
         return self._model_id
 
     # -- the context ---------------------------------------------------------------------------------

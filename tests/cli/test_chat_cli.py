@@ -109,3 +109,20 @@ def test_usage_shows_the_chat_needs_no_command(capsys):
     with pytest.raises(SystemExit):
         main(["kv", "--help"])  # a subcommand's usage names it after the program, not after the usage
     assert capsys.readouterr().out.startswith("usage: ds4tui kv [-h] VERB ...")
+
+
+def test_remote_resume_looks_in_the_conversation_store(tmp_path, capsys):
+    """`--engine URL --resume NAME` finds the chat in the store (local and remote chats alike),
+    before any connection: a name that matches nothing or several is one line."""
+    from ds4tui.store import open_store
+
+    store = open_store(paths.store_path(tmp_path))
+    for title in ("Remote plans", "Remote plans, again"):
+        store.commit(store.create(title=title, engine="http://127.0.0.1:9/v1"), [{"role": "user", "content": "hi"}])
+    store.close()
+    engine = ["--engine", "http://127.0.0.1:9/v1", "--data-dir", str(tmp_path)]
+    assert main([*engine, "--resume", "nothing like it"]) == 1
+    err = capsys.readouterr().err
+    assert "--resume 'nothing like it' matches nothing in" in err and "conversations.sqlite3" in err
+    assert main([*engine, "--resume", "Remote"]) == 1
+    assert "matches 2 chats" in capsys.readouterr().err
