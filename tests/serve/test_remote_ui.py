@@ -128,7 +128,8 @@ async def test_regenerate_edit_and_fork_keys_on_the_remote_chat(server, tiny_lla
         assert not app.events(ev.ChatError)
 
 
-async def test_find_and_delete_on_the_remote_chat(server, tiny_llama, tmp_path):
+async def test_find_export_archive_and_delete_on_the_remote_chat(server, tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the export's files go to the working directory
     app = ChatHost(tiny_llama, controller=remote(server.url, tmp_path))
     async with app.run_test(size=SIZE) as pilot:
         await send(pilot, "Where is the remote lighthouse?")
@@ -146,6 +147,14 @@ async def test_find_and_delete_on_the_remote_chat(server, tiny_llama, tmp_path):
         await pilot.press("enter")
         resumed = await app.wait_for(ChatScreen.Resumed, after=mark)
         assert resumed.error is None and resumed.key == key  # the chat open already: shown
+
+        app.chat.action_export_chat()  # the palette's "Export chat"
+        import json
+
+        exported = json.loads((tmp_path / "Where-is-the-remote-lighthouse.json").read_text())
+        assert exported["messages"] == ctl.get(key).messages
+        app.chat.action_archive_chat()  # the palette's "Archive chat"
+        assert ctl.history.store.get(chat_id).archived
 
         app.chat.action_delete_chat()  # the palette's "Delete chat"
         await pilot.pause()
