@@ -140,7 +140,7 @@ async def test_find_export_archive_and_delete_on_the_remote_chat(server, tiny_ll
         results = await _results(pilot, app.screen, "remote lighthouse")
         assert results.option_count == 1
         text = str(results.get_option_at_index(0).prompt)
-        assert "Where is the remote lighthouse?" in text and "sent to the server" in text
+        assert "Where is the remote lighthouse?" in text and "open now" in text
         results.focus()
         results.highlighted = 0
         mark = len(app.seen)
