@@ -64,7 +64,7 @@ class ChatController(OpenChats):
         # notice the UI shows (this session's chats are then at risk, and it says so).
         self.history = History(store or open_store(paths.store_path(self.settings.config.data_dir)),
                                model_spec=self.settings.config.model)
-        self.policy = policy or CachePolicy(budget_mb=self.settings.config.budget_mb)
+        self.policy = policy or self.settings.config.cache_policy()  # budget and checkpoint interval
         self.checkpoints: Checkpoints | None = None
         # Set when the disk cache is off because its directory cannot be used (not a
         # directory, read-only): one line the UI shows; the chat goes on without it.
