@@ -41,7 +41,7 @@ import torch
 from ds4tui.engine.llama.gguf import load_llama_gguf
 from ds4tui.engine.llama.session import LlamaSession
 from ds4tui.engine.llama.tiny import CHAT_TEMPLATE
-from tests.engine.llama.arch_models import VOCAB, WINDOW, hf_model, llama_cpp_permute, reference_logits, scaled
+from tests.engine.llama.arch_models import VOCAB, WINDOW, hf_model, reference_logits, scaled
 
 pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
