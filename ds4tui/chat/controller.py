@@ -384,13 +384,6 @@ class ChatController(OpenChats):
 
     # -- per-chat settings -------------------------------------------------------------------------
 
-    def chat_settings(self, key: str) -> dict:
-        """The active chat's system prompt and sampling, as its next turn will use them."""
-        conv = self.get(key)
-        out = {k: self.settings.value(k, conv) for k in CHAT_KEYS}
-        out["system_prompt"] = conv.system_prompt
-        return out
-
     def set_chat_settings(self, key: str, **changes) -> None:
         """Change one chat's sampling (CHAT_KEYS) and system prompt; new chats keep the
         config's defaults. A new system prompt changes the first message: the next turn

@@ -11,6 +11,7 @@ import itertools
 import threading
 
 from ds4tui.chat.conversation import Conversation
+from ds4tui.chat.settings import CHAT_KEYS, Settings
 
 
 class Conversations:
@@ -68,6 +69,7 @@ class OpenChats:
     `conversations` registry and `config` (whose system prompt a new chat starts with)."""
 
     conversations: Conversations
+    settings: Settings
     conversation_kind: type[Conversation] = Conversation
 
     def new_conversation(self, system_prompt: str | None = None) -> Conversation:
@@ -84,3 +86,10 @@ class OpenChats:
 
     def list(self) -> list[Conversation]:
         return self.conversations.all()
+
+    def chat_settings(self, key: str) -> dict:
+        """The chat's system prompt and sampling, as its next turn (or request) will use them."""
+        conv = self.get(key)
+        out = {k: self.settings.value(k, conv) for k in CHAT_KEYS}
+        out["system_prompt"] = conv.system_prompt
+        return out

@@ -177,13 +177,6 @@ class RemoteChatController(OpenChats):
 
     # -- per-chat settings -------------------------------------------------------------------------
 
-    def chat_settings(self, key: str) -> dict:
-        """The active chat's system prompt and sampling, as its next request will send them."""
-        conv = self.get(key)
-        out = {k: self.settings.value(k, conv) for k in CHAT_KEYS}
-        out["system_prompt"] = conv.system_prompt
-        return out
-
     def set_chat_settings(self, key: str, **changes) -> None:
         """Change one chat's sampling (CHAT_KEYS, sent with each of its requests) and system
         prompt (its first message); new chats keep the config's defaults."""

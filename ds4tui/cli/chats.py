@@ -308,17 +308,10 @@ def cmd_import(args) -> int:
         raise CliError("chats import takes FILE.json or --from-cache (one of them)")
     if args.from_cache:
         return _import_cache(args)
-    from ds4tui.chat.transcript import load_json_file
+    from ds4tui.cli.imports import read_chat_file
 
     shown = safe_text(args.file)
-    try:
-        messages, title, created_at = load_json_file(args.file)
-    except OSError as exc:
-        raise CliError(f"cannot read {shown}: {os_reason(exc)}") from None
-    except UnicodeDecodeError:
-        raise CliError(f"cannot import {shown}: not UTF-8 text") from None
-    except ValueError as exc:
-        raise CliError(f"cannot import {shown}: {exc}") from None
+    messages, title, created_at = read_chat_file(args.file)
     if not any(m["role"] == "user" for m in messages):
         raise CliError(f"cannot import {shown}: it holds no user message")
     system = messages[0]["content"] if messages[0]["role"] == "system" else None

@@ -24,19 +24,27 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_import)
 
 
-def cmd_import(args: argparse.Namespace) -> int:
+def read_chat_file(path: str) -> tuple[list[dict], str | None, int | None]:
+    """(messages, title, created_at) of an exported chat; CliError (one line) when it cannot
+    be read or is not one. `ds4tui import` and `ds4tui chats import` both read through here."""
     from ds4tui.chat.transcript import load_json_file
-    from ds4tui.cli.chat import run_chat
 
-    shown = safe_text(args.file)
+    shown = safe_text(path)
     try:
-        messages, title, created_at = load_json_file(args.file)
+        return load_json_file(path)
     except OSError as exc:
         raise CliError(f"cannot read {shown}: {os_reason(exc)}") from None
     except UnicodeDecodeError:
         raise CliError(f"cannot import {shown}: not UTF-8 text") from None
     except ValueError as exc:
         raise CliError(f"cannot import {shown}: {exc}") from None
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from ds4tui.cli.chat import run_chat
+
+    shown = safe_text(args.file)
+    messages, title, created_at = read_chat_file(args.file)
     if not messages:
         raise CliError(f"cannot import {shown}: it holds no messages")
     args.imported = {"messages": messages, "title": title, "created_at": created_at}
