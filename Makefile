@@ -8,7 +8,6 @@ STAMP := $(VENV)/.installed
 KERNELS := ds4tui/engine/kernels
 # Built by the editable install (setup.py), rebuilt here after an edit or a pull.
 KERNEL_LIB := $(KERNELS)/libds4k.so
-DEFAULT_MODEL := smollm2-135m-instruct
 # Pulled for the tests too: the real K-quant (Q4_K_M) Gemma 3 file checked against llama.cpp.
 TEST_MODELS := gemma3-270m
 
@@ -40,8 +39,9 @@ kernels: $(KERNEL_LIB)
 $(KERNEL_LIB): $(wildcard $(KERNELS)/*.c $(KERNELS)/*.h) $(KERNELS)/build.py | $(STAMP)
 	$(PY) -m ds4tui.engine.kernels.build $@ || echo "no C kernels built: ds4tui runs on its torch backend"
 
+# A bare `models pull` pulls the default model (DEFAULT_MODEL in ds4tui/engine/registry.py).
 model: install
-	$(PY) -m ds4tui models pull $(DEFAULT_MODEL)
+	$(PY) -m ds4tui models pull
 
 test-models: install
 	for m in $(TEST_MODELS); do $(PY) -m ds4tui models pull $$m || exit 1; done

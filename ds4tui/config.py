@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ds4tui import paths
+from ds4tui.engine.registry import DEFAULT_MODEL
 from ds4tui.format.swa_policy import check_policy_text
-
-DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 class ConfigError(ValueError):

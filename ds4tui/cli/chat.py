@@ -18,7 +18,9 @@ from ds4tui.command import command
 
 def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
     from ds4tui import paths
-    from ds4tui.config import DEFAULT_MODEL, Config
+    from ds4tui.config import Config
+    from ds4tui.engine.model import DEFAULT_CTX  # the contract module: no torch for `--help`
+    from ds4tui.engine.registry import DEFAULT_MODEL
 
     # The defaults printed are the real ones (the cache directory as resolved on this
     # machine now); the config file, when it sets a key, overrides them.
@@ -30,7 +32,8 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"where the chat history lives, DIR/{paths.STORE_FILE} (default: {paths.store_path()})")
     parser.add_argument("--budget-mb", type=int,
                         help=f"disk budget of the KV cache in MiB (default: {defaults.budget_mb})")
-    parser.add_argument("--ctx", type=int, help=f"context size in tokens (default: {DEFAULT_CTX_HELP})")
+    parser.add_argument("--ctx", type=int,
+                        help=f"context size in tokens (default: {DEFAULT_CTX}, or the model's own context if smaller)")
     parser.add_argument("--resume", metavar="ID_OR_TITLE",
                         help="open a saved chat: its id prefix (`ds4tui chats ls`), its title or the start of"
                              " its title (or a titled .kv file's name prefix)")
@@ -40,11 +43,6 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
     remote.add_argument("--engine", metavar="URL", help="the server's /v1 base URL, e.g. http://127.0.0.1:8008/v1")
     remote.add_argument("--api-key-env", metavar="VAR", help="send `Authorization: Bearer $VAR`")
     remote.add_argument("--remote-model", metavar="NAME", help="model name to request (default: the first the server lists)")
-
-
-# Both engines default a session to min(the model's trained context, 4096): engine/llama/model.py
-# and engine/dsv4/model.py (DEFAULT_CTX), not imported here so that `--help` loads no torch.
-DEFAULT_CTX_HELP = "4096, or the model's own context if smaller"
 
 
 def chat_config(args: argparse.Namespace):

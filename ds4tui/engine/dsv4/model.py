@@ -36,9 +36,8 @@ from ds4tui.engine.dsv4.weights import (
     weights_digest,
 )
 from ds4tui.engine.errors import WeightsError
-from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
+from ds4tui.engine.model import DEFAULT_CTX, ChatTemplate, Model, ModelInfo, Tokenizer
 
-DEFAULT_CTX = 4096  # sessions default to this (or the model's n_ctx if smaller)
 MAX_CHUNK = 2048  # ds4's prefill chunk: large enough for efficient matmuls, a multiple of 128
 
 _EXPERT_BITS = {"I8": 4, "F8_E4M3": 8, "BF16": 16, "F16": 16, "F32": 32, "F64": 64}

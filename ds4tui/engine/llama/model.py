@@ -40,13 +40,9 @@ from ds4tui.engine.llama.session import (
     kv_torch_dtype,
     new_kv,
 )
-from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
+from ds4tui.engine.model import DEFAULT_CTX, ChatTemplate, Model, ModelInfo, Tokenizer
 from ds4tui.engine.session import Session
 
-# A session's context when the caller names none: SmolLM2's 8192 would pin 377 MB of fp32 KV
-# (189 MB f16); 4096 (189 MB fp32, 94 MB f16) is plenty for a chat on a CPU, where filling it
-# takes tens of seconds.
-DEFAULT_CTX = 4096
 TOUCH_STEP = 1 << 22  # elements prepare_session touches between checks for the process's exit
 # Products of at most this many activation rows go through the weights' file blocks when
 # present (qgemm.c) with the scalar kernels: the measured crossover against fp32 torch
