@@ -132,7 +132,7 @@ def test_no_import_cycles():
      ("torch", "textual", "rich")),
     (["ds4tui.cache", "ds4tui.cache.store", "ds4tui.cache.scan", "ds4tui.cache.watch", "ds4tui.cli.kv",
       "ds4tui.chat.search", "ds4tui.chat.transcript", "ds4tui.cli.imports",
-      "ds4tui.chat.history_import", "ds4tui.chat.transcripts", "ds4tui.cli.chats"],
+      "ds4tui.chat.history_import", "ds4tui.chat.legacy_transcripts", "ds4tui.cli.chats"],
      ("torch", "textual", "rich")),
     (["ds4tui.chat.controller", "ds4tui.config", "ds4tui.bench.cache_bench"], UI_PACKAGES),
     # chat/remote.py is checked statically only: httpx itself imports rich for its CLI when rich is installed.

@@ -31,7 +31,7 @@ from ds4tui.chat.model_memo import remember, spec_for
 from ds4tui.format.payload import read_fingerprint
 from ds4tui.engine.errors import EngineError
 
-if TYPE_CHECKING:  # annotations only: SavedSession (and chat/transcripts.py) stay torch-free
+if TYPE_CHECKING:  # annotations only: SavedSession (and chat/legacy_transcripts.py) stay torch-free
     from ds4tui.engine.model import Model
     from ds4tui.engine.session import Session
 

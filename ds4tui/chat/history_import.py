@@ -25,7 +25,7 @@ from ds4tui.cache.safe_open import CacheDirError
 from ds4tui.cache.store import KvStore
 from ds4tui.chat.model_memo import file_fingerprint, spec_for
 from ds4tui.chat.transcript import ROLES, parse_text
-from ds4tui.chat.transcripts import Transcripts
+from ds4tui.chat.legacy_transcripts import Transcripts
 from ds4tui.store import ConversationStore, StoreError
 
 

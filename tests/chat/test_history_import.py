@@ -12,8 +12,8 @@ import pytest
 
 from ds4tui.chat.history_import import import_existing
 from ds4tui.chat.model_memo import remember
-from ds4tui.chat.transcripts import Transcript, Transcripts
-from ds4tui.engine.text.chat_formats import chat_template_for
+from ds4tui.chat.legacy_transcripts import Transcript, Transcripts
+from ds4tui.engine.text.chat_templates import chat_template_for
 from ds4tui.engine.text.dsv4_chat import Dsv4ChatTemplate
 from ds4tui.store import open_store
 from tests.ui import kv_fixtures as kvf

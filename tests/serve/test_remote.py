@@ -262,7 +262,7 @@ def test_an_older_versions_transcript_comes_into_the_store_and_goes_on(server, t
     """The JSON transcripts remote chats were kept in before the store are imported once (at
     start: the screen's first scan calls import_existing) and continue like any stored chat."""
     from ds4tui import paths
-    from ds4tui.chat.transcripts import Transcript, Transcripts
+    from ds4tui.chat.legacy_transcripts import Transcript, Transcripts
 
     old = Transcripts(paths.transcripts_dir())  # the test's own directory (tests/conftest.py)
     messages = [{"role": "user", "content": "old: a question"}, {"role": "assistant", "content": "old: its answer"}]

@@ -42,7 +42,7 @@ def tool_server(request, monkeypatch):
     from ds4tui.chat import turn
     from ds4tui.chat.stateless import StatelessChats
     from ds4tui.engine.loader import load_model
-    from ds4tui.engine.text.chat_formats import chat_template_for
+    from ds4tui.engine.text.chat_templates import chat_template_for
     from ds4tui.serve.app import create_app
     from ds4tui.serve.worker import EngineQueue
     from tests.serve.conftest import greedy_controller

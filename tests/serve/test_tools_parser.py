@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ds4tui.engine.text.chat_formats import chat_template_for
+from ds4tui.engine.text.chat_templates import chat_template_for
 from ds4tui.serve.tools import ReplyParser, parse_calls, syntax_of
 
 TEMPLATES = Path(__file__).parents[1] / "engine" / "text" / "templates"

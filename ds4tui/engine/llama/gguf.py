@@ -3,7 +3,7 @@
 Owns: reading a GGUF with the `gguf` package (metadata, tokenizer, tensors
 dequantized by `gguf.quants.dequantize`), undoing llama.cpp's q/k row permutation
 (llama architecture only; arch.py reads each architecture's metadata), building
-the tokenizer (text/gguf_vocab.py) and chat template (text/chat_formats.py) from the
+the tokenizer (text/gguf_vocab.py) and chat template (text/chat_templates.py) from the
 GGUF, and the converted cache.
 
 Why a converted cache: `GGUFReader` spends seconds parsing the 49k tokenizer strings
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ds4tui import paths
-from ds4tui.engine.text.chat_formats import chat_template_for
+from ds4tui.engine.text.chat_templates import chat_template_for
 from ds4tui.engine.text.gguf_vocab import build_gguf_tokenizer
 from ds4tui.engine.text.hf_tokenizer import HFTokenizer
 from ds4tui.engine.kernels.quants import BLOCK_TYPES, QuantMix, gguf_name

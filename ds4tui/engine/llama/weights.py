@@ -22,7 +22,7 @@ from safetensors import safe_open
 
 from ds4tui import paths
 from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, MODEL_ID_LLAMA
-from ds4tui.engine.text.chat_formats import chat_template_for
+from ds4tui.engine.text.chat_templates import chat_template_for
 from ds4tui.engine.text.hf_tokenizer import IM_END, HFTokenizer
 from ds4tui.engine.llama.arch import hf_layer_norms, hf_norm_offset
 from ds4tui.engine.llama.config import parse_hf_config

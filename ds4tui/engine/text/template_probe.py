@@ -11,7 +11,7 @@ turns those parsed messages back into the ones that render the same text.
 
 Owns: the probes, the patterns they give (each date a wildcard, so text rendered on another
 day still matches) and reading the dates back from a match. Rendering and parsing belong to
-the caller (engine/text/chat_formats.py).
+the caller (engine/text/chat_templates.py).
 """
 
 from __future__ import annotations

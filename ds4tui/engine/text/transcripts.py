@@ -10,7 +10,7 @@ first user message. Needs no torch.
 
 from __future__ import annotations
 
-from ds4tui.engine.text.chat_formats import FORMATS
+from ds4tui.engine.text.chat_templates import TURN_FORMATS
 from ds4tui.engine.text.dsv4_chat import BOS, Dsv4ChatTemplate
 from ds4tui.engine.text.hf_tokenizer import IM_START, ChatMLTemplate
 
@@ -25,7 +25,7 @@ def parse_transcript(text: str) -> list[dict] | None:
     elif text.startswith(BOS):
         template = Dsv4ChatTemplate()
     else:
-        fmt = next((FORMATS[name] for opening, name in _OPENINGS if text.startswith(opening)), None)
+        fmt = next((TURN_FORMATS[name] for opening, name in _OPENINGS if text.startswith(opening)), None)
         if fmt is None:
             return None
         return fmt.parse(text) or None

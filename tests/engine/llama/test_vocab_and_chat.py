@@ -10,7 +10,7 @@ import jinja2
 import pytest
 
 from ds4tui.engine.errors import WeightsError
-from ds4tui.engine.text.chat_formats import FORMATS, FormatChatTemplate, JinjaChatTemplate, chat_template_for
+from ds4tui.engine.text.chat_templates import TURN_FORMATS, TurnFormatTemplate, JinjaChatTemplate, chat_template_for
 from ds4tui.engine.text.gguf_vocab import build_gguf_tokenizer
 from ds4tui.engine.text.hf_tokenizer import HFTokenizer
 
@@ -79,7 +79,7 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 def test_a_file_template_renders_in_the_sandbox_and_parses_back_by_its_family():
     chat, line = chat_template_for(GEMMA_STYLE, lambda t: False, "gemma3", "<bos>", "<eos>")
     assert isinstance(chat, JinjaChatTemplate) and line == "gemma (the model's own template)"
-    builtin = FormatChatTemplate(FORMATS["gemma"], "<bos>")
+    builtin = TurnFormatTemplate(TURN_FORMATS["gemma"], "<bos>")
     for gen in (True, False):
         assert chat.render(CHAT, gen) == builtin.render(CHAT, gen)
     text = chat.render(CHAT, add_generation_prompt=False)
@@ -115,8 +115,8 @@ def test_stored_gemma_and_llama3_transcripts_read_back_without_a_model():
     """The cache browser names and shows files with no model loaded (engine/text/transcripts.py)."""
     from ds4tui.engine.text.transcripts import first_user_message, parse_transcript
 
-    gemma = FormatChatTemplate(FORMATS["gemma"], "<bos>").render(CHAT[1:3], add_generation_prompt=False)
-    llama3 = FormatChatTemplate(FORMATS["llama3"], "<|begin_of_text|>").render(CHAT[1:3], add_generation_prompt=False)
+    gemma = TurnFormatTemplate(TURN_FORMATS["gemma"], "<bos>").render(CHAT[1:3], add_generation_prompt=False)
+    llama3 = TurnFormatTemplate(TURN_FORMATS["llama3"], "<|begin_of_text|>").render(CHAT[1:3], add_generation_prompt=False)
     for text in (gemma, llama3):
         assert parse_transcript(text) == CHAT[1:3]
         assert first_user_message(text) == "Hi"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ds4tui.engine.text.chat_formats import FORMATS, FormatChatTemplate, JinjaChatTemplate, chat_template_for
+from ds4tui.engine.text.chat_templates import TURN_FORMATS, TurnFormatTemplate, JinjaChatTemplate, chat_template_for
 from ds4tui.engine.text.dsv4_chat import Dsv4ChatTemplate
 from ds4tui.engine.text.hf_tokenizer import ChatMLTemplate
 
@@ -38,8 +38,8 @@ def jinja(name: str) -> JinjaChatTemplate:
 
 def builtin(name: str):
     return {"chatml": ChatMLTemplate(None), "chatml+default": ChatMLTemplate("You are a tiny test model."),
-            "gemma": FormatChatTemplate(FORMATS["gemma"], "<bos>"),
-            "llama3": FormatChatTemplate(FORMATS["llama3"], "<|begin_of_text|>"), "dsv4": Dsv4ChatTemplate()}[name]
+            "gemma": TurnFormatTemplate(TURN_FORMATS["gemma"], "<bos>"),
+            "llama3": TurnFormatTemplate(TURN_FORMATS["llama3"], "<|begin_of_text|>"), "dsv4": Dsv4ChatTemplate()}[name]
 
 
 ALL = [*BOS, "chatml", "chatml+default", "gemma", "llama3", "dsv4"]

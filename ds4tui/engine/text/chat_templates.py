@@ -91,7 +91,7 @@ def _chatml_render(messages: Sequence[dict], add_generation_prompt: bool, bos: s
     return ChatMLTemplate(None).render(messages, add_generation_prompt)
 
 
-FORMATS = {
+TURN_FORMATS = {
     "chatml": TurnFormat("chatml", (IM_END, "<|endoftext|>"), IM_START, _chatml_render,
                          lambda text: ChatMLTemplate(None).parse(text)),
     "gemma": TurnFormat("gemma", ("<end_of_turn>", "<eos>"), "<start_of_turn>", _gemma_render, _gemma_parse),
@@ -103,14 +103,14 @@ FORMATS = {
 def format_of(template: str | None, vocab_has: Callable[[str], bool], arch: str) -> TurnFormat | None:
     """The family's turn format: named by the template's markers, else by the vocabulary's
     tokens, else by the architecture (Gemma)."""
-    for fmt in FORMATS.values():
+    for fmt in TURN_FORMATS.values():
         if template and fmt.marker in template:
             return fmt
     if template:
         return None
     if arch == "gemma3":
-        return FORMATS["gemma"]
-    for fmt in FORMATS.values():
+        return TURN_FORMATS["gemma"]
+    for fmt in TURN_FORMATS.values():
         if vocab_has(fmt.marker):
             return fmt
     return None
@@ -207,7 +207,7 @@ class JinjaChatTemplate:
         return best
 
 
-class FormatChatTemplate:
+class TurnFormatTemplate:
     """The `ChatTemplate` protocol from a family's turn format alone (no template in the file)."""
 
     default_system_prompt = None
@@ -235,13 +235,13 @@ def chat_template_for(template: str | None, vocab_has: Callable[[str], bool], ar
     fmt = format_of(template, vocab_has, arch)
     if template:
         if fmt is None:
-            fmt = FORMATS["chatml"] if IM_END in template else None
+            fmt = TURN_FORMATS["chatml"] if IM_END in template else None
         if fmt is None:
             raise WeightsError(f"{source}: its chat template uses a turn format this app cannot parse back "
-                               f"(known: {', '.join(FORMATS)})")
+                               f"(known: {', '.join(TURN_FORMATS)})")
         return JinjaChatTemplate(template, fmt, bos_token, eos_token), f"{fmt.name} (the model's own template)"
     if fmt is None:
-        raise WeightsError(f"{source}: no chat template and no known turn format ({', '.join(FORMATS)})")
+        raise WeightsError(f"{source}: no chat template and no known turn format ({', '.join(TURN_FORMATS)})")
     if fmt.name == "chatml":
         return ChatMLTemplate(None), "chatml (built in: the file has no template)"
-    return FormatChatTemplate(fmt, bos_token), f"{fmt.name} turns (built in: the file has no template)"
+    return TurnFormatTemplate(fmt, bos_token), f"{fmt.name} turns (built in: the file has no template)"

@@ -1,7 +1,9 @@
-"""Transcripts of remote conversations: the chat's history when the KV lives on a server.
+"""The JSON transcripts of remote conversations that earlier versions kept (before the
+conversation store); read now only by the import (chat/history_import.py), and written
+by its tests. Not to be confused with chat/transcript.py (a stored text's messages, export).
 
 Owns: one JSON file per conversation (`<32 hex>.json` in one directory), written
-atomically after each reply; listing them newest first as `SavedSession`s so the
+atomically; listing them newest first as `SavedSession`s so the
 sidebar and `--resume` treat them like titled sessions; finding by name prefix
 or title; reading one back with every field checked (the files are input, not
 trusted: size capped, types checked, unknown roles dropped).
