@@ -42,6 +42,9 @@ class Config:
     # Where the conversation store (conversations.sqlite3, every chat's history) lives;
     # None: paths.store_path() ($DS4TUI_STORE or the user data dir).
     data_dir: str | None = None
+    # Where the chat's "Export chat" writes NAME.md and NAME.json; None: paths.export_dir()
+    # (the documents dir's ds4tui folder, else the data dir's exports/).
+    export_dir: str | None = None
     budget_mb: int = 4096  # disk budget of the KV cache directory (ds4's default)
     ctx: int | None = None  # context size of each session; None: the model's default
     temperature: float = 0.7
@@ -84,6 +87,7 @@ _CHECKS: dict[str, tuple[tuple[type, ...], Any]] = {
     "model": ((str,), lambda v: None if v.strip() else "must not be empty"),
     "cache_dir": ((str,), lambda v: None if v.strip() else "must not be empty"),
     "data_dir": ((str,), lambda v: None if v.strip() else "must not be empty"),
+    "export_dir": ((str,), lambda v: None if v.strip() else "must not be empty"),
     "budget_mb": ((int,), lambda v: None if v > 0 else "must be > 0"),
     "ctx": ((int,), lambda v: None if v > 0 else "must be > 0"),
     "temperature": ((int, float), lambda v: None if 0 <= v <= 5 else "must be within 0..5"),

@@ -7,6 +7,8 @@
 | config | user_config_dir("ds4tui")/config.toml | DS4TUI_CONFIG |
 | remote transcripts (before the store; imported) | user_data_dir("ds4tui")/transcripts | DS4TUI_TRANSCRIPTS_DIR |
 | conversation store | user_data_dir("ds4tui")/conversations.sqlite3 | --data-dir, DS4TUI_STORE (the file) |
+| exported chats (palette "Export chat") | user_documents_dir()/ds4tui if Documents exists, else user_data_dir("ds4tui")/exports | config `export_dir`, DS4TUI_EXPORT_DIR |
+| a copy the terminal may not have taken (no OSC 52) | user_data_dir("ds4tui")/clipboard.txt | DS4TUI_CLIPBOARD_FILE |
 """
 
 from __future__ import annotations
@@ -68,3 +70,26 @@ def store_path(data_dir: str | os.PathLike | None = None) -> Path:
     if env:
         return Path(env).expanduser()
     return Path(platformdirs.user_data_dir(APP_NAME)) / STORE_FILE
+
+
+def export_dir(override: str | os.PathLike | None = None) -> Path:
+    """Where the chat's "Export chat" writes: the config's `export_dir`, then $DS4TUI_EXPORT_DIR,
+    then a ds4tui folder in the user's documents dir when that exists, else the data dir's
+    exports/. Never the working directory: under `make run` that is the source checkout."""
+    if override:
+        return Path(override).expanduser()
+    env = os.environ.get("DS4TUI_EXPORT_DIR")
+    if env:
+        return Path(env).expanduser()
+    documents = Path(platformdirs.user_documents_dir())
+    if documents.is_dir() and documents != Path.home():  # platformdirs falls back to ~ itself
+        return documents / APP_NAME
+    return data_dir() / "exports"
+
+
+def clipboard_file() -> Path:
+    """The file a copy is written to where the terminal's clipboard (OSC 52) cannot be relied on."""
+    env = os.environ.get("DS4TUI_CLIPBOARD_FILE")
+    if env:
+        return Path(env).expanduser()
+    return data_dir() / "clipboard.txt"

@@ -20,6 +20,8 @@ def _isolated_user_dirs_for_the_session(tmp_path_factory):
         patch.setenv("DS4TUI_CONFIG", str(root / "config.toml"))
         patch.setenv("DS4TUI_TRANSCRIPTS_DIR", str(root / "transcripts"))
         patch.setenv("DS4TUI_STORE", str(root / "store" / "conversations.sqlite3"))
+        patch.setenv("DS4TUI_EXPORT_DIR", str(root / "exports"))
+        patch.setenv("DS4TUI_CLIPBOARD_FILE", str(root / "clipboard.txt"))
         yield
 
 
@@ -28,6 +30,8 @@ def _isolated_user_dirs(_isolated_user_dirs_for_the_session, tmp_path, monkeypat
     monkeypatch.setenv("DS4TUI_CACHE_DIR", str(tmp_path / "kv"))
     monkeypatch.setenv("DS4TUI_CONFIG", str(tmp_path / "config.toml"))
     monkeypatch.setenv("DS4TUI_TRANSCRIPTS_DIR", str(tmp_path / "transcripts"))
+    monkeypatch.setenv("DS4TUI_EXPORT_DIR", str(tmp_path.parent / f"{tmp_path.name}-exports"))
+    monkeypatch.setenv("DS4TUI_CLIPBOARD_FILE", str(tmp_path.parent / f"{tmp_path.name}-clipboard.txt"))
     # Beside tmp_path, not in it: tests count the files of the directories they use.
     monkeypatch.setenv("DS4TUI_STORE", str(tmp_path.parent / f"{tmp_path.name}-store" / "conversations.sqlite3"))
     yield

@@ -63,6 +63,7 @@ class Conversation:
     # the same header, its cached text stays a prefix of the next prompt, and a chat resumed
     # another day still hits its cache.
     template_now: datetime = field(default_factory=datetime.now)
+    updated_at: float | None = None  # when its history was last written to the store (export's "last used")
     store_id: str | None = None  # its row in the conversation store (None until its first message)
     model_spec: str | None = None  # the model it was made with, when not this controller's
     draft: str | None = None  # an unanswered message from before a restart, for the message box

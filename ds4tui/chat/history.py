@@ -14,6 +14,7 @@ longest cached prefix, or a prefill from the text: the cache is only a cache).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -74,6 +75,7 @@ class History:
                 on_event(ChatError("history", f"{exc} (the chat goes on; this turn is only in memory)"))
             return False
         self._failed_once = False
+        conv.updated_at = time.time()
         return True
 
     def record_model(self, conv: Conversation) -> None:
@@ -104,6 +106,7 @@ class History:
             conv.draft = conv.messages.pop()["content"]
         conv.overrides = {k: v for k, v in stored.settings.items() if k in CHAT_KEYS}
         conv.store_id = stored.id
+        conv.updated_at = stored.updated_at
         conv.model_spec = stored.model or None
         conv.saved_sha = stored.kv_sha
         conv.saved_upto = stored.kv_tokens if stored.kv_sha else 0

@@ -11,7 +11,9 @@ the caller loads.
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 from typing import Any, Sequence
 
 from ds4tui.chat.next_turn import without_open_turn
@@ -82,3 +84,32 @@ def load_json_file(path) -> tuple[list[dict], str | None, int | None]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"not JSON: {exc}") from None
     return from_json(data)
+
+
+def export_name(title: str | None) -> str:
+    """A file name from a title: letters, digits, dashes (at most 60)."""
+    name = "".join(c if c.isalnum() else "-" for c in title or "").strip("-")
+    return (name or "chat")[:60]
+
+
+def write_export(directory: str | os.PathLike, messages: Sequence[dict], title: str | None,
+                 created_at: int | None, last_used: int | None, sha: str | None = None) -> tuple[Path, Path]:
+    """Write NAME.md and NAME.json into `directory` (made if missing); NAME-2, NAME-3... when a
+    file of that name is there already, so an export never replaces an earlier one (two chats
+    both called "New chat"). Returns the two paths; OSError when the directory cannot be written."""
+    folder = Path(directory).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = export_name(title)
+    n = 1
+    while True:
+        base = folder / (stem if n == 1 else f"{stem}-{n}")
+        md, js = base.with_name(base.name + ".md"), base.with_name(base.name + ".json")
+        if not md.exists() and not js.exists():
+            break
+        n += 1
+    # "x": a file made meanwhile by another process is refused, not overwritten.
+    with open(md, "x", encoding="utf-8") as fp:
+        fp.write(to_markdown(messages, title, created_at, last_used))
+    with open(js, "x", encoding="utf-8") as fp:
+        fp.write(json.dumps(to_json(messages, title, created_at, last_used, sha=sha), indent=2) + "\n")
+    return md, js

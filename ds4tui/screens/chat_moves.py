@@ -286,12 +286,6 @@ class ChatMoves:
         self.app.push_screen(FindChatScreen(self.controller), chosen)
 
 
-def _export_name(title: str) -> str:
-    """A file name from a title: letters, digits, dashes."""
-    name = "".join(c if c.isalnum() else "-" for c in title).strip("-")
-    return (name or "chat")[:60]
-
-
 class ChatMovesPalette:
     """Palette-only moves: fork the whole chat, export it."""
 
@@ -303,22 +297,23 @@ class ChatMovesPalette:
             self._start_fork(self._active, len(conv.messages), None)
 
     def action_export_chat(self) -> None:
-        """Write the active chat as NAME.md and NAME.json (OpenAI messages) in the working directory."""
-        import json
-        from pathlib import Path
+        """Write the active chat as NAME.md and NAME.json (OpenAI messages) in the export
+        directory (config `export_dir`; paths.export_dir()), and say where, in full."""
+        import time
 
+        from ds4tui import paths
         from ds4tui.chat import transcript
 
         if not self._model_ready_or_say() or self._active is None:
             return
         conv = self.controller.get(self._active)
-        base = Path.cwd() / _export_name(conv.display_title)
+        folder = paths.export_dir(self.config.export_dir)
+        # The chat is on screen: its last use is its last stored change, or now if none yet.
+        used = int(conv.updated_at or time.time())
         try:
-            base.with_suffix(".md").write_text(transcript.to_markdown(conv.messages, conv.title, conv.created_at),
-                                               encoding="utf-8")
-            data = transcript.to_json(conv.messages, conv.title, conv.created_at, sha=conv.saved_sha)
-            base.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+            md, js = transcript.write_export(folder, conv.messages, conv.title, conv.created_at, used,
+                                             sha=conv.saved_sha)
         except OSError as exc:
-            self._toast(f"Export failed: {exc}", "Export", "error")
+            self._toast(f"Export failed: {folder}: {exc.strerror or exc}", "Export", "error")
             return
-        self._toast(f"Wrote {base.name}.md and {base.name}.json in {base.parent}", "Export")
+        self._toast(f"Wrote {md} and {js.name}", "Export")

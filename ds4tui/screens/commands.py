@@ -25,7 +25,7 @@ CHAT_COMMANDS = (
     ("Fork chat", "A new chat holding this one's state: no prefill (f on a selected message forks there)", "fork_chat"),
     ("Delete chat", "Delete the active chat: its history and its .kv files (asks first)", "delete_chat"),
     ("Archive chat", "Hide the active chat from the list; `ds4tui chats ls --archived` shows it", "archive_chat"),
-    ("Export chat", "Write this chat as NAME.md and NAME.json in the working directory", "export_chat"),
+    ("Export chat", "Write this chat as NAME.md and NAME.json in the export folder (config export_dir)", "export_chat"),
     ("Switch model", "Load another model; the chat on screen reopens on it from its history", "switch_model"),
     ("Model info", "Architecture, weight types, attention layout and chat format of the model", "model_info"),
     ("Quit", "Save live sessions and exit (ctrl+q)", "quit"),

@@ -129,7 +129,7 @@ async def test_regenerate_edit_and_fork_keys_on_the_remote_chat(server, tiny_lla
 
 
 async def test_find_export_archive_and_delete_on_the_remote_chat(server, tiny_llama, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the export's files go to the working directory
+    monkeypatch.setenv("DS4TUI_EXPORT_DIR", str(tmp_path))  # where the export's files go
     app = ChatHost(tiny_llama, controller=remote(server.url, tmp_path))
     async with app.run_test(size=SIZE) as pilot:
         await send(pilot, "Where is the remote lighthouse?")
