@@ -39,7 +39,7 @@ kernels: $(KERNEL_LIB)
 $(KERNEL_LIB): $(wildcard $(KERNELS)/*.c $(KERNELS)/*.h) $(KERNELS)/build.py | $(STAMP)
 	$(PY) -m ds4tui.engine.kernels.build $@ || echo "no C kernels built: ds4tui runs on its torch backend"
 
-# A bare `models pull` pulls the default model (DEFAULT_MODEL in ds4tui/engine/registry.py).
+# A bare `models pull` pulls the default model (DEFAULT_MODEL in ds4tui/engine/defaults.py).
 model: install
 	$(PY) -m ds4tui models pull
 

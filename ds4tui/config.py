@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ds4tui import paths
-from ds4tui.engine.registry import DEFAULT_MODEL
+from ds4tui.engine.defaults import DEFAULT_MODEL
 from ds4tui.format.swa_policy import check_policy_text
 
 

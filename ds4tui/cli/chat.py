@@ -19,8 +19,7 @@ from ds4tui.command import command
 def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
     from ds4tui import paths
     from ds4tui.config import Config
-    from ds4tui.engine.model import DEFAULT_CTX  # the contract module: no torch for `--help`
-    from ds4tui.engine.registry import DEFAULT_MODEL
+    from ds4tui.engine.defaults import DEFAULT_CTX, DEFAULT_MODEL
 
     # The defaults printed are the real ones (the cache directory as resolved on this
     # machine now); the config file, when it sets a key, overrides them.

@@ -15,7 +15,7 @@ def register(subparsers) -> None:
     ls = sub.add_parser("list", help="registered models: name, family, installed?, size, path")
     ls.set_defaults(func=cmd_list)
     pull = sub.add_parser("pull", help="download or build a model (no-op when already there)")
-    from ds4tui.engine.registry import DEFAULT_MODEL  # torch-free
+    from ds4tui.engine.defaults import DEFAULT_MODEL
 
     pull.add_argument("name", nargs="?", default=DEFAULT_MODEL,
                       help=f"a name from `ds4tui models list` (default: {DEFAULT_MODEL}, the chat's model)")

@@ -15,11 +15,6 @@ from typing import Protocol, Sequence
 
 from ds4tui.engine.session import Session
 
-# A session's context when the caller names none (or the model's own, if smaller), for every
-# family: SmolLM2's 8192 would pin 377 MB of fp32 KV (189 MB f16); 4096 (189 MB fp32, 94 MB
-# f16) is plenty for a chat on a CPU, where filling it takes tens of seconds.
-DEFAULT_CTX = 4096
-
 
 @dataclass(frozen=True)
 class ModelInfo:

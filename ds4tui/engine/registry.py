@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from ds4tui import paths
+from ds4tui.engine.defaults import DEFAULT_MODEL
 from ds4tui.engine.errors import ModelNotFoundError
 
-DEFAULT_MODEL = "smollm2-135m-instruct"  # the chat's model when none is named (config, --model, make)
 
 
 @dataclass(frozen=True)

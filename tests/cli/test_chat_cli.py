@@ -126,3 +126,14 @@ def test_remote_resume_looks_in_the_conversation_store(tmp_path, capsys):
     assert "--resume 'nothing like it' matches nothing in" in err and "conversations.sqlite3" in err
     assert main([*engine, "--resume", "Remote"]) == 1
     assert "matches 2 chats" in capsys.readouterr().err
+
+
+def test_the_parser_loads_no_torch():
+    """Every command's parser (the defaults its help prints included) is built without torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from ds4tui.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr

@@ -36,7 +36,8 @@ from ds4tui.engine.dsv4.weights import (
     weights_digest,
 )
 from ds4tui.engine.errors import WeightsError
-from ds4tui.engine.model import DEFAULT_CTX, ChatTemplate, Model, ModelInfo, Tokenizer
+from ds4tui.engine.defaults import DEFAULT_CTX
+from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
 
 MAX_CHUNK = 2048  # ds4's prefill chunk: large enough for efficient matmuls, a multiple of 128
 

@@ -40,7 +40,8 @@ from ds4tui.engine.llama.session import (
     kv_torch_dtype,
     new_kv,
 )
-from ds4tui.engine.model import DEFAULT_CTX, ChatTemplate, Model, ModelInfo, Tokenizer
+from ds4tui.engine.defaults import DEFAULT_CTX
+from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
 from ds4tui.engine.session import Session
 
 TOUCH_STEP = 1 << 22  # elements prepare_session touches between checks for the process's exit
