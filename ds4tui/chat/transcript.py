@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from ds4tui.chat.next_turn import without_open_turn
 from ds4tui.engine.text.transcripts import parse_transcript
+from ds4tui.format.display import local_time
 
 ROLES = ("system", "user", "assistant")
 
@@ -34,14 +34,10 @@ def parse_text(text: str, template=None) -> list[dict]:
     return without_open_turn([{"role": m["role"], "content": m["content"]} for m in messages])
 
 
-def _when(ts: int | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "?"
-
-
 def to_markdown(messages: Sequence[dict], title: str | None, created_at: int | None = None,
                 last_used: int | None = None) -> str:
     lines = [f"# {title or 'Untitled chat'}", ""]
-    lines.append(f"_created {_when(created_at)} · last used {_when(last_used)}_")
+    lines.append(f"_created {local_time(created_at)} · last used {local_time(last_used)}_")
     for m in messages:
         lines += ["", f"## {m['role']}", "", m["content"]]
     return "\n".join(lines) + "\n"

@@ -25,7 +25,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ds4tui.cli.errors import CliError, os_reason
-from ds4tui.format.display import relative_time, safe_lines, safe_text
+from ds4tui.format.display import local_time, relative_time, safe_lines, safe_text
 
 ID_CHARS = 12  # the id prefix shown: `find` takes 4 or more
 
@@ -166,13 +166,6 @@ def _shown_messages(chat) -> int:
     return chat.message_count - (1 if chat.system_prompt is not None and chat.message_count else 0)
 
 
-def _when(ts: float | None) -> str:
-    try:
-        return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "-"
-    except (OverflowError, OSError, ValueError):
-        return f"@{ts}"
-
-
 def _one_line_store_errors(command):
     """A StoreError (the file went bad, or is locked by a long write) as the CLI's one line."""
     import functools
@@ -261,8 +254,8 @@ def cmd_show(args) -> int:
     kv = _kv_state(chat, _cache_dir(args))
     print(safe_text(chat.display_title))
     details = [f"id {chat.id}", f"model {safe_text(chat.model or '?')}", f"engine {safe_text(chat.engine)}",
-               f"{_shown_messages(chat)} messages", f"created {_when(chat.created_at)}",
-               f"last used {_when(chat.updated_at)}",
+               f"{_shown_messages(chat)} messages", f"created {local_time(chat.created_at)}",
+               f"last used {local_time(chat.updated_at)}",
                f"{kv} ({chat.kv_sha[:10]}, {chat.kv_tokens} tokens)" if kv == "kv" else kv]
     if chat.archived:
         details.append("archived")

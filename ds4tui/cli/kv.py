@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from ds4tui.cli.errors import CliError
-from ds4tui.format.display import human_bytes, relative_time, safe_text, score_text
+from ds4tui.format.display import human_bytes, local_time, relative_time, safe_text, score_text
 
 _HEX = re.compile(r"^[0-9a-fA-F]{1,40}$")
 
@@ -128,15 +128,6 @@ def _resolve(store, prefix: str) -> str:
         shown = ", ".join(s[:12] for s in found[:8]) + (", ..." if len(found) > 8 else "")
         raise CliError(f"ambiguous prefix {prefix!r} matches {len(found)} files: {shown}")
     return found[0]
-
-
-def _when(ts: int | None) -> str:
-    if not ts:
-        return "-"
-    try:
-        return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
-    except (OverflowError, OSError, ValueError):
-        return f"@{ts}"
 
 
 # `kv ls` title column: at least this wide, wider when the terminal has room.
@@ -290,8 +281,8 @@ def _print_detail(e) -> None:
         ("tokens", str(h.tokens)),
         ("hits", str(h.hits)),
         ("ctx_size", str(h.ctx_size)),
-        ("created_at", f"{_when(h.created_at)} ({h.created_at})"),
-        ("last_used", f"{_when(h.last_used)} ({h.last_used})"),
+        ("created_at", f"{local_time(h.created_at)} ({h.created_at})"),
+        ("last_used", f"{local_time(h.last_used)} ({h.last_used})"),
         ("text_bytes", str(h.text_bytes)),
         ("payload_bytes", str(h.payload_bytes)),
         ("file_bytes", f"{e.file_bytes} ({human_bytes(e.file_bytes)})"),

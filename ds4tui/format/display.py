@@ -17,6 +17,7 @@ too; the multi-line form (`safe_lines`) keeps them as they are.
 from __future__ import annotations
 
 import re
+import time
 
 # C0 controls, DEL, C1 controls and the bidi controls that can reorder what a terminal shows.
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
@@ -110,6 +111,21 @@ def count_text(n: int, width: int) -> str:
             if len(shown) <= width and not shown.startswith("1000"):
                 return shown
     return whole
+
+
+NO_TIME = "-"  # a time that is not there (0 or None), wherever a time is written out
+
+
+def local_time(ts: float | None, *, seconds: bool = False) -> str:
+    """Unix seconds as local `YYYY-MM-DD HH:MM` (`:SS` too with `seconds`): the one way every
+    command, export and screen writes a point in time. 0 and None read as `NO_TIME`; a stamp
+    the platform cannot convert (a corrupt header's) as `@<ts>`."""
+    if not ts:
+        return NO_TIME
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M", time.localtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return f"@{ts}"
 
 
 def relative_time(ts: int | None, now: float, never: str = "never") -> str:

@@ -72,3 +72,23 @@ def test_the_browser_hits_cell_of_the_largest_count_is_whole():
     widths = {c.key: c.width for c in COLUMNS}
     assert cells["hits"].plain == "4.3G" and len(cells["hits"].plain) <= widths["hits"]
     assert cells["tokens"].plain == "4295M"  # 6 columns: the closer unit that fits
+
+
+def test_local_time_is_the_one_time_format(monkeypatch):
+    """Commands, exports and the browser write a time one way; a missing one as NO_TIME."""
+    import time
+
+    from ds4tui.chat.transcript import to_markdown
+    from ds4tui.format.display import NO_TIME, local_time
+
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        assert local_time(1_700_000_000) == "2023-11-14 22:13"
+        assert local_time(1_700_000_000, seconds=True) == "2023-11-14 22:13:20"
+        assert local_time(0) == local_time(None) == NO_TIME == "-"
+        assert local_time(10**20) == f"@{10**20}"  # a corrupt header's stamp: shown, not raised
+        assert "_created - · last used 2023-11-14 22:13_" in to_markdown([], "t", None, 1_700_000_000)
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()

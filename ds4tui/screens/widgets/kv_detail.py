@@ -22,8 +22,8 @@ from ds4tui.cache.entry import KvEntry
 from ds4tui.format.kvc import HEADER_FIELDS, PREFIX_BYTES, payload_abi_name
 from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI
 from ds4tui.format.swa_policy import describe_payload, payload_kv_dtype, payload_row_order
-from ds4tui.format.display import human_bytes, relative_time, score_text
-from ds4tui.screens.widgets.kv_format import ResumeCost, duration, file_text, local_time, safe_cell
+from ds4tui.format.display import human_bytes, local_time, relative_time, score_text
+from ds4tui.screens.widgets.kv_format import ResumeCost, duration, file_text, safe_cell
 
 # Alternating styles tell neighbouring fields apart in the hex dump.
 _FIELD_STYLES = ("cyan", "magenta", "green", "yellow")
@@ -137,7 +137,7 @@ def _kv(rows: list[tuple[str, Text | str]]) -> Text:
 
 
 def _when(ts: int, now: float) -> str:
-    return f"{local_time(ts)} ({relative_time(ts, now)})" if ts else "never"
+    return f"{local_time(ts, seconds=True)} ({relative_time(ts, now)})" if ts else "never"
 
 
 def decoded_section(info: KvDetailInfo) -> Text:

@@ -1,8 +1,7 @@
 """How the cache browser writes numbers, times and file text for people.
 
-Owns: local and relative timestamps (against an injected "now", so snapshots
-do not age), durations, the resume-cost estimate, and file text as rich `Text`
-(the escaping rule and byte sizes are `ds4tui.format.display`'s).
+Owns: durations, the resume-cost estimate, and file text as rich `Text`
+(the escaping rule, byte sizes and times are `ds4tui.format.display`'s).
 Leaves to callers: which fields to show and where. Pure functions, no Textual,
 so the formats are unit-testable.
 
@@ -13,7 +12,6 @@ the cache browser". The app passes figures it measured when it has them.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -23,16 +21,6 @@ from ds4tui.format.display import safe_lines, safe_text
 DEFAULT_DISK_MB_S = 450.0
 DEFAULT_PREFILL_TOK_S = 288.0
 MB = 1_000_000  # disk throughput is quoted in decimal megabytes
-
-
-def local_time(ts: int | None) -> str:
-    """Unix seconds as local `YYYY-MM-DD HH:MM:SS`; 0 (never) and None read as a dash."""
-    if not ts:
-        return "—"
-    try:
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
-    except (OverflowError, OSError, ValueError):
-        return f"@{ts} (out of range)"
 
 
 def duration(seconds: float) -> str:
