@@ -133,7 +133,9 @@ class TurnPipeline:
                                    f" the context holds {session.ctx_size}")
         on_event(PrefillStarted(total=len(suffix), cached=base, source=source))
         if not self._prefill(conv, suffix, source, on_event, cancel, options.between):
-            on_event(Cancelled(prefilled=len(session.tokens) - base))
+            prefilled = len(session.tokens) - base
+            self._back_to(conv, base, base_text)
+            on_event(Cancelled(prefilled=prefilled))
             return None
         # The session now holds the prompt: its old tokens plus the suffix.
         conv.session_text = base_text + self.text_of(suffix)
@@ -249,13 +251,31 @@ class TurnPipeline:
         rest = prompt[nchars:]
         return Prefix(self.model.tokenizer.encode(rest) if rest else [], "live", replayed=cost.replay)
 
+    def _back_to(self, conv: Conversation, base: int, base_text: bytes) -> None:
+        """A cancelled prefill: the session returns to where the turn found it (`base` tokens, the
+        mark _prefill kept there), so the chat's context is what it was before the message
+        (which the controller withdraws). Checkpoints saved on the way stay in the disk cache."""
+        session = conv.session
+        assert session is not None
+        if len(session.tokens) > base:
+            session.rewind(base)
+        conv.session_text = base_text
+        conv.stored_upto = min(conv.stored_upto, base)
+
     def _prefill(self, conv: Conversation, suffix: Sequence[int], source: str, on_event: EventFn,
                  cancel: threading.Event, between: Callable[[], None] | None = None) -> bool:
-        """Prefill `suffix`, pausing at checkpoint points; False when cancelled (state stays consistent).
-        `between`: called before each chunk (a scheduler's yield point)."""
+        """Prefill `suffix`, pausing at checkpoint points; False when cancelled (state stays consistent:
+        whole chunks, `run` then rewinds to the start). A cancel is seen between chunks and, where
+        the engine can undo a half-run chunk (the llama family), between the layers of one: a
+        stop takes one layer's compute, not a chunk's. `between`: called before each chunk (a
+        scheduler's yield point)."""
         session = conv.session
         assert session is not None
         base, base_text = len(session.tokens), conv.session_text
+        # Where a cancel rewinds to, kept for free when the session can (a full-KV layer keeps
+        # its rows anyway: the mark is the logits); dropped again once the prompt is in.
+        had_mark = base in session.marks()
+        session.keep_mark()
         end = base + len(suffix)
         stops = self._checkpoint_points(conv, base, end, cold=(source == "cold"))
         total = len(suffix)
@@ -276,7 +296,8 @@ class TurnPipeline:
 
         for at, reason in stops + [(end, None)]:
             seg = suffix[offset : at - base]
-            if seg and not session.prefill(seg, on_progress=progress, should_stop=should_stop):
+            if seg and not session.prefill(seg, on_progress=progress, should_stop=should_stop,
+                                           interrupt=cancel.is_set):
                 conv.session_text = base_text + self.text_of(session.tokens[base:])
                 return False
             offset = at - base
@@ -284,6 +305,8 @@ class TurnPipeline:
                 conv.session_text = base_text + self.text_of(session.tokens[base:])
                 if self.checkpoints.save(session, conv.session_text, reason, on_event):
                     conv.stored_upto = len(session.tokens)
+        if not had_mark:
+            session.drop_mark(base)
         return True
 
     def _checkpoint_points(self, conv: Conversation, base: int, end: int, cold: bool) -> list[tuple[int, str]]:

@@ -3,8 +3,9 @@
 The base class owns what every family shares: chunked prefill aligned to
 absolute multiples of the chunk size (so a restored session finalizes
 compressed rows at the same points as a cold prefill: bit-exactness),
-progress and cancellation between chunks, context accounting and the payload
-entry points. A family implements `_forward` and the payload sections.
+progress and cancellation between chunks (and, where the family can undo a
+half-run chunk, between its layers), context accounting and the payload entry
+points. A family implements `_forward` and the payload sections.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ from ds4tui.format.swa_policy import SwaPolicy
 # on_progress(done, total): tokens of this prefill call finished so far, and its total.
 ProgressFn = Callable[[int, int], None]
 StopFn = Callable[[], bool]
+
+
+class ForwardInterrupted(Exception):
+    """A prefill chunk stopped between two layers because the prefill's `interrupt` asked.
+    Raised by a family's `_forward` once every buffer it wrote that the session reads is as
+    it was before the chunk; `_feed` catches it (it never leaves `prefill`)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,7 @@ class Session(ABC):
         self.logits: torch.Tensor | None = None  # float32 [vocab], for the token after self.tokens
         self._marks: dict[int, object] = {}  # token count -> what _capture_mark kept there
         self._ends: list[int] = []  # token counts where a prefill or decode call ended, ascending
+        self._interrupt: StopFn | None = None  # the running prefill's between-layers check
 
     # -- running ---------------------------------------------------------------------------
 
@@ -73,32 +81,43 @@ class Session(ABC):
         tokens: Sequence[int],
         on_progress: ProgressFn | None = None,
         should_stop: StopFn | None = None,
+        interrupt: StopFn | None = None,
     ) -> bool:
         """Append `tokens`, in chunks that end on absolute multiples of `chunk_size`.
 
         Returns True when all tokens were consumed, False when `should_stop()`
-        asked to stop between chunks; the session then holds a consistent state
-        covering the tokens done so far (`self.tokens`). A completed prefill keeps a mark.
+        asked to stop between chunks, or `interrupt()` between two layers of a chunk
+        (a family that can undo a half-run chunk checks it there: `_layer_check`; the
+        others only between chunks, as should_stop). The session then holds a consistent
+        state covering the tokens done so far (`self.tokens`: whole chunks only).
+        `interrupt` must be cheap and side-effect free (it runs once per layer).
+        A completed prefill keeps a mark.
         """
-        done = self._feed(list(tokens), on_progress, should_stop)
+        done = self._feed(list(tokens), on_progress, should_stop, interrupt)
         if done and tokens:
             self.keep_mark()
         return done
 
     def _feed(self, tokens: list[int], on_progress: ProgressFn | None = None,
-              should_stop: StopFn | None = None) -> bool:
+              should_stop: StopFn | None = None, interrupt: StopFn | None = None) -> bool:
         self._check_room(len(tokens))
         total, done = len(tokens), 0
         try:
             while done < total:
-                if should_stop is not None and should_stop():
+                if (should_stop is not None and should_stop()) or (interrupt is not None and interrupt()):
                     return False
                 pos = len(self.tokens)
                 boundary = (pos // self.chunk_size + 1) * self.chunk_size
                 step = min(total - done, boundary - pos)
                 chunk = tokens[done : done + step]
                 last = done + step == total
-                logits = self._forward(chunk, want_logits=last)
+                self._interrupt = interrupt
+                try:
+                    logits = self._forward(chunk, want_logits=last)
+                except ForwardInterrupted:
+                    return False
+                finally:
+                    self._interrupt = None
                 self.tokens.extend(chunk)
                 done += step
                 if last:
@@ -110,6 +129,20 @@ class Session(ABC):
             return True
         finally:
             self._note_call_end()
+
+    def _layer_check(self) -> Callable[[int], None] | None:
+        """For a family's forward to call before each layer (its `before_layer`): raises
+        ForwardInterrupted once the running prefill's `interrupt` says so; None outside
+        such a prefill. The family undoes what the layers before wrote, then re-raises."""
+        interrupt = self._interrupt
+        if interrupt is None:
+            return None
+
+        def check(_layer: int) -> None:
+            if interrupt():
+                raise ForwardInterrupted
+
+        return check
 
     def decode(self, token: int) -> torch.Tensor:
         """Feed one token; returns (and keeps in `self.logits`) the next-token logits."""
@@ -165,6 +198,10 @@ class Session(ABC):
         self._marks[n] = self._capture_mark()
         while len(self._marks) > self.max_marks:
             del self._marks[min(self._marks)]
+
+    def drop_mark(self, n_tokens: int) -> None:
+        """Forget the mark at `n_tokens`, if there is one (a mark kept only for a while)."""
+        self._marks.pop(n_tokens, None)
 
     def rewind_cost(self, n_tokens: int) -> RewindCost:
         """What `rewind(n_tokens)` would re-run, without changing anything."""

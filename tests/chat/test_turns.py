@@ -58,11 +58,16 @@ def test_next_turn_reuses_live_session(tiny_llama, tmp_path, recorder):
     assert conv.session_text == b"".join(tiny_llama.tokenizer.token_bytes(t) for t in conv.session.tokens)
 
 
-def test_cancel_mid_prefill_leaves_a_session_that_answers_correctly(tiny_llama, tmp_path):
-    """Stopping after the first chunk withdraws the message; resending answers as a cold run does."""
+def test_cancel_mid_prefill_leaves_the_chat_as_before_the_message(tiny_llama, tmp_path):
+    """Stopping a long message's prefill after its first chunk withdraws the message and puts the
+    session back where the message found it: the context does not grow (it did: 2,560 -> 3,072
+    after Escape), and resending answers as a chat that was never interrupted."""
     text = "word " * 420  # ~1300 tokens: three 512-token chunks of tiny-llama
     ctl = make_controller(tiny_llama, tmp_path, no_disk_cache=True)
     conv = ctl.new_conversation()
+    assert ctl.send(conv.key, "Hello there.") is not None
+    before_tokens, before_text = list(conv.session.tokens), conv.session_text
+    before_messages = [dict(m) for m in conv.messages]
     events = Recorder()
 
     def cancel_after_first_chunk(event):
@@ -74,18 +79,21 @@ def test_cancel_mid_prefill_leaves_a_session_that_answers_correctly(tiny_llama, 
     cancelled = events.of(ev.Cancelled)[0]
     assert 0 < cancelled.prefilled < events.of(ev.PrefillStarted)[0].total
     assert not events.of(ev.Done) and not events.of(ev.TokenText)
-    assert conv.messages == []  # the unanswered message was withdrawn
-    kept = len(conv.session.tokens)
-    assert kept == cancelled.prefilled
+    assert conv.messages == before_messages  # the unanswered message was withdrawn
+    assert conv.session.tokens == before_tokens and conv.context_tokens == len(before_tokens)
+    assert conv.session_text == before_text
 
     again = Recorder()
     ctl.send(conv.key, text, again)
     assert again.of(ev.PrefillStarted)[0].source == "live"
-    assert again.of(ev.PrefillStarted)[0].cached == kept
+    assert again.of(ev.PrefillStarted)[0].cached == len(before_tokens)
 
-    cold_ctl, cold = make_controller(tiny_llama, tmp_path, no_disk_cache=True), Recorder()
-    cold_ctl.send(cold_ctl.new_conversation().key, text, cold)
-    assert again.reply == cold.reply and again.reply
+    twin_ctl, twin = make_controller(tiny_llama, tmp_path, no_disk_cache=True), Recorder()
+    other = twin_ctl.new_conversation()
+    twin_ctl.send(other.key, "Hello there.")
+    twin_ctl.send(other.key, text, twin)
+    assert again.reply == twin.reply and again.reply
+    assert conv.session.tokens == other.session.tokens
 
 
 def _flip_byte(path: str, offset: int) -> None:

@@ -86,7 +86,7 @@ from ds4tui.engine.llama.config import LlamaConfig
 from ds4tui.engine.llama.overlap import LayerGate, read_while_forward
 from ds4tui.engine.llama.swa import LlamaSwa, layout_for_save, layout_from_header, zero_start
 from ds4tui.engine.model import ModelInfo
-from ds4tui.engine.session import ProgressFn, RewindCost, Session
+from ds4tui.engine.session import ForwardInterrupted, ProgressFn, RewindCost, Session
 from ds4tui.engine.swa_layout import RestoreInfo, SwaLayout, read_marker, replay_tail, write_marker
 
 # Version of the llama per-layer sections inside the DSV4 framing (header field payload_version):
@@ -224,11 +224,36 @@ class LlamaSession(Session):
         if (ahead is not None and ahead.pos == len(self.tokens) and ahead.tokens == tokens
                 and (ahead.logits is not None or not want_logits) and not self.swa.replaying):
             return ahead.logits if want_logits else None
-        with torch.inference_mode():
-            out = self.model.forward(self.kv, tokens, len(self.tokens), want_logits, self.swa.replaying)
+        # A chat's prefill may stop between two layers of a chunk (Session.prefill's interrupt):
+        # a global layer's rows of the chunk lie beyond self.tokens, never read; a sliding
+        # layer's ring slots are put back as they were (the one-token fused step has no layers
+        # to stop between).
+        check = self._layer_check() if len(tokens) > 1 and not self.swa.replaying else None
+        undo = self._ring_slots(len(self.tokens), len(tokens)) if check is not None else None
+        try:
+            with torch.inference_mode():
+                out = self.model.forward(self.kv, tokens, len(self.tokens), want_logits, self.swa.replaying,
+                                         before_layer=check)
+        except ForwardInterrupted:
+            if undo is not None:
+                slots, rows = undo
+                with torch.inference_mode():
+                    for i, saved in zip(self.model.cfg.sliding_layers, rows):
+                        self.kv[i].index_copy_(2, slots, saved)
+            raise
         if not self.swa.replaying:
             self._maybe_snapshot(len(self.tokens) + len(tokens))
         return out
+
+    def _ring_slots(self, pos: int, n: int) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """The ring slots a chunk of n tokens at pos overwrites in each sliding layer, and a copy
+        of what they hold now (None without sliding layers): what undoes a half-run chunk."""
+        cfg = self.model.cfg
+        if not cfg.sliding_layers:
+            return None
+        ring = self.kv[cfg.sliding_layers[0]].shape[2]
+        slots = torch.arange(pos, pos + min(n, ring)) % ring
+        return slots, [self.kv[i].index_select(2, slots) for i in cfg.sliding_layers]
 
     def _forward_together(self, others: Sequence[Session], tokens: Sequence[int]) -> list[torch.Tensor] | None:
         batch = [self, *others]
