@@ -26,10 +26,11 @@ from typing import Any, Mapping
 
 from ds4tui import paths
 from ds4tui.engine.defaults import DEFAULT_MODEL
+from ds4tui.errors import Ds4tuiError
 from ds4tui.format.swa_policy import check_policy_text
 
 
-class ConfigError(ValueError):
+class ConfigError(Ds4tuiError, ValueError):
     """The config file (or a flag) holds a value that cannot be used; the message names the key."""
 
 

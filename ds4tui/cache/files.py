@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ds4tui.cache.integrity import HashingWriter, new_hasher
+from ds4tui.errors import Ds4tuiError
 from ds4tui.format.kvc import (
     EXT_CHECKSUM,
     MAX_TEXT_BYTES,
@@ -131,7 +132,7 @@ def remove_checked(path: str | Path, expect: StatKey | None = None, *, keep_pinn
         return GONE
 
 
-class PayloadSizeError(Exception):
+class PayloadSizeError(Ds4tuiError):
     """The payload writer wrote a different number of bytes than it declared."""
 
 

@@ -25,6 +25,7 @@ from typing import BinaryIO
 
 import xxhash
 
+from ds4tui.errors import Ds4tuiError
 from ds4tui.format.kvc import PREFIX_BYTES, KvcFile
 
 CHUNK = 1 << 20
@@ -34,7 +35,7 @@ CHUNK = 1 << 20
 READ_PIECE = 1 << 20
 
 
-class ChecksumMismatch(Exception):
+class ChecksumMismatch(Ds4tuiError):
     """The bytes read do not hash to the digest the file carries."""
 
 

@@ -25,6 +25,7 @@ from ds4tui.cache.events import Hit, Miss, Rejected
 from ds4tui.cache.integrity import ChecksumMismatch, VerifyingReader, covered_tail, new_hasher
 from ds4tui.cache.listing import CacheDirectory
 from ds4tui.cache.safe_open import NotRegularFile, open_regular
+from ds4tui.errors import Ds4tuiError
 from ds4tui.format.kvc import (
     EXT_SESSION_TITLE,
     OFFSET_EXT_FLAGS,
@@ -64,7 +65,7 @@ class LoadResult:
         return self.event if isinstance(self.event, Hit) else None
 
 
-class Reject(Exception):
+class Reject(Ds4tuiError):
     """A file failed a check; `corrupt` says whether it may be deleted for it."""
 
     def __init__(self, reason: str, corrupt: bool):

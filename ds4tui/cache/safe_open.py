@@ -20,6 +20,8 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+from ds4tui.errors import Ds4tuiError
+
 SKIPPED = "skipped: not a regular file"
 
 _KINDS = (
@@ -32,7 +34,7 @@ _KINDS = (
 )
 
 
-class NotRegularFile(OSError):
+class NotRegularFile(Ds4tuiError, OSError):
     """The name exists but is not a regular file (or changed into something else while opened)."""
 
     def __init__(self, path: str | os.PathLike, kind: str) -> None:
@@ -43,7 +45,7 @@ class NotRegularFile(OSError):
         return f"{SKIPPED} ({self.kind})"
 
 
-class CacheDirError(OSError):
+class CacheDirError(Ds4tuiError, OSError):
     """The cache directory itself cannot be used (not a directory, unreadable, read-only)."""
 
     def __str__(self) -> str:

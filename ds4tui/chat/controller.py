@@ -44,6 +44,7 @@ from ds4tui.config import Config
 from ds4tui.engine.errors import EngineError
 from ds4tui.engine.model import Model, ModelInfo
 from ds4tui.engine.sampling import Sampler, SamplingParams
+from ds4tui.errors import error_line
 from ds4tui.store import ConversationStore, StoredChat, open_store
 
 EventFn = Callable[[ChatEvent], None]
@@ -231,11 +232,11 @@ class ChatController(OpenChats):
             done = self.turns.run(conv, on_event, **kw)
             if done is not None:
                 self._open_next_turn(conv, on_event)
-        except EngineError as exc:
+        except EngineError as exc:  # a full context, a refused file: the engine left the session sound
             on_event(ChatError("generate", str(exc)))
             done = None
         except Exception as exc:  # a bug must not take the app down; the session may be torn
-            on_event(ChatError("generate", f"{type(exc).__name__}: {exc}"))
+            on_event(ChatError("generate", error_line(exc)))
             conv.session, conv.session_text = None, b""
             done = None
         finally:

@@ -19,12 +19,13 @@ import time
 from typing import Callable, Iterable, Iterator
 
 from ds4tui.chat.events import ChatEvent, Done, PrefillProgress, PrefillStarted, TokenText
+from ds4tui.errors import Ds4tuiError
 
 EventFn = Callable[[ChatEvent], None]
 STOPS = {"stop": "eos", "length": "max-tokens", "content_filter": "stop-string", "tool_calls": "eos"}
 
 
-class RemoteError(Exception):
+class RemoteError(Ds4tuiError):
     """One line the user can act on: what failed talking to the server."""
 
 

@@ -13,7 +13,8 @@ import importlib
 import os
 import sys
 
-from ds4tui.cli.errors import CliError
+from ds4tui.errors import Ds4tuiError
+from ds4tui.format.display import safe_text
 
 # Group modules, in the order `ds4tui --help` lists them.
 GROUPS = ["chats", "kv", "models", "bench", "browse", "serve", "imports"]
@@ -66,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             "unrecognized arguments: " + " ".join(extra))
     try:
         return int(args.func(args) or 0)
-    except CliError as exc:
-        print(f"ds4tui: {exc}", file=sys.stderr)
+    except Ds4tuiError as exc:  # an expected failure (CliError, EngineError, StoreError, ...): one line
+        print(f"ds4tui: {safe_text(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("ds4tui: interrupted", file=sys.stderr)

@@ -2,8 +2,10 @@
 
 import errno
 
+from ds4tui.errors import Ds4tuiError
 
-class CliError(Exception):
+
+class CliError(Ds4tuiError):
     """A user-facing failure: printed as one line on stderr, exit status 1."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ds4tui.errors import Ds4tuiError
 
-class EngineError(Exception):
+
+class EngineError(Ds4tuiError):
     """Base of every error the engine raises on purpose (bad weights, bad payload, full context)."""
 
 

@@ -30,6 +30,7 @@ import struct
 from dataclasses import dataclass, replace
 from typing import BinaryIO
 
+from ds4tui.errors import Ds4tuiError
 from ds4tui.format.payload import (
     DS4_PAYLOAD_ABI,
     DS4TUI_PAYLOAD_ABI,
@@ -160,7 +161,7 @@ MAX_TRAILER_BYTES = 16 << 20
 _KV_NAME = re.compile(r"^[0-9a-fA-F]{40}\.kv$")
 
 
-class KvcFormatError(ValueError):
+class KvcFormatError(Ds4tuiError, ValueError):
     """A `.kv` file (or byte string) that does not follow the KVC layout."""
 
 

@@ -18,6 +18,7 @@ from textual import work
 
 from ds4tui.chat import events as ev
 from ds4tui.chat.streaming import EventBatcher
+from ds4tui.errors import error_line
 
 if TYPE_CHECKING:
     from ds4tui.engine.model import Model
@@ -42,7 +43,6 @@ class EngineWorkers:
     @work(thread=True, group="engine", description="load the model")
     def _load_model(self, spec: str) -> None:
         from ds4tui.engine.loader import load_model
-        from ds4tui.engine.errors import EngineError
 
         last = [-1]
 
@@ -64,10 +64,8 @@ class EngineWorkers:
             # Probes the context size (may build a session) and pays the engine's first-use
             # costs (page faults, first library calls) here, not in the first message's TTFT.
             self.controller.warm_up()
-        except EngineError as exc:
-            self.post_message(self.ModelFailed(str(exc)))
-        except Exception as exc:  # a loader bug is shown, never a traceback
-            self.post_message(self.ModelFailed(f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:  # a bad file (Ds4tuiError: its message) or a loader bug: one line
+            self.post_message(self.ModelFailed(error_line(exc)))
         else:
             self.post_message(self.ModelReady())
         finally:

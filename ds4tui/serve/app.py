@@ -35,6 +35,7 @@ from starlette.routing import Route
 
 from ds4tui.chat.events import PrefillProgress, PrefillStarted, TokenText
 from ds4tui.engine.errors import ContextFullError, EngineError
+from ds4tui.errors import Ds4tuiError
 from ds4tui.serve import protocol as p
 from ds4tui.serve.tools import ReplyParser
 from ds4tui.serve.worker import End, EngineQueue, Job
@@ -160,7 +161,7 @@ def _lifespan(on_shutdown):
     return lifespan
 
 
-class ClientGone(Exception):
+class ClientGone(Ds4tuiError):
     """The client hung up before its request body was whole."""
 
 

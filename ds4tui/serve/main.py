@@ -14,13 +14,14 @@ import sys
 from dataclasses import dataclass
 
 from ds4tui.config import Config
+from ds4tui.errors import Ds4tuiError
 
 DEFAULT_PORT = 8008
 DEFAULT_QUEUE = 16  # requests that may wait behind the running one before 429s start
 DEFAULT_MAX_BODY_MB = 8  # ~2M tokens of text: far past any context this engine holds
 
 
-class ServeError(Exception):
+class ServeError(Ds4tuiError):
     """A setting that makes the server refuse to start; the message says what to change."""
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ds4tui.chat.stateless import Completion
+from ds4tui.errors import Ds4tuiError
 
 MAX_STOP_STRINGS = 4  # OpenAI's own limit
 MAX_STOP_CHARS = 256
@@ -34,7 +35,7 @@ FINISH = {"eos": "stop", "stop-string": "stop", "max-tokens": "length", "context
           "cancelled": "stop"}
 
 
-class RequestError(ValueError):
+class RequestError(Ds4tuiError, ValueError):
     """A request the server will not run: becomes an OpenAI-shaped 4xx."""
 
     def __init__(self, message: str, *, param: str | None = None, status: int = 400,

@@ -17,13 +17,14 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from ds4tui.errors import Ds4tuiError
 from ds4tui.store.schema import SCHEMA_VERSION, NewerSchema, migrate, version_of
 
 BUSY_TIMEOUT_MS = 5000  # a turn's commit is a few ms: 5 s covers any other writer's transaction
 OPEN_PROBE_TIMEOUT_MS = 1500  # at start, a write lock held this long means another process keeps it
 
 
-class StoreError(Exception):
+class StoreError(Ds4tuiError):
     """The store could not read or write (one line: what and why); the caller decides what to say."""
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Callable
 
+from ds4tui.errors import Ds4tuiError
+
 SCHEMA_VERSION = 2
 
 
@@ -79,7 +81,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
-class NewerSchema(Exception):
+class NewerSchema(Ds4tuiError):
     """The file was written by a newer ds4tui."""
 
 

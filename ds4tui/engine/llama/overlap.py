@@ -31,11 +31,12 @@ import threading
 from typing import Callable, TypeVar
 
 from ds4tui.engine.kernels import qgemv
+from ds4tui.errors import Ds4tuiError
 
 T = TypeVar("T")
 
 
-class ReadFailed(Exception):
+class ReadFailed(Ds4tuiError):
     """Raised into the forward at a layer boundary when the reader has failed."""
 
 
