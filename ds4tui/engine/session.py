@@ -18,6 +18,7 @@ from typing import BinaryIO, Callable, Sequence
 import torch
 
 from ds4tui.engine.errors import ContextFullError
+from ds4tui.errors import Ds4tuiError
 from ds4tui.format.swa_policy import SwaPolicy
 
 # on_progress(done, total): tokens of this prefill call finished so far, and its total.
@@ -25,7 +26,7 @@ ProgressFn = Callable[[int, int], None]
 StopFn = Callable[[], bool]
 
 
-class ForwardInterrupted(Exception):
+class ForwardInterrupted(Ds4tuiError):
     """A prefill chunk stopped between two layers because the prefill's `interrupt` asked.
     Raised by a family's `_forward` once every buffer it wrote that the session reads is as
     it was before the chunk; `_feed` catches it (it never leaves `prefill`)."""
