@@ -26,7 +26,8 @@ from ds4tui.engine.kernels import quants
 TOKEN_NORMAL, TOKEN_CONTROL = 1, 3
 
 
-def _metadata(writer, cfg: Dsv4Config) -> None:
+def add_metadata(writer, cfg: Dsv4Config) -> None:
+    """The `deepseek4.*` keys of `cfg` (and the values ds4 fixes)."""
     from gguf import GGUFValueType as V
 
     values = {
@@ -50,6 +51,19 @@ def _metadata(writer, cfg: Dsv4Config) -> None:
             writer.add_key_value(full, [float(v) for v in value], V.ARRAY, sub_type=V.FLOAT32)
 
 
+def add_vocab(writer, tokens: list[str], types: list[int], merges: list[str], cfg: Dsv4Config) -> None:
+    """`tokenizer.ggml.*` of a byte-level BPE (ds4's files: model gpt2, pre-tokenizer joyai-llm)."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("joyai-llm")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    if cfg.bos_token_id is not None:
+        writer.add_bos_token_id(int(cfg.bos_token_id))
+    if cfg.eos_ids:
+        writer.add_eos_token_id(int(cfg.eos_ids[0]))
+
+
 def _tokenizer(writer, tok, cfg: Dsv4Config) -> None:
     """tok: a `tokenizers.Tokenizer` (byte-level BPE) whose added special tokens are control tokens."""
     model = json.loads(tok.to_str())["model"]
@@ -61,15 +75,7 @@ def _tokenizer(writer, tok, cfg: Dsv4Config) -> None:
         tokens[i] = piece
     special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("joyai-llm")
-    writer.add_token_list(tokens)
-    writer.add_token_types([TOKEN_CONTROL if t in special else TOKEN_NORMAL for t in tokens])
-    writer.add_token_merges(merges)
-    if cfg.bos_token_id is not None:
-        writer.add_bos_token_id(int(cfg.bos_token_id))
-    if cfg.eos_ids:
-        writer.add_eos_token_id(int(cfg.eos_ids[0]))
+    add_vocab(writer, tokens, [TOKEN_CONTROL if t in special else TOKEN_NORMAL for t in tokens], merges, cfg)
 
 
 def _encode(w: torch.Tensor, kind: str) -> tuple[np.ndarray, object, torch.Tensor]:
@@ -98,7 +104,7 @@ def write_dsv4_gguf(path: str | Path, cfg: Dsv4Config, tensors: Mapping[str, tor
 
     writer = gguf.GGUFWriter(str(path), L.ARCH)
     writer.add_name(name)
-    _metadata(writer, cfg)
+    add_metadata(writer, cfg)
     _tokenizer(writer, tokenizer, cfg)
     held: dict[str, torch.Tensor] = {}
     experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
