@@ -38,7 +38,7 @@ from ds4tui.cache.integrity import verify_file
 from ds4tui.cache.policy import ScoreParts
 from ds4tui.format.display import safe_text
 from ds4tui.cache.safe_open import NotRegularFile, open_regular
-from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, MODEL_ID_DSV4_CUSTOM, MODEL_ID_LLAMA, read_fingerprint
+from ds4tui.format.payload import DS4_PAYLOAD_ABI, DS4TUI_PAYLOAD_ABI, MODEL_ID_DSV4_CUSTOM, MODEL_ID_LLAMA, read_fingerprint
 
 # Model ids ds4tui has an engine for; files with other ids are listed, never loaded.
 DS4TUI_MODEL_IDS = frozenset({MODEL_ID_LLAMA, MODEL_ID_DSV4_CUSTOM})
@@ -73,7 +73,8 @@ class Acceptor:
     fingerprint: bytes | None = None
 
     def why_not(self, h: KvcHeader) -> str | None:
-        if h.payload_abi != self.payload_abi:
+        # ds4 before the ABI byte wrote 0 there (and a ds4 hit still rewrites it to 0): its layout
+        if h.payload_abi != self.payload_abi and not (self.payload_abi == DS4_PAYLOAD_ABI and h.payload_abi == 0):
             return (f"payload ABI {h.payload_abi} ({payload_abi_name(h.payload_abi)}),"
                     f" this engine loads ABI {self.payload_abi} ({payload_abi_name(self.payload_abi)})")
         if self.model_id is None:

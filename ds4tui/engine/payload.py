@@ -31,21 +31,23 @@ from ds4tui.engine.kernels import qgemv
 def write_framing(
     fp: BinaryIO,
     header: Dsv4Header,
-    fingerprint: bytes,
+    fingerprint: bytes | None,
     tokens: Sequence[int],
     logits: torch.Tensor,
     compressed_counts: Sequence[int],
     indexer_counts: Sequence[int],
 ) -> None:
-    """Header, fingerprint, tokens, logits and the per-layer row counts."""
+    """Header, fingerprint, tokens, logits and the per-layer row counts. fingerprint None:
+    ds4's own layout (payload ABI 2), which has no fingerprint."""
     if header.magic != DSV4_MAGIC:
         raise ValueError("header magic must be DSV4")
-    if len(fingerprint) != FINGERPRINT_BYTES:
+    if fingerprint is not None and len(fingerprint) != FINGERPRINT_BYTES:
         raise ValueError("fingerprint must be 32 bytes")
     if len(tokens) != header.token_count or logits.numel() != header.vocab_size:
         raise ValueError("tokens/logits disagree with the header")
     fp.write(pack_dsv4_header(header))
-    fp.write(fingerprint)
+    if fingerprint is not None:
+        fp.write(fingerprint)
     fp.write(np.asarray(tokens, dtype="<u4").tobytes())
     write_tensor(fp, logits, "the logits")
     fp.write(np.asarray(compressed_counts, dtype="<u4").tobytes())

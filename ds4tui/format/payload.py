@@ -14,7 +14,9 @@ A payload opens with 13 little-endian u32 fields (`DSV4_FIELDS`; docs/format.md'
 | indexer row counts | u32 | layer_count |
 | per layer, in order | f32 | the family's sections (engine/<family>/) |
 
-ds4's own payloads are ABI 2 and are listed but never loaded by ds4tui.
+ds4's own payloads (ABI 2, and 0 in files from ds4 versions before the ABI byte) have the
+same framing without the fingerprint; ds4tui reads and writes them for a model in ds4's
+GGUF with V4 Flash's shape (engine/dsv4/payload.py), and lists them otherwise.
 Pure Python on purpose: the cache (which must not import torch) decodes the
 header and reads the fingerprint to show files; the engine writes them.
 """
@@ -96,9 +98,11 @@ def unpack_dsv4_header(data: bytes) -> Dsv4Header:
     return header
 
 
-def framing_bytes(token_count: int, vocab_size: int, layer_count: int) -> int:
-    """Bytes of a ds4tui payload's framing: everything but the per-layer sections."""
-    return DSV4_HEADER_BYTES + FINGERPRINT_BYTES + 4 * token_count + 4 * vocab_size + 8 * layer_count
+def framing_bytes(token_count: int, vocab_size: int, layer_count: int, fingerprint: bool = True) -> int:
+    """Bytes of a payload's framing: everything but the per-layer sections. `fingerprint`
+    False: ds4's own layout (payload ABI 2), which has none."""
+    fp_bytes = FINGERPRINT_BYTES if fingerprint else 0
+    return DSV4_HEADER_BYTES + fp_bytes + 4 * token_count + 4 * vocab_size + 8 * layer_count
 
 
 def read_fingerprint(fp: BinaryIO, payload_offset: int, payload_bytes: int) -> bytes | None:

@@ -322,7 +322,8 @@ def load_dsv4_gguf(path: str | Path, name: str, **config_overrides):
         digest = file_digest(by_name)
     tokenizer = gguf_tokenizer(reader, cfg, source)
     bits = _EXPERT_BITS[by_name[f"blk.0.{L.EXPERTS['w1']}"].tensor_type.name]
-    model = Dsv4Model.from_weights(name, cfg, weights, digest, tokenizer, Dsv4ChatTemplate(), bits)
+    model = Dsv4Model.from_weights(name, cfg, weights, digest, tokenizer, Dsv4ChatTemplate(), bits,
+                                   ds4_file=True)
     from ds4tui.engine.kernels.quants import quant_mix
 
     # the matrices the kernels read (not tid2eid, the f16 embedding rows or the position biases)

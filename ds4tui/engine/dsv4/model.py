@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI, MODEL_ID_DS4_FLASH, MODEL_ID_DSV4_CUSTOM
+from ds4tui.format.payload import DS4_PAYLOAD_ABI, DS4TUI_PAYLOAD_ABI, MODEL_ID_DS4_FLASH, MODEL_ID_DSV4_CUSTOM
 from ds4tui.engine.text.dsv4_chat import Dsv4ChatTemplate
 from ds4tui.engine.dsv4.config import Dsv4Config
 from ds4tui.engine.dsv4.net import Dsv4Net
@@ -70,14 +70,16 @@ class Dsv4Model(Model):
 
     @classmethod
     def from_weights(cls, name: str, cfg: Dsv4Config, weights: Dsv4Weights, digest: bytes, tokenizer: Tokenizer,
-                     chat: ChatTemplate, quant_bits: int) -> "Dsv4Model":
-        """A model over weights already bound (a GGUF's blocks: gguf.py), identified by `digest`."""
+                     chat: ChatTemplate, quant_bits: int, ds4_file: bool = False) -> "Dsv4Model":
+        """A model over weights already bound (a GGUF's blocks: gguf.py), identified by `digest`.
+        ds4_file: the weights are ds4's own GGUF, so a V4 Flash shape (any layer count, as a
+        ds4 build with that count runs it) keeps its sessions in ds4's payload (ABI 2)."""
         self = cls.__new__(cls)
-        self._setup(name, cfg, weights, digest, tokenizer, chat, quant_bits)
+        self._setup(name, cfg, weights, digest, tokenizer, chat, quant_bits, ds4_file)
         return self
 
     def _setup(self, name: str, cfg: Dsv4Config, weights: Dsv4Weights, digest: bytes, tokenizer: Tokenizer,
-               chat: ChatTemplate, quant_bits: int) -> None:
+               chat: ChatTemplate, quant_bits: int, ds4_file: bool = False) -> None:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.chat = chat
@@ -90,7 +92,7 @@ class Dsv4Model(Model):
             quant_bits=quant_bits,
             fingerprint=fingerprint,
             n_ctx=cfg.max_position_embeddings,
-            payload_abi=DS4TUI_PAYLOAD_ABI,
+            payload_abi=DS4_PAYLOAD_ABI if ds4_file and cfg.is_flash else DS4TUI_PAYLOAD_ABI,
         )
 
     def describe(self) -> str:

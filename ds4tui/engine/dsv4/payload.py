@@ -24,6 +24,15 @@ SWA storage policies (swa.py, docs/swa_policies.md): `payload_version`
 tags the layout. 1 is full (the above); periodic and zero payloads store the
 raw window as of an earlier position (or none), put a 16-byte marker block
 after the per-layer counts, and a load re-runs the missing tokens.
+
+ds4's own layout (payload ABI 2, `ds4_layout`): a model loaded from ds4's GGUF with V4
+Flash's shape writes and reads exactly what ds4's CPU session does, so a session moves
+between ds4 and ds4tui on the same file: no fingerprint, the full layout only, ds4's
+header values (its prefill chunk min(ctx, 2048), raw capacity min(W, ctx), compressed
+capacity ctx/4 + 2). On load, ds4's fields that describe its own buffers (chunk, capacities)
+are not checked, and frontier slots not yet written in the current window are cleared:
+ds4 leaves the previous window's values there after a decode step (they are overwritten
+before anything reads them), where ds4tui's canonical form has (0, -1e30).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from typing import BinaryIO, Callable
 import torch
 
 from ds4tui.engine.dsv4.cache import EMPTY_SCORE, CompressorState, LayerCache
-from ds4tui.format.payload import DSV4_MAGIC, FINGERPRINT_BYTES, Dsv4Header, framing_bytes
+from ds4tui.format.payload import DS4_PAYLOAD_ABI, DSV4_MAGIC, FINGERPRINT_BYTES, Dsv4Header, framing_bytes
 from ds4tui.engine.payload import (
     PayloadReader,
     check_field,
@@ -42,16 +51,38 @@ from ds4tui.engine.payload import (
     write_framing,
     write_tensor,
 )
-from ds4tui.engine.dsv4.swa import finish_load, layout_for_save, layout_from_header, raw_rows_for_save
+from ds4tui.engine.dsv4.swa import FULL_POLICY, finish_load, layout_for_save, layout_from_header, raw_rows_for_save
 from ds4tui.engine.swa_layout import SwaLayout, read_marker, write_marker
 from ds4tui.engine.dsv4.state import Dsv4State
 from ds4tui.engine.errors import PayloadError
 
 
 DSV4_PAYLOAD_VERSION = 1  # ds4's DSV4 payload version; ours adds the fingerprint (payload ABI 128)
+DS4_PREFILL_CAP = 2048  # ds4's CPU session: prefill chunk min(ctx, 2048) (ds4_default_prefill_cap_for_prompt)
+
+
+def ds4_layout(s: Dsv4State) -> bool:
+    """True when the session's payloads are ds4's own (ABI 2): no fingerprint, full layout."""
+    return s.info.payload_abi == DS4_PAYLOAD_ABI
+
+
+def ds4_header_for(s: Dsv4State) -> Dsv4Header:
+    """The header ds4's CPU session writes for this state (ds4.c, ds4_session_save_payload)."""
+    cfg, t, ctx = s.cfg, len(s.tokens), s.ctx_size
+    raw_cap = max(1, min(cfg.sliding_window, ctx))
+    ratios = [lc.ratio for lc in s.layers if lc.ratio == 4] + [lc.ratio for lc in s.layers if lc.ratio]
+    return Dsv4Header(
+        magic=DSV4_MAGIC, payload_version=DSV4_PAYLOAD_VERSION, saved_ctx=ctx,
+        prefill_chunk=max(1, min(DS4_PREFILL_CAP, ctx)), raw_capacity=raw_cap, raw_window=raw_cap,
+        compressed_capacity=ctx // ratios[0] + 2 if ratios else ctx, token_count=t,
+        layer_count=cfg.num_hidden_layers, head_dim=cfg.head_dim, indexer_head_dim=cfg.index_head_dim,
+        vocab_size=cfg.vocab_size, live_raw_rows=min(t, raw_cap),
+    )
 
 
 def header_for(s: Dsv4State, layout: SwaLayout | None = None) -> Dsv4Header:
+    if ds4_layout(s):
+        return ds4_header_for(s)
     cfg, t = s.cfg, len(s.tokens)
     raw_at = t if layout is None else layout.raw_at
     caps = [lc.attn.capacity for lc in s.layers if lc.attn is not None and lc.ratio == 4]
@@ -83,11 +114,20 @@ def layer_bytes(lc: LayerCache, t: int, window: int, head_dim: int, raw_at: int 
     return n
 
 
+def save_layout(s: Dsv4State) -> SwaLayout:
+    """The layout a save writes: the SWA policy's, or always full in ds4's layout."""
+    if ds4_layout(s):
+        t = len(s.tokens)
+        return SwaLayout(FULL_POLICY, t, t, t)
+    return layout_for_save(s)
+
+
 def payload_size(s: Dsv4State) -> int:
     cfg, t = s.cfg, len(s.tokens)
-    layout = layout_for_save(s)
+    layout = save_layout(s)
     body = sum(layer_bytes(lc, t, cfg.sliding_window, cfg.head_dim, layout.raw_at) for lc in s.layers)
-    return framing_bytes(t, cfg.vocab_size, cfg.num_hidden_layers) + layout.marker_bytes + body
+    framing = framing_bytes(t, cfg.vocab_size, cfg.num_hidden_layers, fingerprint=not ds4_layout(s))
+    return framing + layout.marker_bytes + body
 
 
 # -- writing, section by section ---------------------------------------------------------------
@@ -110,8 +150,9 @@ def write_payload(s: Dsv4State, fp: BinaryIO) -> None:
         logits = torch.zeros(cfg.vocab_size, dtype=torch.float32)  # an empty session
     comp = [lc.attn.n_rows if lc.attn is not None else 0 for lc in s.layers]
     index = [lc.index.n_rows if lc.index is not None else 0 for lc in s.layers]
-    layout = layout_for_save(s)
-    write_framing(fp, header_for(s, layout), s.info.fingerprint, s.tokens, logits, comp, index)
+    layout = save_layout(s)
+    fingerprint = None if ds4_layout(s) else s.info.fingerprint
+    write_framing(fp, header_for(s, layout), fingerprint, s.tokens, logits, comp, index)
     write_marker(fp, layout)
     for li, lc in enumerate(s.layers):
         write_raw_section(fp, s, layout, li)
@@ -130,16 +171,24 @@ def read_payload(s: Dsv4State, fp: BinaryIO, nbytes: int, begin: Callable[[], No
     cfg = s.cfg
     r = PayloadReader(fp, nbytes)
     h = r.read_header()
-    layout = layout_from_header(h)  # the payload_version check: full (1), periodic or zero
-    check_fingerprint(r.read_bytes(FINGERPRINT_BYTES, "the fingerprint"), s.info.fingerprint, s.info.name)
-    for name, want in (
+    ds4 = ds4_layout(s)
+    checks = [
         ("layer_count", cfg.num_hidden_layers),
         ("head_dim", cfg.head_dim),
         ("indexer_head_dim", cfg.index_head_dim),
         ("vocab_size", cfg.vocab_size),
-        ("raw_window", cfg.sliding_window),
-        ("prefill_chunk", s.chunk_size),
-    ):
+    ]
+    if ds4:
+        # ds4's own file: no fingerprint, always the full layout; its chunk and capacities
+        # describe ds4's buffers, not the state (ds4 writes its raw capacity as the window)
+        check_field(h, "payload_version", DSV4_PAYLOAD_VERSION)
+        layout = SwaLayout(FULL_POLICY, h.token_count, h.token_count, h.token_count)
+        checks.append(("raw_window", min(cfg.sliding_window, h.saved_ctx)))
+    else:
+        layout = layout_from_header(h)  # the payload_version check: full (1), periodic or zero
+        check_fingerprint(r.read_bytes(FINGERPRINT_BYTES, "the fingerprint"), s.info.fingerprint, s.info.name)
+        checks += [("raw_window", cfg.sliding_window), ("prefill_chunk", s.chunk_size)]
+    for name, want in checks:
         check_field(h, name, want)
     t = h.token_count
     if t > s.ctx_size:
@@ -169,7 +218,7 @@ def read_payload(s: Dsv4State, fp: BinaryIO, nbytes: int, begin: Callable[[], No
         read_raw_section(r, lc, layout.raw_at, cfg.sliding_window, li)
         for kind, st in (("compressor", lc.attn), ("indexer", lc.index)):
             if st is not None:
-                read_compressor_section(r, st, t // st.ratio, t, f"layer {li} {kind}")
+                read_compressor_section(r, st, t // st.ratio, t, f"layer {li} {kind}", clear_unwritten=ds4)
     r.finish()
     s.tokens = tokens
     s.logits = logits if t else None
@@ -183,7 +232,10 @@ def read_raw_section(r: PayloadReader, lc: LayerCache, t: int, window: int, li: 
     lc.raw[lc.raw_slots(positions)] = rows
 
 
-def read_compressor_section(r: PayloadReader, st: CompressorState, n: int, t: int, what: str) -> None:
+def read_compressor_section(r: PayloadReader, st: CompressorState, n: int, t: int, what: str,
+                            clear_unwritten: bool = False) -> None:
+    """clear_unwritten: set the slots not yet written at t tokens to (0, empty) instead of
+    refusing data there (ds4's files keep the previous window's values in them)."""
     if n > st.capacity:
         raise PayloadError(f"{what}: {n} rows exceed this session's capacity {st.capacity}")
     r.read_into(st.rows[:n], f"{what} rows")
@@ -194,5 +246,8 @@ def read_compressor_section(r: PayloadReader, st: CompressorState, n: int, t: in
         check_finite(tensor, f"{what} {part}")
     # Canonical form: the unwritten slots of the current window are exactly (0, empty).
     free = st.current_offset + t % st.ratio
-    if bool(st.state_kv[free:].any()) or bool((st.state_score[free:] != EMPTY_SCORE).any()):
+    if clear_unwritten:
+        st.state_kv[free:] = 0.0
+        st.state_score[free:] = EMPTY_SCORE
+    elif bool(st.state_kv[free:].any()) or bool((st.state_score[free:] != EMPTY_SCORE).any()):
         raise PayloadError(f"{what} frontier has data in slots not yet written at {t} tokens")
