@@ -61,10 +61,15 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from ds4tui.engine.errors import ModelNotFoundError
     from ds4tui.engine.registry import pull
 
+    from ds4tui.screens.text_progress import TextProgress
+
+    bar = TextProgress("")
     try:
-        path = pull(args.name)
+        path = pull(args.name, progress=bar)
     except ModelNotFoundError as exc:
+        bar.close(failed=True)
         raise CliError(str(exc)) from None
+    bar.close()
     if path.suffix == ".gguf" and not getattr(args, "no_convert", False):
         _load(args.name)  # the first load converts (with a progress bar); later ones are instant
     print(path)
@@ -73,11 +78,11 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 def _load(spec: str):
     from ds4tui.cli.errors import CliError
-    from ds4tui.cli.progress import ProgressBar
+    from ds4tui.screens.text_progress import TextProgress
     from ds4tui.engine.errors import ModelNotFoundError, WeightsError
     from ds4tui.engine.loader import load_model
 
-    bar = ProgressBar("preparing (once)")
+    bar = TextProgress("preparing (once)")
     try:
         model = load_model(spec, progress=bar)
     except (ModelNotFoundError, WeightsError) as exc:

