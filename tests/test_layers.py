@@ -1,13 +1,16 @@
-"""The layer rules of the package layout (docs/development.md, "Layout"), checked two ways.
+"""The layer rules of the package layout, checked two ways.
 
 Statically, from every module's source (imports inside functions and under
-TYPE_CHECKING count too): who may import whom, and no cycles at all. At run time,
-in a fresh interpreter: importing a pure layer loads no torch, Textual or Rich.
+TYPE_CHECKING count too): who may import whom, as the table in docs/architecture.md
+("Layers") says (the table is read from the page, so the page cannot drift from the
+rule), and no cycles at all. At run time, in a fresh interpreter: importing a pure layer
+loads no torch, Textual or Rich.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +52,22 @@ def _imports(path: Path) -> set[str]:
 
 
 MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def _layer_table() -> dict[str, set[str]]:
+    """layer -> the layers it may import, from docs/architecture.md's table."""
+    text = ARCHITECTURE.read_text()
+    rows = text.split("<!-- layers: begin -->")[1].split("<!-- layers: end -->")[0]
+    table = {}
+    for line in rows.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].startswith("`"):
+            table[cells[0].strip("`")] = set(re.findall(r"`([^`]+)`", cells[1]))
+    return table
+
+
+LAYERS = _layer_table()
 GRAPH = {
     name: {m for m in _imports(path) if m in MODULES and m != name}
     for name, path in MODULES.items()
@@ -70,6 +89,23 @@ def _offenders(layers: tuple[str, ...], forbidden) -> list[str]:
 
 def test_the_shared_modules_import_nothing_of_ours():
     assert [f"{s} imports {m}" for s in SHARED for m in sorted(_imports(MODULES[s])) if m.startswith("ds4tui")] == []
+
+
+def test_the_architecture_page_has_a_row_for_every_layer():
+    """Every package and top module of ds4tui/ is a row; every row is one of them."""
+    layers = {_layer(n) for n in MODULES} - {""}
+    assert set(LAYERS) == layers
+    assert all(allowed <= set(LAYERS) for allowed in LAYERS.values())
+
+
+def test_every_import_follows_the_architecture_page():
+    bad = []
+    for name, path in MODULES.items():
+        layer = _layer(name)
+        allowed = LAYERS.get(layer, set()) | {layer}
+        bad += [f"{name} imports {m} ({_layer(m)} is not in {layer}'s row)" for m in sorted(_imports(path))
+                if m.startswith("ds4tui.") and m in MODULES and _layer(m) not in allowed]
+    assert bad == []
 
 
 def test_format_imports_nothing_of_ours():
