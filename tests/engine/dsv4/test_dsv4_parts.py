@@ -223,13 +223,20 @@ def test_chat_render_parse_round_trip():
         {"role": "assistant", "content": "4"},
     ]
     text = chat.render(msgs, add_generation_prompt=False)
-    assert text == (f"{BOS}Be brief.{USER}Hi{ASSISTANT}<think>greet back{THINK_END}Hello!{EOS}"
+    # thinking off: as ds4 renders it, no turn's reasoning is in the prompt
+    assert text == (f"{BOS}Be brief.{USER}Hi{ASSISTANT}{THINK_END}Hello!{EOS}"
                     f"{USER}2+2?{ASSISTANT}{THINK_END}4{EOS}")
-    assert chat.parse(text) == msgs
+    assert chat.parse(text) == [{k: v for k, v in m.items() if k != "reasoning"} for m in msgs]
+    # thinking on: the turn after the last user message keeps it (test_dsv4_chat.py has the rest)
+    thinking = Dsv4ChatTemplate(thinking=True)
+    tail = thinking.render(msgs[:3], add_generation_prompt=False)
+    assert tail.endswith(f"{ASSISTANT}<think>greet back{THINK_END}Hello!{EOS}")
+    assert thinking.parse(tail) == msgs[:3]
     prompt = chat.render(msgs[:4])
     assert prompt.endswith(f"{USER}2+2?{ASSISTANT}{THINK_END}")
-    assert chat.parse(prompt) == msgs[:4]
-    assert chat.parse(prompt + "partial") == msgs[:4] + [{"role": "assistant", "content": "partial"}]
+    plain = [{k: v for k, v in m.items() if k != "reasoning"} for m in msgs]
+    assert chat.parse(prompt) == plain[:4]
+    assert chat.parse(prompt + "partial") == plain[:4] + [{"role": "assistant", "content": "partial"}]
     assert Dsv4ChatTemplate(thinking=True).render(msgs[:2]).endswith(f"{ASSISTANT}<think>")
 
 
