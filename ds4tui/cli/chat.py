@@ -2,7 +2,8 @@
 
 Everything that can fail with a one-line message is checked here, before the
 full-screen UI takes the terminal: a bad config file, a model that is not on
-disk (the engine's ModelNotFoundError names `ds4tui models pull ...`), a
+disk (the engine's ModelNotFoundError names `ds4tui models pull ...`) or whose
+file cannot be a model (engine/model_check.py: not a GGUF, cut short), a
 `--resume` that matches nothing or several sessions. The model itself is
 loaded by the UI, in a worker, behind a loading indicator.
 """
@@ -64,18 +65,12 @@ def chat_config(args: argparse.Namespace):
 
 
 def check_model(spec: str) -> None:
-    """Raise ModelNotFoundError when `spec` names nothing loadable, without loading weights."""
-    from ds4tui.engine.errors import ModelNotFoundError
+    """Raise ModelNotFoundError or WeightsError when `spec` names nothing loadable (a missing
+    path, an unknown name, /etc/passwd, a text file named .gguf, a truncated GGUF), without
+    loading weights: engine/model_check.py."""
+    from ds4tui.engine.model_check import check_model as check
 
-    if spec in ("tiny-llama", "tiny-dsv4"):
-        return  # built from a seed on first use
-    if Path(spec).expanduser().exists():
-        return
-    from ds4tui.engine.registry import resolve_registered
-
-    if resolve_registered(spec) is None:  # raises ModelNotFoundError naming the pull command
-        raise ModelNotFoundError(
-            f"unknown model {spec!r}: not a file, a directory or a name from `{command('models list')}`")
+    check(spec)
 
 
 def context_limit(spec: str) -> int | None:

@@ -20,12 +20,10 @@ from pathlib import Path
 
 from ds4tui.engine.errors import ModelNotFoundError, WeightsError
 from ds4tui.engine.model import Model
+from ds4tui.engine.model_check import DSV4_MODEL_TYPES, LLAMA_MODEL_TYPES, resolve
 
 _LOADED: dict[str, Model] = {}
 _LOCK = threading.Lock()
-
-DSV4_MODEL_TYPES = {"deepseek_v4", "deepseek-v4", "dsv4"}
-LLAMA_MODEL_TYPES = {"llama", "mistral", "smollm", "smollm2", "qwen2", "qwen3", "gemma3_text"}
 
 
 def load_model(spec: str, progress: Callable[[str, float], None] | None = None) -> Model:
@@ -54,18 +52,8 @@ def _load_uncached(spec: str, progress: Callable[[str, float], None] | None = No
         from ds4tui.engine.llama.tiny import ensure_tiny_llama
 
         return _load_dir(ensure_tiny_llama(), name=spec)
-    path = Path(spec).expanduser()
-    if not path.exists():
-        from ds4tui.engine.registry import resolve_registered
-
-        registered = resolve_registered(spec)  # raises ModelNotFoundError naming the pull command
-        if registered is None:
-            from ds4tui.command import command
-
-            raise ModelNotFoundError(
-                f"unknown model {spec!r}: not a file, a directory or a name from `{command('models list')}`"
-            )
-        path = registered
+    path = resolve(spec)  # raises ModelNotFoundError naming the pull command
+    assert path is not None  # the models built on first use are handled above
     if path.is_file() and path.suffix == ".gguf":
         from ds4tui.engine.dsv4.gguf import gguf_architecture
         from ds4tui.engine.dsv4.gguf_layout import ARCH

@@ -65,6 +65,12 @@ def preparing_text(what: str, fraction: float) -> str:
     return f"preparing {what} for fast loading (once) … {fraction:.0%}"
 
 
+def no_model_text(error: str) -> str:
+    """What a key that needs the model says when it did not load."""
+    return (f"No model is loaded ({one_line(error, 120)}). The palette's \"Switch model\" loads another;"
+            " or quit (ctrl+q) and start with --model.")
+
+
 NOTIFY_TIMEOUT = 4.0  # seconds a cache toast stays up: long enough to read one line
 
 
@@ -177,6 +183,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         self._prefill_tok_s: float | None = None  # measured on the last long prefill (browser's resume cost)
         self._quitting = False
         self._queued: str | None = None  # a message sent while the model loads
+        self._model_error: str | None = None  # why the model did not load (the app stays up)
         self._sidebar_by_user = False  # ctrl+b was pressed: the width no longer shows or hides the list
         self._saved: list = []  # (stored chat, KV on disk) pairs, as last scanned (off the UI thread)
         self._opened: dict = {}  # chat key -> its HistoryOpened event, for the resume's toast
@@ -248,13 +255,27 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
 
     @on(ModelFailed)
     def _model_failed(self, message: ModelFailed) -> None:
+        """The app stays up (the palette's "Switch model" can load another), says why, and a
+        message typed meanwhile goes back into the box instead of waiting for ever."""
+        self._model_error = message.error
         self.query_one("#loading").display = False
-        self.query_one(StatusBar).model_name = "no model"
+        status = self.query_one(StatusBar)
+        status.model_name = "no model"
+        status.activity = ""
         pane_log = self.query_one("#main")
         from ds4tui.screens.widgets.chat_log import NoticeLine
 
-        pane_log.mount(NoticeLine(f"Could not load the model: {message.error}", error=True), before=0)
-        self.notify(message.error, title="Model not loaded", severity="error", markup=False, timeout=10)
+        pane_log.mount(NoticeLine(f"Could not load the model: {message.error}", error=True, id="model-error"),
+                       before=0)
+        self.notify(safe_lines(message.error), title="Model not loaded", severity="error", markup=False,
+                    timeout=10)
+        if self._queued is not None:
+            text, self._queued = self._queued, None
+            prompt = self.query_one("#prompt", PromptInput)
+            prompt.load_text(text + ("\n" + prompt.text if prompt.text else ""))
+            prompt.move_cursor(prompt.document.end)
+            self.notify("Your message was not sent: no model is loaded. It is back in the box.",
+                        title="Not sent", severity="warning", markup=False, timeout=10)
 
     # -- messages to the mixins ----------------------------------------------------------------
 
@@ -342,7 +363,10 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         True when the controller exists, else a notice instead of a key that does nothing."""
         if self.controller is not None:
             return True
-        self.notify("The model is still loading.", severity="warning", markup=False)
+        if self._model_error is not None:
+            self.notify(no_model_text(self._model_error), severity="warning", markup=False)
+        else:
+            self.notify("The model is still loading.", severity="warning", markup=False)
         return False
 
     def _toast(self, text: str, title: str, severity: str = "information") -> None:

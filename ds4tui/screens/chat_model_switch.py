@@ -43,11 +43,12 @@ class ModelSwitch:
     """The `ChatScreen` side of "Switch model"."""
 
     def action_switch_model(self) -> None:
-        if not self._model_ready_or_say():
+        # With no model loaded (its file was bad) switching is how the app becomes useful.
+        if self._model_error is None and not self._model_ready_or_say():
             return
         from ds4tui.chat.controller import ChatController
 
-        if not isinstance(self.controller, ChatController):  # a remote engine
+        if self.controller is not None and not isinstance(self.controller, ChatController):  # a remote engine
             self._toast("The remote server decides the model (--remote-model picks one).", "Model", "warning")
             return
         if self._engine_job:
@@ -75,13 +76,23 @@ class ModelSwitch:
     def _switch_model(self, spec: str, reopen: str | None) -> None:
         from ds4tui.chat.controller import ChatController
         from ds4tui.engine.loader import load_model
+        from ds4tui.engine.model_check import check_model
 
         old = self.controller
         try:
-            old.shutdown()
+            # A file that cannot be a model fails here, before the chats of the current one
+            # are saved and their sessions freed: it stays as it was, every chat live.
+            check_model(spec)
+        except Exception as exc:  # EngineError: one line naming the file and why
+            self._idle.set()
+            self.post_message(ModelSwitched(spec, reopen, str(exc) or type(exc).__name__))
+            return
+        try:
+            if old is not None:
+                old.shutdown()
             model = load_model(spec)
             config = replace(self.config, model=spec)
-            controller = ChatController(model, config, store=old.history.store)
+            controller = ChatController(model, config, store=old.history.store if old is not None else None)
             controller.warm_up()
         except Exception as exc:  # EngineError (one line) or a loader bug: the old model stays
             self._idle.set()
@@ -96,13 +107,19 @@ class ModelSwitch:
         status = self.query_one(StatusBar)
         status.activity = ""
         if message.error is not None:
-            self._toast(f"Could not switch to {message.spec}: {message.error}", "Model", "error")
+            still = f"still on {self.config.model}" if self.controller is not None else "no model loaded"
+            error = message.error if message.spec in message.error else f"{message.spec}: {message.error}"
+            self._toast(f"Could not switch: {error} ({still})", "Model", "error")
             return
         from textual.widgets import ContentSwitcher
 
         switcher = self.query_one(ContentSwitcher)
         for pane in list(switcher.children):
             await pane.remove()
+        if self._model_error is not None:  # the start's model had failed: this one replaces it
+            self._model_error = None
+            for notice in self.query("#model-error"):
+                await notice.remove()
         self._active, self._busy = None, None
         self._cache_lines.clear()
         self._opened.clear()

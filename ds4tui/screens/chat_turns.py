@@ -32,6 +32,10 @@ class ChatTurns:
         text = message.text
         if not text.strip():
             return
+        if self.controller is None and self._model_error is not None:
+            # Nothing would ever send it: it stays in the box, and the notice says why.
+            self._model_ready_or_say()
+            return
         if self.controller is None or self._active is None:
             if self._queued is not None:  # one waits already: this one stays in the box, never lost
                 self.notify("A message is already waiting for the model; this one stays in the box.",

@@ -65,6 +65,7 @@ class EngineWorkers:
             # costs (page faults, first library calls) here, not in the first message's TTFT.
             self.controller.warm_up()
         except Exception as exc:  # a bad file (Ds4tuiError: its message) or a loader bug: one line
+            self.controller = None  # one that failed its warm-up is no controller to send to
             self.post_message(self.ModelFailed(error_line(exc)))
         else:
             self.post_message(self.ModelReady())

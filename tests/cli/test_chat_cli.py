@@ -137,3 +137,50 @@ def test_the_parser_loads_no_torch():
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+def _small_gguf(path, floats: int = 4096):
+    """A GGUF of one f32 tensor, written by the gguf package (llama.cpp's writer)."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("token_embd.weight", np.arange(floats, dtype=np.float32).reshape(16, -1))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_file_that_is_no_model_gets_one_line_before_the_ui(tmp_path, capsys):
+    """/etc/passwd, a text file named .gguf, a GGUF cut short: one line naming the file and why,
+    exit 1, before the UI (these opened the full app with "no model" and a raw numpy error)."""
+    text = tmp_path / "notes.txt"
+    text.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("hello, not a model\n")
+    whole = _small_gguf(tmp_path / "whole.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size - 1000])
+    for path, why in ((text, "not a model: expected a .gguf file or a checkpoint directory"),
+                      (fake, "not a GGUF file (no GGUF magic)"),
+                      (cut, "truncated: tensor 'token_embd.weight' ends at byte"),
+                      (tmp_path, "not a checkpoint directory (no config.json)")):
+        assert main(["--model", str(path)]) == 1
+        err = capsys.readouterr().err
+        assert f"{path}: {why}" in err and err.count("\n") == 1, err
+    # The whole file gets past the check (and is refused only because stdout is no terminal).
+    assert main(["--model", str(whole)]) == 1
+    assert "needs a terminal" in capsys.readouterr().err
+
+
+def test_a_checked_file_is_checked_again_once_it_changes(tmp_path, capsys):
+    """The check remembers a file that passed by (path, size, mtime): a file cut short later is
+    caught at the next start."""
+    whole = _small_gguf(tmp_path / "m.gguf")
+    assert main(["--model", str(whole)]) == 1 and "needs a terminal" in capsys.readouterr().err
+    data = whole.read_bytes()
+    whole.write_bytes(data[:-1000])
+    assert main(["--model", str(whole)]) == 1
+    assert "truncated" in capsys.readouterr().err

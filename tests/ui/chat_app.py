@@ -49,6 +49,7 @@ class ChatHost(KeepsToasts, Ds4TuiApp):
         self._news: asyncio.Event | None = None
 
     @on(ChatScreen.ModelReady)
+    @on(ChatScreen.ModelFailed)
     @on(ChatScreen.EngineEvent)
     @on(ChatScreen.TurnEnded)
     @on(ChatScreen.Resumed)

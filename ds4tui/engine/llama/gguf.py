@@ -41,7 +41,7 @@ from ds4tui.engine.kernels.quants import BLOCK_TYPES, QuantMix, gguf_name
 from ds4tui.engine.kernels.raw_weights import gguf_quant_mix, gguf_raw_blocks, move_raw_into_huge_pages, split_raw
 from ds4tui.engine.llama.arch import GGUF_LAYER_NORMS, gguf_expected_shapes, gguf_permutes_qk, parse_gguf_metadata
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
-from ds4tui.engine.llama.gguf_meta import GgufMeta, check_layout
+from ds4tui.engine.llama.gguf_meta import GgufMeta, check_extents, check_layout
 from ds4tui.engine.llama.rope import RopeScaling, combined_divisors
 from ds4tui.engine.llama.model import LlamaModel
 from ds4tui.engine.llama.weights import eos_ids_for, file_sha256, make_info
@@ -147,7 +147,8 @@ def convert_gguf(path: Path, sha: str, out: Path, progress: ConvertProgress | No
     if path.stat().st_size < 24:
         raise WeightsError(f"{path}: not a GGUF file ({path.stat().st_size} bytes)")
     with open(path, "rb") as fp, mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        check_layout(buf, str(path))  # gguf's reader trusts the header's counts
+        layout = check_layout(buf, str(path))  # gguf's reader trusts the header's counts
+    check_extents(layout, path.stat().st_size, str(path), gguf.GGML_QUANT_SIZES)  # and maps past the end
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as exc:  # the gguf package raises ValueError/struct errors on bad files

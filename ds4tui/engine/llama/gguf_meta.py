@@ -10,6 +10,7 @@ conversion. GGUF files are untrusted input.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ds4tui.engine.errors import WeightsError
@@ -136,12 +137,22 @@ _MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 _MAX_NESTING = 2
 
 
-def check_layout(buf, source: str) -> None:
+@dataclass(frozen=True)
+class GgufLayout:
+    """What a GGUF's header says about where its tensors lie (check_layout's result)."""
+
+    alignment: int
+    data_start: int  # the first byte of tensor data (tensor offsets count from here)
+    tensors: tuple[tuple[str, tuple[int, ...], int, int], ...]  # (name, dims, ggml type, offset)
+
+
+def check_layout(buf, source: str) -> GgufLayout:
     """Walk a GGUF's header (key/values and tensor infos) checking every count and length
     against the bytes that remain before anything loops over it or allocates by it: gguf's
     reader trusts them (an array count flipped to 2^60 there loops and grows without end)."""
     size = len(buf)
     pos = 0
+    alignment = 32  # GGUF's default; `general.alignment` may set another
 
     def bad(what: str) -> WeightsError:
         return WeightsError(f"{source}: not a readable GGUF ({what} at byte {pos})")
@@ -162,6 +173,17 @@ def check_layout(buf, source: str) -> None:
     def string() -> None:
         take(u64())
 
+    def strings(count: int) -> None:
+        # A tokenizer's vocabulary is 50k-260k strings: this loop, not a call per string
+        # (a third of the time: the check runs before the chat's UI opens).
+        nonlocal pos
+        for _ in range(count):
+            if pos + 8 > size:
+                raise bad("the file ends inside its header")
+            pos += 8 + int.from_bytes(buf[pos:pos + 8], "little")
+        if pos > size:
+            raise bad("the file ends inside its header")
+
     def value(vtype: int, depth: int) -> None:
         if vtype in _SCALAR_BYTES:
             take(_SCALAR_BYTES[vtype])
@@ -176,8 +198,11 @@ def check_layout(buf, source: str) -> None:
             elif sub in (_STRING, _ARRAY):
                 if count * (8 if sub == _STRING else 12) > size - pos:
                     raise bad(f"an array of {count} entries longer than the file")
-                for _ in range(count):
-                    value(sub, depth + 1)
+                if sub == _STRING:
+                    strings(count)
+                else:
+                    for _ in range(count):
+                        value(sub, depth + 1)
             else:
                 raise bad(f"value type {sub}")
         else:
@@ -192,11 +217,46 @@ def check_layout(buf, source: str) -> None:
     if n_kv * 13 > size or n_tensors * 28 > size:  # the smallest key/value, tensor info
         raise bad(f"{n_kv} keys and {n_tensors} tensors in {size} bytes")
     for _ in range(n_kv):
-        string()
-        value(u32(), 0)
+        key = bytes(buf[take(u64()):pos])
+        vtype = u32()
+        if key == b"general.alignment" and vtype == 4:
+            alignment = u32()
+            if alignment == 0 or alignment & (alignment - 1):
+                raise bad(f"general.alignment {alignment} (not a power of two)")
+        else:
+            value(vtype, 0)
+    tensors = []
     for _ in range(n_tensors):
-        string()
+        name = bytes(buf[take(u64()):pos]).decode("utf-8", "replace")
         dims = u32()
         if not 1 <= dims <= _MAX_DIMS:
             raise bad(f"a tensor of {dims} dimensions")
-        take(8 * dims + 4 + 8)
+        shape = tuple(u64() for _ in range(dims))
+        ggml_type, offset = u32(), u64()
+        tensors.append((name, shape, ggml_type, offset))
+    data_start = -(-pos // alignment) * alignment
+    return GgufLayout(alignment, data_start, tuple(tensors))
+
+
+def check_extents(layout: GgufLayout, size: int, source: str, type_sizes: Mapping[int, tuple[int, int]]) -> None:
+    """Every tensor's bytes lie inside the file: a download cut short, or a header that lies,
+    is one line naming the tensor and the sizes (gguf's reader maps it anyway, and a numpy
+    error about dtypes comes out much later). type_sizes: ggml type -> (block elements, block
+    bytes), gguf's GGML_QUANT_SIZES."""
+    shown = _shown
+    for name, shape, ggml_type, offset in layout.tensors:
+        if ggml_type not in type_sizes:
+            raise WeightsError(f"{source}: tensor {shown(name)} has ggml type {ggml_type}, which this gguf"
+                               " package does not know")
+        block, block_bytes = type_sizes[ggml_type]
+        count = math.prod(shape)
+        if shape[0] % block:
+            raise WeightsError(f"{source}: tensor {shown(name)} of shape {list(shape)} is not whole blocks of"
+                               f" {block}")
+        end = layout.data_start + offset + count // block * block_bytes
+        if offset % layout.alignment:
+            raise WeightsError(f"{source}: tensor {shown(name)} starts at offset {offset}, not a multiple of"
+                               f" the alignment {layout.alignment}")
+        if end > size:
+            raise WeightsError(f"{source}: truncated: tensor {shown(name)} ends at byte {end:,}, the file has"
+                               f" {size:,} (an interrupted download or copy?)")

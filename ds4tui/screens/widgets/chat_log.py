@@ -211,8 +211,8 @@ class NoticeLine(Static):
     }
     """
 
-    def __init__(self, text: str, *, error: bool = False) -> None:
-        super().__init__(Text(safe_lines(text)), classes="-error" if error else "")
+    def __init__(self, text: str, *, error: bool = False, id: str | None = None) -> None:
+        super().__init__(Text(safe_lines(text)), classes="-error" if error else "", id=id)
 
 
 class ChatLog(VerticalScroll):
