@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from textual import work
 from textual.message import Message
 
+from ds4tui.errors import error_line
 from ds4tui.screens.widgets.choice_dialog import ChoiceDialog
 from ds4tui.screens.widgets.status_bar import StatusBar
 
@@ -85,7 +86,7 @@ class ModelSwitch:
             check_model(spec)
         except Exception as exc:  # EngineError: one line naming the file and why
             self._idle.set()
-            self.post_message(ModelSwitched(spec, reopen, str(exc) or type(exc).__name__))
+            self.post_message(ModelSwitched(spec, reopen, error_line(exc)))
             return
         try:
             if old is not None:
