@@ -25,9 +25,11 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
 INDEX_NAME = ".ds4tui-index.sqlite"
 SCHEMA = 7
+T = TypeVar("T")
 RACY_S = 2.0
 BUSY_MS = 2000
 
@@ -116,21 +118,45 @@ class HeaderIndex:
             return None
         return db
 
+    def _read(self, query: Callable[[sqlite3.Connection], T], fallback: T) -> T:
+        """`query` on a short-lived connection, or `fallback` when there is no index or it
+        cannot be read (every caller then reads the files). Reading never creates the file."""
+        with self._lock:
+            db = self._connect(create=False)
+            if db is None:
+                return fallback
+            try:
+                return query(db)
+            except sqlite3.Error:
+                return fallback
+            finally:
+                db.close()
+
+    def _write(self, statements: Callable[[sqlite3.Connection], object]) -> None:
+        """`statements` in one transaction; a failure rolls it back and is dropped (the index is
+        a cache of the files: the next listing reads them again)."""
+        with self._lock:
+            db = self._connect(create=True)
+            if db is None:
+                return
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                statements(db)
+                db.execute("COMMIT")
+            except sqlite3.Error:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            finally:
+                db.close()
+
     def load(self, *, with_text: bool = True, with_extra: bool = True) -> dict[str, FileRecord]:
         """Every row (name -> record; `text` None unless `with_text`, `extra` unless `with_extra`);
         empty when the index is unusable."""
-        with self._lock:
-            db = self._connect(create=False)  # reading alone never creates the file
-            if db is None:
-                return {}
-            try:
-                rows = db.execute("SELECT name, ino, size, mtime_ns, read_at, head, entry, fingerprint, text_sha,"
-                                  f" {'extra' if with_extra else 'NULL'}, {'text' if with_text else 'NULL'}"
-                                  " FROM files").fetchall()
-            except sqlite3.Error:
-                return {}
-            finally:
-                db.close()
+        rows: list[tuple] = self._read(lambda db: db.execute(
+            "SELECT name, ino, size, mtime_ns, read_at, head, entry, fingerprint, text_sha,"
+            f" {'extra' if with_extra else 'NULL'}, {'text' if with_text else 'NULL'} FROM files").fetchall(), [])
         out = {}
         for name, ino, size, mtime_ns, read_at, head, entry, fingerprint, text_sha, extra, text in rows:
             try:
@@ -142,103 +168,58 @@ class HeaderIndex:
                 continue  # a damaged row: the file is read again
         return out
 
+    def _column(self, column: str, name: str, key: StatKey):
+        """One column of `name`'s row if the row is for version `key`, else None."""
+        row = self._read(lambda db: db.execute(
+            f"SELECT {column} FROM files WHERE name = ? AND ino = ? AND size = ? AND mtime_ns = ?",
+            (name, *key)).fetchone(), None)
+        return row[0] if row else None
+
     def text(self, name: str, key: StatKey) -> bytes | None:
         """The indexed text of `name` if the row is for version `key`, else None."""
-        with self._lock:
-            db = self._connect(create=False)
-            if db is None:
-                return None
-            try:
-                row = db.execute("SELECT text FROM files WHERE name = ? AND ino = ? AND size = ? AND mtime_ns = ?",
-                                 (name, *key)).fetchone()
-            except sqlite3.Error:
-                return None
-            finally:
-                db.close()
-        return bytes(row[0]) if row and row[0] is not None else None
+        value = self._column("text", name, key)
+        return bytes(value) if value is not None else None
 
     def extra(self, name: str, key: StatKey) -> str | None:
         """The JSON of the extra entry fields of `name`, if its row is for version `key`."""
-        with self._lock:
-            db = self._connect(create=False)
-            if db is None:
-                return None
-            try:
-                row = db.execute("SELECT extra FROM files WHERE name = ? AND ino = ? AND size = ? AND mtime_ns = ?",
-                                 (name, *key)).fetchone()
-            except sqlite3.Error:
-                return None
-            finally:
-                db.close()
-        return row[0] if row and isinstance(row[0], str) else None
+        value = self._column("extra", name, key)
+        return value if isinstance(value, str) else None
 
     def texts(self, keys: dict[str, StatKey]) -> dict[str, bytes]:
         """name -> indexed text, for the names of `keys` whose row is for that version."""
         names = list(keys)
-        rows = []
-        with self._lock:
-            db = self._connect(create=False)
-            if db is None:
-                return {}
-            try:
-                for i in range(0, len(names), 500):  # under SQLite's bound-parameter limit
-                    chunk = names[i:i + 500]
-                    rows += db.execute("SELECT name, ino, size, mtime_ns, text FROM files WHERE name IN"
-                                       f" ({','.join('?' * len(chunk))})", chunk).fetchall()
-            except sqlite3.Error:
-                return {}
-            finally:
-                db.close()
+
+        def query(db: sqlite3.Connection) -> list[tuple]:
+            rows: list[tuple] = []
+            for i in range(0, len(names), 500):  # under SQLite's bound-parameter limit
+                chunk = names[i:i + 500]
+                rows += db.execute("SELECT name, ino, size, mtime_ns, text FROM files WHERE name IN"
+                                   f" ({','.join('?' * len(chunk))})", chunk).fetchall()
+            return rows
+
+        rows: list[tuple] = self._read(query, [])
         return {name: bytes(text) for name, ino, size, mtime_ns, text in rows
                 if text is not None and keys.get(name) == (ino, size, mtime_ns)}
 
     def verdicts(self) -> dict[str, tuple[tuple[int, int], str, str | None]]:
         """name -> ((inode, size), "ok" | "mismatch", error): checksum verdicts read before. The
         checksum covers no header byte, so a hit or a pin leaves a verdict valid."""
-        with self._lock:
-            db = self._connect(create=False)
-            if db is None:
-                return {}
-            try:
-                rows = db.execute("SELECT name, ino, size, verdict, error FROM checksums").fetchall()
-            except sqlite3.Error:
-                return {}
-            finally:
-                db.close()
+        rows: list[tuple] = self._read(
+            lambda db: db.execute("SELECT name, ino, size, verdict, error FROM checksums").fetchall(), [])
         return {name: ((ino, size), verdict, error) for name, ino, size, verdict, error in rows
                 if verdict in ("ok", "mismatch")}
 
     def store_verdicts(self, verdicts: dict[str, tuple[tuple[int, int], str, str | None]]) -> None:
-        with self._lock:
-            db = self._connect(create=True)
-            if db is None:
-                return
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                db.executemany("INSERT OR REPLACE INTO checksums VALUES (?, ?, ?, ?, ?)",
-                               [(name, *key, verdict, error) for name, (key, verdict, error) in verdicts.items()])
-                db.execute("DELETE FROM checksums WHERE name NOT IN (SELECT name FROM files)")
-                db.execute("COMMIT")
-            except sqlite3.Error:
-                try:
-                    db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-            finally:
-                db.close()
+        def statements(db: sqlite3.Connection) -> None:
+            db.executemany("INSERT OR REPLACE INTO checksums VALUES (?, ?, ?, ?, ?)",
+                           [(name, *key, verdict, error) for name, (key, verdict, error) in verdicts.items()])
+            db.execute("DELETE FROM checksums WHERE name NOT IN (SELECT name FROM files)")
+
+        self._write(statements)
 
     def relations(self, key: str) -> dict | None:
         """The prefix relations stored for the file set `key` names (eviction.relation_key)."""
-        with self._lock:
-            db = self._connect(create=False)
-            if db is None:
-                return None
-            try:
-                row = db.execute("SELECT data FROM relations WHERE key = ?", (key,)).fetchone()
-            except sqlite3.Error:
-                return None
-            finally:
-                db.close()
+        row = self._read(lambda db: db.execute("SELECT data FROM relations WHERE key = ?", (key,)).fetchone(), None)
         try:
             data = json.loads(row[0]) if row else None
         except ValueError:
@@ -247,44 +228,21 @@ class HeaderIndex:
 
     def store_relations(self, key: str, data: dict) -> None:
         """Keep `data` as the relations of file set `key` (only the latest set is kept)."""
-        with self._lock:
-            db = self._connect(create=True)
-            if db is None:
-                return
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                db.execute("DELETE FROM relations")
-                db.execute("INSERT INTO relations VALUES (?, ?)", (key, json.dumps(data)))
-                db.execute("COMMIT")
-            except sqlite3.Error:
-                try:
-                    db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-            finally:
-                db.close()
+        def statements(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM relations")
+            db.execute("INSERT INTO relations VALUES (?, ?)", (key, json.dumps(data)))
+
+        self._write(statements)
 
     def store(self, records: dict[str, FileRecord], keep: set[str] | None = None) -> None:
         """Write `records`; with `keep`, drop rows of names not in it (files gone)."""
-        with self._lock:
-            db = self._connect(create=True)
-            if db is None:
-                return
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                db.executemany(
-                    "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(name, *r.key, r.read_at, r.head, json.dumps(r.entry),
-                      r.fingerprint, r.text_sha, r.extra, r.text)
-                     for name, r in records.items()])
-                if keep is not None:
-                    gone = [(n,) for (n,) in db.execute("SELECT name FROM files") if n not in keep]
-                    db.executemany("DELETE FROM files WHERE name = ?", gone)
-                db.execute("COMMIT")
-            except sqlite3.Error:
-                try:
-                    db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-            finally:
-                db.close()
+        def statements(db: sqlite3.Connection) -> None:
+            db.executemany(
+                "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(name, *r.key, r.read_at, r.head, json.dumps(r.entry), r.fingerprint, r.text_sha, r.extra, r.text)
+                 for name, r in records.items()])
+            if keep is not None:
+                gone = [(n,) for (n,) in db.execute("SELECT name FROM files") if n not in keep]
+                db.executemany("DELETE FROM files WHERE name = ?", gone)
+
+        self._write(statements)

@@ -342,27 +342,8 @@ class ChatController(OpenChats):
         self.moves.drop_oldest(conv, turns)
         self.history.commit(conv)
 
-    def fresh_like(self, key: str) -> Conversation:
-        """A new, empty chat carrying this chat's system prompt and settings."""
-        conv = self.get(key)
-        fresh = self.new_conversation(conv.system_prompt or "")
-        fresh.overrides = dict(conv.overrides)
-        return fresh
-
-    def import_messages(self, messages: list[dict], title: str | None = None,
-                        created_at: int | None = None) -> Conversation:
-        """Open a transcript (OpenAI messages) as a new chat; its next message prefills it
-        (or restores the longest cached prefix of it)."""
-        conv = Conversation(key=self.conversations.new_key(), title=title)
-        if created_at:
-            conv.created_at = created_at
-        conv.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
-        if conv.title is None:
-            first = next((m["content"] for m in conv.messages if m["role"] == "user"), "")
-            conv.title = default_title(first) if first else None
-        self.conversations.add(conv)
-        self.history.commit(conv)
-        return conv
+    # fresh_like, import_messages: OpenChats (registry.py); an imported chat's next message
+    # prefills it (or restores the longest cached prefix of it).
 
     def search(self, pattern: str, regex: bool = False) -> list[ChatHit]:
         """Every stored chat whose title or any message (every branch) matches, each with how

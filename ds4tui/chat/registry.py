@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import itertools
 import threading
+from typing import TYPE_CHECKING
 
-from ds4tui.chat.conversation import Conversation
+from ds4tui.chat.conversation import Conversation, default_title
 from ds4tui.chat.settings import CHAT_KEYS, Settings
+
+if TYPE_CHECKING:
+    from ds4tui.chat.history import History
 
 
 class Conversations:
@@ -66,10 +70,12 @@ class Conversations:
 
 class OpenChats:
     """The conversation methods both chat controllers offer the screens, over their
-    `conversations` registry and `config` (whose system prompt a new chat starts with)."""
+    `conversations` registry, `config` (whose system prompt a new chat starts with) and
+    `history` (the conversation store, where an imported chat is committed)."""
 
     conversations: Conversations
     settings: Settings
+    history: History
     conversation_kind: type[Conversation] = Conversation
 
     def new_conversation(self, system_prompt: str | None = None) -> Conversation:
@@ -86,6 +92,28 @@ class OpenChats:
 
     def list(self) -> list[Conversation]:
         return self.conversations.all()
+
+    def fresh_like(self, key: str) -> Conversation:
+        """A new, empty chat carrying this chat's system prompt and settings."""
+        conv = self.get(key)
+        fresh = self.new_conversation(conv.system_prompt or "")
+        fresh.overrides = dict(conv.overrides)
+        return fresh
+
+    def import_messages(self, messages: list[dict], title: str | None = None,
+                        created_at: int | None = None) -> Conversation:
+        """Open a transcript (OpenAI messages) as a new chat, committed to the history; its next
+        message starts from it."""
+        conv = self.conversation_kind(key=self.conversations.new_key(), title=title)
+        if created_at:
+            conv.created_at = created_at
+        conv.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        if conv.title is None:
+            first = next((m["content"] for m in conv.messages if m["role"] == "user"), "")
+            conv.title = default_title(first) if first else None
+        self.conversations.add(conv)
+        self.history.commit(conv)
+        return conv
 
     def chat_settings(self, key: str) -> dict:
         """The chat's system prompt and sampling, as its next turn (or request) will use them."""

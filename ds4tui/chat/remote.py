@@ -154,26 +154,7 @@ class RemoteChatController(OpenChats):
     def update_config(self, **changes) -> None:
         self.settings.update(**changes)
 
-    def fresh_like(self, key: str) -> Conversation:
-        """A new, empty chat carrying this chat's system prompt and settings."""
-        conv = self.get(key)
-        fresh = self.new_conversation(conv.system_prompt or "")
-        fresh.overrides = dict(conv.overrides)
-        return fresh
-
-    def import_messages(self, messages: list[dict], title: str | None = None,
-                        created_at: int | None = None) -> Conversation:
-        """Open a transcript (OpenAI messages) as a new chat; its next message sends it all."""
-        conv = RemoteConversation(key=self.conversations.new_key(), title=title)
-        if created_at:
-            conv.created_at = created_at
-        conv.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
-        if conv.title is None:
-            first = next((m["content"] for m in conv.messages if m["role"] == "user"), "")
-            conv.title = default_title(first) if first else None
-        self.conversations.add(conv)
-        self.history.commit(conv)
-        return conv
+    # import_messages, fresh_like: OpenChats (registry.py); an imported chat's next message sends it all.
 
     # -- per-chat settings -------------------------------------------------------------------------
 
