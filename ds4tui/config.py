@@ -12,6 +12,14 @@ Example `config.toml`:
     temperature = 0.7
     max_tokens = 1024
     system_prompt = "You are a concise assistant."
+    theme = "gruvbox"          # the palette's "Change theme" writes it
+
+    [system_prompts]           # presets: palette "System prompt: NAME", and the F3 dialog
+    terse = "Answer in one sentence."
+    "code review" = "You review code: point out bugs first, then style."
+
+The chat changes this file only through `config_file.update_config_file`, which edits
+the keys it sets in place and keeps the user's comments and other lines.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import json
 import math
 import os
 import tomllib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -71,6 +79,10 @@ class Config:
     # so a kill -9 of the chat or the server loses at most one interval. 0: never.
     continued_interval_tokens: int = 10000
     checkpoint_align_tokens: int = 2048
+    # The Textual theme (the palette's "Change theme" saves it); None: Textual's default.
+    theme: str | None = None
+    # Named system prompts ([system_prompts] table): offered in the palette and the F3 dialog.
+    system_prompts: dict[str, str] = field(default_factory=dict)
 
     def cache_path(self) -> Path:
         return paths.cache_dir(self.cache_dir)
@@ -104,8 +116,34 @@ _CHECKS: dict[str, tuple[tuple[type, ...], Any]] = {
     "continued_interval_tokens": ((int,), lambda v: None if v >= 0 else "must be >= 0 (0: no continued checkpoints)"),
     # A multiple of 64 keeps checkpoints on the engines' prefill chunk boundaries.
     "checkpoint_align_tokens": ((int,), lambda v: None if v > 0 and v % 64 == 0 else "must be a positive multiple of 64"),
+    "theme": ((str,), lambda v: None if v.strip() else "must not be empty"),
+    "system_prompts": ((dict,), lambda v: _check_presets(v)),
 }
 _FLOAT_KEYS = {"temperature", "top_p", "min_p"}
+
+
+MAX_PRESET_NAME = 60
+
+
+def check_preset_name(name: object) -> str | None:
+    """Why `name` cannot name a system prompt preset, or None."""
+    if not isinstance(name, str) or not name.strip():
+        return "a preset name must not be empty"
+    if len(name) > MAX_PRESET_NAME:
+        return f"a preset name must be at most {MAX_PRESET_NAME} characters"
+    if any(ch in name for ch in "\n\r\t") or name != name.strip():
+        return "a preset name is one line with no spaces around it"
+    return None
+
+
+def _check_presets(presets: dict) -> str | None:
+    for name, text in presets.items():
+        problem = check_preset_name(name)
+        if problem:
+            return f"{problem} (got {name!r})"
+        if not isinstance(text, str):
+            return f"entry {name!r} must be a string, got {type(text).__name__}"
+    return None
 
 
 def check_value(key: str, value: Any, where: str = "config") -> Any:
@@ -124,8 +162,11 @@ def check_value(key: str, value: Any, where: str = "config") -> Any:
         if not math.isfinite(value):
             raise ConfigError(f"{where}: {key} must be a finite number")
     problem = check(value)
+    if key == "system_prompts":
+        value = dict(value)
     if problem:
-        raise ConfigError(f"{where}: {key} {problem} (got {value!r})")
+        shown = "" if key == "system_prompts" else f" (got {value!r})"
+        raise ConfigError(f"{where}: {key} {problem}{shown}")
     return value
 
 
@@ -165,9 +206,12 @@ def dumps(config: Config) -> str:
     lines = ["# ds4tui settings (see `ds4tui --help`); command-line flags override them."]
     for f in fields(Config):
         value = getattr(config, f.name)
-        if value == getattr(defaults, f.name) or value is None:
+        if value == getattr(defaults, f.name) or value is None or isinstance(value, dict):
             continue
         lines.append(f"{f.name} = {_toml_value(value)}")
+    if config.system_prompts:
+        lines += ["", "[system_prompts]"]
+        lines += [f"{toml_key(name)} = {_toml_value(text)}" for name, text in config.system_prompts.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -179,6 +223,11 @@ def save_config(config: Config, path: str | os.PathLike | None = None) -> Path:
     tmp.write_text(dumps(config), encoding="utf-8")
     os.replace(tmp, file)
     return file
+
+
+def toml_key(name: str) -> str:
+    """A key as TOML writes it: bare when it can be, else a quoted string."""
+    return name if name and all(ch.isascii() and (ch.isalnum() or ch in "_-") for ch in name) else _toml_value(name)
 
 
 def _toml_value(value: Any) -> str:

@@ -20,6 +20,7 @@ from ds4tui.config import Config
 from ds4tui.screens.chat import ChatScreen
 from ds4tui.screens.commands import ChatCommands
 from ds4tui.screens.terminal_watch import CHECK_EVERY_S, terminal_gone
+from ds4tui.screens.theme_setting import ThemeSetting
 
 if TYPE_CHECKING:
     from ds4tui.chat.backend import ChatBackend
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 
 
 APP_SWITCH_INTERVAL_S = 0.001
+# Toasts on screen at once. More stacked past the bottom of an 80x24 terminal and were cut;
+# the oldest go first (errors last: they say what went wrong).
+MAX_TOASTS = 3
 
 
 class Ds4TuiApp(App[None]):
@@ -62,6 +66,7 @@ class Ds4TuiApp(App[None]):
                                  imported=imported)
 
     def on_mount(self) -> None:
+        self.theme_setting = ThemeSetting(self, self.config.theme)
         self.set_interval(CHECK_EVERY_S, self._check_terminal)
         # The decode worker needs the GIL for a moment between tokens, and while this thread
         # renders a streaming reply it waits out Python's switch interval (5 ms by default)
@@ -88,6 +93,16 @@ class Ds4TuiApp(App[None]):
         """A hung-up terminal (terminal_watch.py): save and quit as ctrl+q does."""
         if terminal_gone():
             self.chat.save_and_exit()
+
+    def _refresh_notifications(self) -> None:
+        """Textual shows every live notification; keep the newest MAX_TOASTS (errors kept longest)."""
+        live = list(self._notifications)
+        extra = len(live) - MAX_TOASTS
+        if extra > 0:
+            by_age = [n for n in live if n.severity != "error"] + [n for n in live if n.severity == "error"]
+            for old in by_age[:extra]:
+                del self._notifications[old]
+        super()._refresh_notifications()
 
     def get_default_screen(self) -> ChatScreen:
         return ChatScreen(self.config, **self._screen_args)

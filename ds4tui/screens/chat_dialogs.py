@@ -68,7 +68,12 @@ class ChatDialogs:
         chat = self.controller.chat_settings(key) if key is not None else None
 
         def done(changes: dict | None) -> None:
-            if not changes or self.controller is None:
+            if self.controller is None:
+                return
+            if dialog.presets != self.controller.config.system_prompts:  # saved in the dialog
+                self.controller.update_config(system_prompts=dict(dialog.presets))
+                self.config = self.controller.config
+            if not changes:
                 return
             defaults = changes.pop("_defaults", None)
             if defaults:
@@ -91,6 +96,22 @@ class ChatDialogs:
         dialog = SettingsScreen(self.controller.config, chat, sliding_window=sliding,
                                 default_system_prompt=getattr(template, "default_system_prompt", None))
         self.app.push_screen(dialog, done)
+
+    def use_system_prompt(self, preset: str) -> None:
+        """The palette's "System prompt: NAME": the preset becomes the active chat's system prompt."""
+        if not self._model_ready_or_say() or self._active is None:
+            return
+        text = self.config.system_prompts.get(preset)
+        if text is None:
+            self._toast(f"No system prompt preset named {preset!r} any more.", "System prompt", "warning")
+            return
+        try:
+            self.controller.set_chat_settings(self._active, system_prompt=text)
+        except RuntimeError:
+            self.notify("This chat is answering: pick the preset after the reply (Escape stops it).",
+                        severity="warning", markup=False)
+            return
+        self._toast(f"System prompt {preset!r} set for this chat; the next message uses it.", "System prompt")
 
     def action_cache_browser(self) -> None:
         from ds4tui.screens.cache_browser import CacheBrowserScreen

@@ -1,4 +1,5 @@
-"""Command palette entries (ctrl+p) for the chat: keys, new chat, rename, cache browser, settings, quit.
+"""Command palette entries (ctrl+p) for the chat: keys, new chat, rename, cache browser, settings, quit,
+and one "System prompt: NAME" per preset of the config's `[system_prompts]`.
 
 The app drops Textual's own "Quit" (app.py), so the palette lists Quit once.
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from functools import partial
 
+from ds4tui.format.display import one_line
+
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 # (palette name, help line, chat screen action)
@@ -19,6 +22,7 @@ CHAT_COMMANDS = (
     ("Rename chat", "Give the active conversation a new title (f2)", "rename"),
     ("Cache browser", "Browse, pin, delete or resume the .kv files on disk (f4)", "cache_browser"),
     ("Settings", "Temperature, top-p, max tokens, system prompt of this chat (f3)", "settings"),
+    ("System prompt…", "Edit this chat's system prompt, pick a preset or save it as one (f3)", "settings"),
     ("Regenerate reply", "Sample the last reply again; the old one stays (ctrl+r, then ←/→ on it)", "regenerate"),
     ("Show/hide the chat list", "The sidebar of open and saved chats (ctrl+b)", "toggle_sidebar"),
     ("Find a chat", "Search titles and messages of every stored chat (ctrl+f)", "find_chat"),
@@ -44,6 +48,9 @@ class ChatCommands(Provider):
         for name, help_text, action in CHAT_COMMANDS:
             target = self.app if action == "quit" else screen
             yield name, help_text, partial(target.run_action, action)
+        for preset, text in sorted(screen.config.system_prompts.items(), key=lambda p: p[0].casefold()):
+            yield (f"System prompt: {one_line(preset, 40)}", f"Use it in this chat: {one_line(text, 70)}",
+                   partial(screen.use_system_prompt, preset))
 
     async def discover(self) -> Hits:
         for name, help_text, callback in self._commands():

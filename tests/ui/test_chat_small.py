@@ -76,8 +76,8 @@ async def test_the_settings_checkbox_label_is_whole(tiny_llama):
         box = app.screen.query_one("#set-persist", Checkbox)
         label = str(box.label)
         assert "new chats" in label
-        form = app.screen.query_one("#settings-form")
-        assert box.virtual_region.right <= form.content_region.width  # not cut by the form's edge
+        dialog = app.screen.query_one("#settings-dialog")
+        assert box.region.right <= dialog.content_region.right  # not cut by the dialog's edge
 
 
 async def test_the_chat_list_comes_back_when_a_narrow_terminal_is_widened(tiny_llama):

@@ -69,9 +69,15 @@ async def test_buttons_and_error_stay_in_view_at_80x24():
     app = SettingsApp(Config(), default_system_prompt="default prompt")
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
-        for selector in ("#settings-apply", "#settings-cancel", "#settings-error"):
+        for selector in ("#settings-apply", "#settings-cancel", "#set-persist"):
             region = app.screen.query_one(selector).region
-            assert region.bottom <= 24, selector
+            assert region.height and region.bottom <= 23, selector  # above the dialog's bottom border
+        app.screen.query_one("#set-temperature").value = "x"
+        await pilot.click("#settings-apply")
+        await pilot.pause()
+        for selector in ("#settings-apply", "#settings-cancel", "#set-persist", "#settings-error"):
+            region = app.screen.query_one(selector).region
+            assert region.height and region.bottom <= 23, selector
 
 
 def test_the_notice_says_whether_settings_were_saved():
