@@ -24,6 +24,10 @@ def _write_config(text: str) -> None:
     path.write_text(text)
 
 
+def vars_of(config, *keys) -> dict:
+    return {k: getattr(config, k) for k in keys}
+
+
 async def test_the_theme_picked_in_the_palette_survives_a_restart(tiny_llama):
     _write_config("# mine\nbudget_mb = 512  # small disk\n")
     app = ChatHost(tiny_llama, config=chat_config(tiny_llama, **vars_of(load_config(), "budget_mb")))
@@ -51,14 +55,10 @@ async def test_the_theme_picked_in_the_palette_survives_a_restart(tiny_llama):
 
 async def test_an_unknown_theme_in_the_config_is_said_and_the_default_kept(tiny_llama):
     app = ChatHost(tiny_llama, config=chat_config(tiny_llama, theme="no-such-theme"))
-    async with app.run_test(size=SMALL) as pilot:
+    async with app.run_test(size=SMALL):
         await app.wait_for(ChatScreen.ModelReady)
         assert app.theme != "no-such-theme"
         assert any("not one of Textual's themes" in n.message for n in app.toasts)
-
-
-def vars_of(config, *keys) -> dict:
-    return {k: getattr(config, k) for k in keys}
 
 
 async def test_the_default_checkbox_is_in_view_at_80x24_and_saving_keeps_the_users_lines(tiny_llama):
