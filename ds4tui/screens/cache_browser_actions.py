@@ -21,7 +21,7 @@ from ds4tui.format.display import human_bytes, one_line
 from ds4tui.format.kvc import title_sha
 from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
 from ds4tui.screens.widgets.eviction_preview import EvictionPreview
-from ds4tui.screens.widgets.kv_format import safe_cell
+from ds4tui.screens.widgets.kv_format import reason_label, safe_cell
 from ds4tui.screens.widgets.prompt_dialog import PromptDialog
 
 
@@ -52,7 +52,7 @@ class FileActions:
             what = Text("Delete the chat ")
             what.append_text(safe_cell(e.title, 60, "bold"))
         elif name.kind == "chat":
-            what = Text(f"Delete this {e.header.reason if e.header else ''} checkpoint of the chat ")
+            what = Text(f"Delete this {reason_label(e.header.reason) if e.header else ''} checkpoint of the chat ")
             what.append_text(safe_cell(name.chat_title, 60, "bold"))
             what.append(" (the chat itself stays)")
         else:

@@ -91,12 +91,13 @@ class ChatPanes:
             return
         # A chat with no state yet (a new one) has nothing parked on disk: not ○.
         entries = [ChatEntry(c.display_title, key=c.key, live=c.live or not c.context_tokens,
-                             busy=c.key == self._busy)
+                             busy=c.key == self._busy, when=c.updated_at or c.created_at)
                    for c in self.controller.list()]
         open_ids = {c.store_id for c in self.controller.list() if c.store_id}
         here = self.config.model
         entries += [ChatEntry(chat.display_title, chat_id=chat.id, text_only=not on_disk,
-                              model=chat.model if chat.model and chat.model != here and not chat.remote else "")
+                              model=chat.model if chat.model and chat.model != here and not chat.remote else "",
+                              when=chat.updated_at)
                     for chat, on_disk in self._saved if chat.id not in open_ids]
         # exit_on_error=False: a redraw racing the app's exit must not end in a traceback.
         self.run_worker(self.query_one(ConversationList).show_entries(entries, self._active),

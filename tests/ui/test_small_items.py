@@ -45,3 +45,34 @@ async def test_toasts_are_capped_and_long_ones_wrap(tiny_llama):
             assert toast.region.bottom <= SMALL[1] - 2  # above the status bar and the footer
             assert toast.region.right <= SMALL[0]
         assert toasts[-1].region.height >= 3  # the long one wraps, not cut
+
+
+def test_rows_with_the_same_title_read_apart():
+    from ds4tui.screens.widgets.conversation_list import ChatEntry, twin_tags
+
+    now = 1_000_000.0
+    entries = [
+        ChatEntry("New chat", key="a", when=now - 5),
+        ChatEntry("New chat", key="b", when=now - 10),
+        ChatEntry("Trip to Porto", chat_id="x", when=now - 7200),
+        ChatEntry("trip to porto", chat_id="y", when=now - 120),  # an import beside its original
+        ChatEntry("Trip to Porto", chat_id="z", when=now - 7200, model="gemma3-270m"),  # another model
+        ChatEntry("Alone", key="c", when=now),
+    ]
+    assert twin_tags(entries, now) == [" · just now", " · just now #2", " · 2h ago", " · 2m ago", "", ""]
+
+
+async def test_two_new_chats_are_told_apart_in_the_sidebar(tiny_llama):
+    from ds4tui.screens.widgets.conversation_list import ChatItem, ConversationList
+
+    app = ChatHost(tiny_llama)
+    async with app.run_test(size=SMALL) as pilot:
+        await app.wait_for(ChatScreen.ModelReady)
+        mark = len(app.seen)
+        await pilot.press("ctrl+n")
+        await app.wait_for(ConversationList.Redrawn, lambda m: len(m.entries) == 2, after=mark)
+        await pilot.pause()
+        rows = [(str(i.query(".title").first().render()), str(i.query(".tag").first().render()))
+                for i in app.chat.query(ChatItem)]
+        assert len(rows) == 2 and rows[0] != rows[1], rows
+        assert all("New chat" in title for title, _ in rows)

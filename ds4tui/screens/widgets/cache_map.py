@@ -18,6 +18,7 @@ from textual.widgets import Static
 
 from ds4tui.cache.entry import KvEntry
 from ds4tui.format.display import human_bytes
+from ds4tui.screens.widgets.kv_format import reason_label
 
 KIND_STYLES = {"pinned": "magenta", "titled": "green", "anonymous": "yellow", "damaged": "red"}
 REASON_STYLES = {"agent-session": "green", "shutdown": "cyan", "evict": "blue", "cold": "yellow",
@@ -53,7 +54,8 @@ def by_reason(entries: Iterable[KvEntry]) -> list[Share]:
     for e in entries:
         reason = e.header.reason if e.header is not None else "unknown"
         sizes[reason] = sizes.get(reason, 0) + e.file_bytes
-    return [Share(r, n, REASON_STYLES.get(r, "white")) for r, n in sorted(sizes.items(), key=lambda kv: -kv[1])]
+    return [Share(reason_label(r), n, REASON_STYLES.get(r, "white"))
+            for r, n in sorted(sizes.items(), key=lambda kv: -kv[1])]
 
 
 def stacked_bar(shares: list[Share], total: int, width: int) -> Text:
@@ -85,7 +87,7 @@ def legend(shares: list[Share]) -> Text:
 
 
 class CacheMap(Static):
-    """`■ titled 1.1 GiB  ■ anonymous 90 MiB │ by reason ▕████▒▒░▏ ■ agent-session 1.1 GiB ...`"""
+    """`■ titled 1.1 GiB  ■ anonymous 90 MiB │ by reason ▕████▒▒░▏ ■ chat 1.1 GiB ...`"""
 
     DEFAULT_CSS = """
     CacheMap { height: 1; padding: 0 1; background: $panel; text-wrap: nowrap; text-overflow: ellipsis; }

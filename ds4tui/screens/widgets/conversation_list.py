@@ -1,13 +1,16 @@
 """The sidebar: open chats (live in memory or parked on disk) and the stored chats to reopen.
 
-Owns: the list items, their markers and the `ChatChosen` message. Titles come
-from files, so they are shown as `Text` after `format.display.one_line`, never as markup.
+Owns: the list items, their markers and the `ChatChosen` message, and telling rows
+with the same title apart (`twin_tags`: when each was last used, then a number).
+Titles come from files, so they are shown as `Text` after `format.display.one_line`,
+never as markup.
 Leaves to the screen: opening, resuming and switching.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -16,7 +19,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import Label, ListItem, ListView
 
-from ds4tui.format.display import one_line
+from ds4tui.format.display import one_line, relative_time
 from ds4tui.screens.widgets.title_fit import split_tag
 
 LIVE, PARKED, SAVED, BUSY = "●", "○", "↺", "▶"
@@ -38,20 +41,44 @@ class ChatEntry:
     busy: bool = False
     problem: str | None = None  # a saved session that cannot be resumed, and why
     other_model: bool = False  # ... only because another model of the family wrote it
+    when: float | None = None  # last used (stored) or last written (open): tells same-titled rows apart
+
+
+def twin_tags(entries: list[ChatEntry], now: float | None = None) -> list[str]:
+    """A tag for each row whose title (and model) another row shares, "" for the others: when
+    it was last used (" · 5m ago"), and where that is the same too, its place among them
+    (" #2"). Two "New chat" rows, or an imported chat beside its original, then read apart."""
+    now = time.time() if now is None else now
+    def key(e: ChatEntry) -> tuple[str, str]:
+        return one_line(e.title).casefold(), e.model
+    count: dict[tuple[str, str], int] = {}
+    for e in entries:
+        count[key(e)] = count.get(key(e), 0) + 1
+    tags = [f" · {relative_time(int(e.when or 0), now, never='new')}" if count[key(e)] > 1 else ""
+            for e in entries]
+    seen: dict[tuple, int] = {}
+    for i, e in enumerate(entries):
+        if not tags[i]:
+            continue
+        full = (*key(e), tags[i])
+        seen[full] = seen.get(full, 0) + 1
+        if seen[full] > 1:
+            tags[i] += f" #{seen[full]}"
+    return tags
 
 
 class ChatItem(ListItem):
     """A marker and a title; a trailing tag such as " (fork 2)" has a label of its own, so a
     title cut by the sidebar's width still tells a fork from its parent."""
 
-    def __init__(self, entry: ChatEntry, active: bool) -> None:
-        title, tag = self._labels(entry, active)
+    def __init__(self, entry: ChatEntry, active: bool, twin: str = "") -> None:
+        title, tag = self._labels(entry, active, twin)
         super().__init__(Label(title, classes="title"), Label(tag, classes="tag"))
         self.entry = entry
         self.set_class(entry.key is None, "-saved")
 
     @staticmethod
-    def _labels(entry: ChatEntry, active: bool) -> tuple[Text, Text]:
+    def _labels(entry: ChatEntry, active: bool, twin: str = "") -> tuple[Text, Text]:
         if entry.key is None:
             marker = BROKEN if entry.problem else (TEXT_ONLY if entry.text_only else SAVED)
         else:
@@ -64,13 +91,15 @@ class ChatItem(ListItem):
         tag_text = Text(tag, style=style, no_wrap=True)
         if entry.model:  # made with another model: opening it continues on this one
             tag_text.append(f" {one_line(entry.model, 16)}", style="dim italic")
+        if twin:
+            tag_text.append(twin, style="dim")
         return label, tag_text
 
-    def show(self, entry: ChatEntry, active: bool) -> None:
+    def show(self, entry: ChatEntry, active: bool, twin: str = "") -> None:
         """Redraw this row for `entry` (same position, new title or state)."""
         self.entry = entry
         self.set_class(entry.key is None, "-saved")
-        title, tag = self._labels(entry, active)
+        title, tag = self._labels(entry, active, twin)
         self.query_one(".title", Label).update(title)
         self.query_one(".tag", Label).update(tag)
 
@@ -141,12 +170,14 @@ class ConversationList(ListView):
             if not self.is_attached:
                 return
             items = list(self.query(ChatItem))
+            twins = twin_tags(entries)
             if len(items) == len(entries):
-                for item, entry in zip(items, entries):
-                    item.show(entry, entry.key is not None and entry.key == active_key)
+                for item, entry, twin in zip(items, entries, twins):
+                    item.show(entry, entry.key is not None and entry.key == active_key, twin)
             else:
                 await self.clear()
-                await self.extend([ChatItem(e, e.key is not None and e.key == active_key) for e in entries])
+                await self.extend([ChatItem(e, e.key is not None and e.key == active_key, twin)
+                                   for e, twin in zip(entries, twins)])
             for i, e in enumerate(entries):
                 if e.key is not None and e.key == active_key:
                     self.index = i

@@ -17,6 +17,7 @@ from textual.widgets import DataTable, Static
 
 from ds4tui.cache.eviction import EvictionPlan
 from ds4tui.format.display import human_bytes, score_text
+from ds4tui.screens.widgets.kv_format import reason_label
 from ds4tui.screens.widgets.kv_table import title_cell
 
 
@@ -38,6 +39,25 @@ class EvictionPreview(ModalScreen[None]):
     }
     """
 
+    # What a user reads first comes first (whether it goes now, which chat), and the title
+    # takes what the other columns leave.
+    FIXED = {"#": 3, "now": 5, "reason": 13, "size": 9, "freed so far": 12, "score": 6, "sha": 8}
+    FIRST = ("#", "now", "reason", "size", "freed so far")  # in view beside the title at any width
+    TITLE_MIN = 12
+
+    def _title_width(self) -> int:
+        """The title column's width from the terminal's: the table is 90% of it, less the
+        frame. At mount the table has no size yet (it used to fall back to 70 columns, and a
+        140-column terminal got 12-character titles). Wide, every column fits and the title
+        takes the rest; at 80 columns the score and sha go off to the right, never the
+        "evict" mark or the title."""
+        table_width = int(self.app.size.width * 0.9) - 2 - 2  # the thick border; the scrollbar
+        gaps = 2 * (len(self.FIXED) + 1)  # each column's one-cell padding on both sides
+        room = table_width - gaps - sum(self.FIXED.values())
+        if room >= 24:
+            return room
+        return max(self.TITLE_MIN, table_width - gaps - sum(self.FIXED[k] for k in self.FIRST))
+
     def __init__(self, plan: EvictionPlan, *, name: str | None = None, id: str | None = None,
                  classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
@@ -57,24 +77,18 @@ class EvictionPreview(ModalScreen[None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        # What a user reads first comes first (whether it goes now, which chat), and the title
-        # takes what the other columns leave: at 80 columns the sha and score are off to the
-        # right, never the "evict" mark.
-        fixed = {"#": 3, "now": 5, "reason": 13, "size": 9, "freed so far": 12, "score": 6, "sha": 8}
-        room = (table.size.width or 70) - 2 * (len(fixed) + 1) - sum(fixed[k] for k in ("#", "now", "reason",
-                                                                                     "size", "freed so far"))
-        title_width = max(12, min(48, room))
+        title_width = self._title_width()
         for label in ("#", "now"):
-            table.add_column(label, width=fixed[label])
+            table.add_column(label, width=self.FIXED[label])
         table.add_column("title / text", width=title_width)
         for label in ("reason", "size", "freed so far", "score", "sha"):
-            table.add_column(label, width=fixed[label])
+            table.add_column(label, width=self.FIXED[label])
         freed = 0
         for i, e in enumerate(self.plan.order, 1):
             freed += e.file_bytes
             table.add_row(
                 str(i), Text("evict", style="bold red") if e.path in self.plan.now else "",
-                title_cell(e, width=title_width), e.header.reason if e.header else "—",
+                title_cell(e, width=title_width), reason_label(e.header.reason) if e.header else "—",
                 human_bytes(e.file_bytes), human_bytes(freed), score_text(e.score.score) if e.score else "—",
                 (e.sha or "?")[:8],
                 key=e.path,

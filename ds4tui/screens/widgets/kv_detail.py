@@ -23,7 +23,7 @@ from ds4tui.format.kvc import HEADER_FIELDS, PREFIX_BYTES, payload_abi_name
 from ds4tui.format.payload import DS4TUI_PAYLOAD_ABI
 from ds4tui.format.swa_policy import describe_payload, payload_kv_dtype, payload_row_order
 from ds4tui.format.display import human_bytes, local_time, relative_time, score_text
-from ds4tui.screens.widgets.kv_format import ResumeCost, duration, file_text, safe_cell
+from ds4tui.screens.widgets.kv_format import ResumeCost, duration, file_text, reason_label, safe_cell
 
 # Alternating styles tell neighbouring fields apart in the hex dump.
 _FIELD_STYLES = ("cyan", "magenta", "green", "yellow")
@@ -147,7 +147,8 @@ def decoded_section(info: KvDetailInfo) -> Text:
         return _kv(rows)
     flags = ", ".join(h.ext_flag_names) or "none"
     rows += [
-        ("reason", f"{h.reason} ({h.reason_code})"),
+        ("reason", f"{reason_label(h.reason)} ({h.reason}, {h.reason_code})" if reason_label(h.reason) != h.reason
+                   else f"{h.reason} ({h.reason_code})"),
         ("ext flags", f"{flags} (0x{h.ext_flags:02x})"),
         ("model", f"{e.model} (id {h.model_id:#04x})"),
         ("payload ABI", f"{h.payload_abi} ({payload_abi_name(h.payload_abi)})"),

@@ -59,6 +59,17 @@ class ResumeCost:
         return self.prefill_s - self.load_s
 
 
+# ds4's save reasons as a user reads them. ds4 names a chat's own checkpoint `agent-session`
+# (and an agent's system prefix `agent-system`): the browser says "chat" and keeps the code
+# in the detail pane, where `reason  chat (agent-session, 6)` ties the two together.
+REASON_LABELS = {"agent-session": "chat", "agent-system": "system prefix"}
+
+
+def reason_label(reason: str) -> str:
+    """The word the browser shows for a header's reason name."""
+    return REASON_LABELS.get(reason, reason)
+
+
 def file_text(text: str | bytes | None, style: str = "") -> Text:
     """Multi-line text from a file as a rich `Text` (never parsed as markup), made
     terminal-safe by `display.safe_lines`: newline and tab kept, every other control escaped."""

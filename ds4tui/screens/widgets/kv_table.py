@@ -22,7 +22,7 @@ from textual.widgets import DataTable
 from ds4tui.cache.entry import KvEntry
 from ds4tui.format.display import count_text, human_bytes, relative_time, score_text
 from ds4tui.chat.file_names import BELONGS, FileName, name_of
-from ds4tui.screens.widgets.kv_format import safe_cell
+from ds4tui.screens.widgets.kv_format import reason_label, safe_cell
 from ds4tui.screens.widgets.title_fit import fitted_title
 
 
@@ -54,7 +54,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("size", "size", 9, lambda e: e.file_bytes, True),
     Column("tokens", "tokens", 6, lambda e: _h(e, "tokens"), True),
     Column("hits", "hits", 4, lambda e: _h(e, "hits"), True),
-    Column("reason", "reason", 13, lambda e: e.header.reason if e.header else ""),
+    Column("reason", "reason", 13, lambda e: reason_label(e.header.reason) if e.header else ""),
     Column("model", "model", 17, lambda e: e.model),
     Column("pinned", "pin", 3, lambda e: e.pinned),
     Column("score", "score", 8, _score, True),
@@ -134,7 +134,7 @@ def row_cells(e: KvEntry, now: float, name: FileName | None = None, title_width:
         Text(human_bytes(e.file_bytes), justify="right"),
         num(h.tokens if h else None, "tokens"),
         num(h.hits if h else None, "hits"),
-        Text(h.reason if h else "—"),
+        Text(reason_label(h.reason) if h else "—"),
         Text(e.model if h else "—"),
         Text("●" if e.pinned else "", style="bold magenta"),
         Text(score_text(e.score.score) if e.score is not None else "—", justify="right"),
