@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ds4tui.chat.events import PrefillProgress, PrefillStarted, TokenText
+from ds4tui.chat.stateless import Completion
 from ds4tui.engine.errors import ContextFullError, EngineError
 from ds4tui.errors import Ds4tuiError
 from ds4tui.serve import protocol as p
@@ -202,58 +203,91 @@ def _failure(exc: BaseException) -> tuple[int, dict]:
     return 500, p.error_body(f"internal error: {type(exc).__name__}", kind="server_error")
 
 
-async def _complete(request: Request, job: Job, rid: str, model: str, parser: ReplyParser) -> Response:
-    """Wait for the whole reply; a client that disconnects meanwhile cancels it."""
-    created = int(time.time())
+async def _whole(request: Request, job: Job) -> tuple[Completion, None] | tuple[None, Response]:
+    """(the job's result, None), or (None, the response its failure or cancel makes); a client
+    that disconnects meanwhile cancels it."""
     item = await _end(request, job)
     if item.error is not None:
         status, body = _failure(item.error)
-        return JSONResponse(body, status_code=status)
+        return None, JSONResponse(body, status_code=status)
     if item.result is None:
-        return error(499, "the request was cancelled", code="cancelled")
-    pieces = parser.feed(item.result.text) + parser.finish()
+        return None, error(499, "the request was cancelled", code="cancelled")
+    return item.result, None
+
+
+async def _complete(request: Request, job: Job, rid: str, model: str, parser: ReplyParser) -> Response:
+    """Wait for the whole reply."""
+    created = int(time.time())
+    result, failed = await _whole(request, job)
+    if failed is not None:
+        return failed
+    pieces = parser.feed(result.text) + parser.finish()
     content = "".join(t for kind, t in pieces if kind == "content")
     reasoning = "".join(t for kind, t in pieces if kind == "reasoning")
-    return JSONResponse(p.completion_body(rid, model, created, item.result, content=content, reasoning=reasoning,
+    return JSONResponse(p.completion_body(rid, model, created, result, content=content, reasoning=reasoning,
                                           tool_calls=[c.body() for c in parser.calls]))
 
 
 async def _complete_text(request: Request, job: Job, rid: str, model: str) -> Response:
     created = int(time.time())
-    item = await _end(request, job)
-    if item.error is not None:
-        status, body = _failure(item.error)
-        return JSONResponse(body, status_code=status)
-    if item.result is None:
-        return error(499, "the request was cancelled", code="cancelled")
-    return JSONResponse(p.text_completion_body(rid, model, created, item.result))
+    result, failed = await _whole(request, job)
+    if failed is not None:
+        return failed
+    return JSONResponse(p.text_completion_body(rid, model, created, result))
 
 
 async def _stream_text(job: Job, rid: str, model: str) -> AsyncIterator[str]:
     """/v1/completions' SSE lines: text chunks, the finish chunk, usage when asked, [DONE]."""
     created = int(time.time())
-    finished = False
+    events = _Events(job)
     try:
-        while True:
-            item = await job.get()
-            if isinstance(item, End):
-                break
+        async for item in events:
             if isinstance(item, TokenText) and item.text and job.dropped is None:
                 yield _json(p.text_chunk(rid, model, created, text=item.text))
-        finished = True
-        if job.dropped is not None:
-            yield _json(p.error_body(f"the server cancelled this request: {job.dropped}", kind="server_error",
-                                     code="client_too_slow"))
-        elif item.error is not None:
-            yield _json(_failure(item.error)[1])
-        elif item.result is not None:
-            yield _json(p.text_chunk(rid, model, created, finish=p.FINISH.get(item.result.done.stop, "stop")))
+        failed = events.failure_line()
+        if failed is not None:
+            yield failed
+        elif events.end is not None and events.end.result is not None:
+            result = events.end.result
+            yield _json(p.text_chunk(rid, model, created, finish=p.FINISH.get(result.done.stop, "stop")))
             if job.request.include_usage:
-                yield _json(p.text_chunk(rid, model, created, choices=False, usage=p.usage(item.result)))
+                yield _json(p.text_chunk(rid, model, created, choices=False, usage=p.usage(result)))
         yield "[DONE]"
     finally:
-        if not finished:
-            job.cancel.set()
+        events.close()
+
+
+class _Events:
+    """`async for` over a job's events up to its End, which is kept in `end` once it came;
+    `close()` cancels the job when the stream stopped before that (the client went away)."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.end: End | None = None
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> object:
+        item = await self.job.get()
+        if isinstance(item, End):
+            self.end = item
+            raise StopAsyncIteration
+        return item
+
+    def close(self) -> None:
+        if self.end is None:
+            self.job.cancel.set()
+
+    def failure_line(self) -> str | None:
+        """The SSE line that ends a stream the server dropped (a client too slow to read) or
+        whose turn failed; None when it has its result."""
+        if self.job.dropped is not None:
+            return _json(p.error_body(f"the server cancelled this request: {self.job.dropped}", kind="server_error",
+                                      code="client_too_slow"))
+        if self.end is not None and self.end.error is not None:
+            return _json(_failure(self.end.error)[1])
+        return None
 
 
 async def _end(request: Request, job: Job) -> End:
@@ -289,12 +323,9 @@ async def _stream(job: Job, rid: str, model: str, parser: ReplyParser) -> AsyncI
     started = time.perf_counter()
     first = True
     cached = total_new = 0
-    finished = False
+    events = _Events(job)
     try:
-        while True:
-            item = await job.get()
-            if isinstance(item, End):
-                break
+        async for item in events:
             if job.dropped is not None:
                 continue  # cancelled for not reading: what is still queued is skipped
             if first:  # OpenAI's first chunk names the role
@@ -311,14 +342,11 @@ async def _stream(job: Job, rid: str, model: str, parser: ReplyParser) -> AsyncI
             elif isinstance(item, TokenText) and item.text:
                 for line in _deltas(rid, model, created, parser.feed(item.text)):
                     yield line
-        finished = True
-        if job.dropped is not None:
-            yield _json(p.error_body(f"the server cancelled this request: {job.dropped}", kind="server_error",
-                                     code="client_too_slow"))
-        elif item.error is not None:
-            yield _json(_failure(item.error)[1])
-        elif item.result is not None:
-            c = item.result
+        failed = events.failure_line()
+        if failed is not None:
+            yield failed
+        elif events.end is not None and events.end.result is not None:
+            c = events.end.result
             if first:
                 yield _json(p.chunk(rid, model, created, delta={"role": "assistant", "content": ""}))
             for line in _deltas(rid, model, created, parser.finish()):
@@ -331,8 +359,7 @@ async def _stream(job: Job, rid: str, model: str, parser: ReplyParser) -> AsyncI
                 yield _json(p.chunk(rid, model, created, choices=False, usage=p.usage(c)))
         yield "[DONE]"
     finally:
-        if not finished:
-            job.cancel.set()
+        events.close()
 
 
 def _json(body: object) -> str:
