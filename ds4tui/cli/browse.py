@@ -28,12 +28,9 @@ def register(subparsers) -> None:
 
 def _settings(args) -> tuple[Path, int]:
     from ds4tui import paths
-    from ds4tui.config import ConfigError, load_config
+    from ds4tui.config import load_config
 
-    try:
-        config = load_config()
-    except ConfigError as exc:
-        raise CliError(str(exc)) from None
+    config = load_config()  # a bad file: ConfigError, printed as one line by cli/__init__.py
     if args.dir:
         directory = paths.cache_dir(args.dir)
         # A mistyped --dir must not silently create an empty directory to browse.

@@ -16,6 +16,7 @@ and exit status 1. Loads no torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shutil
@@ -25,6 +26,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ds4tui.cli.errors import CliError, os_reason
+from ds4tui.config import load_config  # a bad file: ConfigError, one line (cli/__init__.py)
 from ds4tui.format.display import local_time, relative_time, safe_lines, safe_text
 
 ID_CHARS = 12  # the id prefix shown: `find` takes 4 or more
@@ -95,41 +97,42 @@ def register(subparsers) -> None:
 # -- the store, the cache directory, one chat ---------------------------------------------
 
 
-def _config():
-    from ds4tui.config import ConfigError, load_config
-
-    try:
-        return load_config()
-    except ConfigError as exc:
-        raise CliError(str(exc)) from None
-
-
 def store_file(args) -> Path:
     from ds4tui import paths
 
-    return paths.store_path(args.data_dir or getattr(_config(), "data_dir", None))
+    return paths.store_path(args.data_dir or getattr(load_config(), "data_dir", None))
 
 
 def _cache_dir(args) -> Path:
     from ds4tui import paths
 
-    return paths.cache_dir(args.cache_dir) if args.cache_dir else _config().cache_path()
+    return paths.cache_dir(args.cache_dir) if args.cache_dir else load_config().cache_path()
 
 
-def _open(args, *, create: bool):
-    """The store, or None when its file does not exist and `create` is off (nothing stored
-    yet); CliError (one line) when the file cannot be used."""
+@contextlib.contextmanager
+def _opened(args, *, create: bool):
+    """The store for the `with` block (closed after it), or None when its file does not exist
+    and `create` is off (nothing stored yet); CliError (one line) when the file cannot be used."""
     from ds4tui.store import open_store
 
     path = store_file(args)
     if not create and not path.exists():
-        return None
+        yield None
+        return
     store = open_store(path)
-    if store.notice:
+    try:
+        if store.notice:
+            # The notice goes on to what the chat does about it (an in-memory store): not so here.
+            raise CliError(store.notice.split("; this session")[0])
+        yield store
+    finally:
         store.close()
-        # The notice goes on to what the chat does about it (an in-memory store): not so here.
-        raise CliError(store.notice.split("; this session")[0])
-    return store
+
+
+def _the_chat(args):
+    """The one stored chat `args.query` names, read whole (the store is closed again)."""
+    with _opened(args, create=False) as store:
+        return _one(store, args.query)
 
 
 def _one(store, query: str):
@@ -186,21 +189,13 @@ def _print_json(obj) -> None:
     print(json.dumps(obj, indent=2))
 
 
-def _quit_store(store) -> None:
-    if store is not None:
-        store.close()
-
-
 # -- ls -------------------------------------------------------------------------------------
 
 
 @_one_line_store_errors
 def cmd_ls(args) -> int:
-    store = _open(args, create=False)
-    try:
+    with _opened(args, create=False) as store:
         chats = store.list(archived=args.archived) if store is not None else []
-    finally:
-        _quit_store(store)
     cache_dir = _cache_dir(args)
     if args.json:
         _print_json([{"id": c.id, "title": c.title, "model": c.model, "engine": c.engine,
@@ -246,11 +241,7 @@ def ls_lines(chats, now: float, columns: int, cache_dir: Path) -> list[str]:
 
 @_one_line_store_errors
 def cmd_show(args) -> int:
-    store = _open(args, create=False)
-    try:
-        chat = _one(store, args.query)
-    finally:
-        _quit_store(store)
+    chat = _the_chat(args)
     kv = _kv_state(chat, _cache_dir(args))
     print(safe_text(chat.display_title))
     details = [f"id {chat.id}", f"model {safe_text(chat.model or '?')}", f"engine {safe_text(chat.engine)}",
@@ -276,11 +267,7 @@ def cmd_export(args) -> int:
     from ds4tui.chat import transcript
     from ds4tui.cli.kv import write_or_print
 
-    store = _open(args, create=False)
-    try:
-        chat = _one(store, args.query)
-    finally:
-        _quit_store(store)
+    chat = _the_chat(args)
     created, used = int(chat.created_at), int(chat.updated_at)
     if args.format == "json":
         data = transcript.to_json(chat.messages, chat.title, created, used, chat.kv_sha)
@@ -308,11 +295,8 @@ def cmd_import(args) -> int:
     if not any(m["role"] == "user" for m in messages):
         raise CliError(f"cannot import {shown}: it holds no user message")
     system = messages[0]["content"] if messages[0]["role"] == "system" else None
-    store = _open(args, create=True)
-    try:
+    with _opened(args, create=True) as store:
         chat_id = store.create(title=title, system_prompt=system, created_at=created_at, messages=messages)
-    finally:
-        store.close()
     print(f"imported {chat_id[:ID_CHARS]} {safe_text(title or 'New chat', 60)} ({len(messages)} messages)")
     return 0
 
@@ -321,11 +305,8 @@ def _import_cache(args) -> int:
     from ds4tui import paths
     from ds4tui.chat.history_import import import_existing
 
-    store = _open(args, create=True)
-    try:
+    with _opened(args, create=True) as store:
         report = import_existing(store, _cache_dir(args), paths.transcripts_dir())
-    finally:
-        store.close()
     for path, why in report.skipped:
         print(f"skipped {safe_text(path)}: {safe_text(why)}", file=sys.stderr)
     print(f"imported {report.imported} chat(s); {report.already} already in the store"
@@ -342,8 +323,7 @@ def _import_cache(args) -> int:
 def cmd_rm(args) -> int:
     from ds4tui.cache import KvStore
 
-    store = _open(args, create=False)
-    try:
+    with _opened(args, create=False) as store:
         chat = _one(store, args.query)
         name = f"{chat.id[:ID_CHARS]} {safe_text(chat.display_title, 60)}"
         if not args.yes and not _confirm(f"delete {name} ({_shown_messages(chat)} messages)"
@@ -360,8 +340,6 @@ def cmd_rm(args) -> int:
                 raise CliError(f"{name}: cannot remove its .kv file {kv.path_for(chat.kv_sha)}: "
                                f"{os_reason(exc)}; nothing deleted") from None
         store.delete(chat.id)
-    finally:
-        _quit_store(store)
     print(f"deleted {name}")
     return 0
 
@@ -382,13 +360,11 @@ def _confirm(question: str) -> bool:
 
 @_one_line_store_errors
 def cmd_grep(args) -> int:
-    store = _open(args, create=False)
-    try:
-        hits = store.grep(args.pattern, regex=args.regex) if store is not None else []
-    except (re.error, ValueError) as exc:
-        raise CliError(f"bad regular expression {args.pattern!r}: {exc}") from None
-    finally:
-        _quit_store(store)
+    with _opened(args, create=False) as store:
+        try:
+            hits = store.grep(args.pattern, regex=args.regex) if store is not None else []
+        except (re.error, ValueError) as exc:
+            raise CliError(f"bad regular expression {args.pattern!r}: {exc}") from None
     if args.json:
         _print_json([{"id": h.chat.id, "title": h.chat.title, "where": h.where, "snippet": h.snippet} for h in hits])
     else:

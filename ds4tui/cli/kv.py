@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from ds4tui.cli.errors import CliError
+from ds4tui.config import load_config  # a bad file: ConfigError, one line (cli/__init__.py)
 from ds4tui.format.display import human_bytes, local_time, relative_time, safe_text, score_text
 
 _HEX = re.compile(r"^[0-9a-fA-F]{1,40}$")
@@ -88,21 +89,12 @@ def register(subparsers) -> None:
 # -- helpers ---------------------------------------------------------------------
 
 
-def _config():
-    from ds4tui.config import ConfigError, load_config
-
-    try:
-        return load_config()
-    except ConfigError as exc:
-        raise CliError(str(exc)) from None
-
-
 def _cache_dir(args) -> Path:
     from ds4tui import paths
 
     if args.dir:
         return paths.cache_dir(args.dir)
-    return _config().cache_path()
+    return load_config().cache_path()
 
 
 def _store(args, budget_mb: int | None = None, *, write: bool = False):
@@ -481,7 +473,7 @@ def write_or_print(out: str, output: str | None, *, as_json: bool) -> None:
 
 
 def cmd_evict(args) -> int:
-    budget = args.budget_mb if args.budget_mb is not None else _config().budget_mb
+    budget = args.budget_mb if args.budget_mb is not None else load_config().budget_mb
     if budget < 0:
         raise CliError("--budget-mb must be >= 0")
     store = _store(args, budget_mb=budget, write=not args.dry_run)
