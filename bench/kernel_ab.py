@@ -70,9 +70,10 @@ def main() -> int:
     other_lib = Path(tempfile.mkdtemp(prefix="ds4tui-kernel-ab-")) / build.LIB_NAME
     build.compile_library(cc, other_lib, Path(args.other).resolve() / "ds4tui" / "engine" / "kernels")
     other = qgemv._load(other_lib)
+    # Both sides get this thread's configuration word on every call (qgemv.config()): the same
+    # variant and bf16 choice (DS4TUI_KERNELS and DS4TUI_BF16 apply to both). The other
+    # checkout must have this one's ABI (qgemv._load checks it).
     libs = {"A": other, "B": qgemv.library()}
-    isa = qgemv.ISAS.index(qgemv.backend())
-    other.ds4k_set_isa(isa)  # the same variant on both sides (DS4TUI_KERNELS applies to both)
 
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.cpu else time.perf_counter

@@ -30,7 +30,7 @@
  * Chunk and span bounds depend only on the shape, so results never depend on the thread
  * count, and a replayed chunk computes exactly what the live one did.
  *
- * bf16 at depth: where the CPU has AVX512_BF16 and bf16 products are on (ds4k_set_bf16,
+ * bf16 at depth: where the CPU has AVX512_BF16 and bf16 products are on (the caller's DS4K_CFG_BF16,
  * DS4TUI_BF16), a call whose query blocks see ATTN_BF16_MIN_KEYS keys or more (a prefill
  * chunk of 512 tokens, any chunk after a conversation of that length) computes both
  * products on bf16 pairs with vdpbf16ps, summed in fp32, at twice the fp32 FMA rate: q
@@ -814,7 +814,7 @@ static void attn_merge(const attn_job *j, int hkv) {
 static int attn(const float *q, int64_t ldq, float *o, int64_t ldo, const void *k, const void *v, int64_t hs,
                 int64_t cap, const void *kn, int64_t hsn, int64_t rsn, const void *vn, int64_t hsv, int64_t rsv,
                 int kv_f16, int64_t s,
-                int64_t qpos0, int64_t kbase, int64_t window, int hq, int hkv, int d, float scale, int nth) {
+                int64_t qpos0, int64_t kbase, int64_t window, int hq, int hkv, int d, float scale, int bf16, int nth) {
     if (s <= 0 || hkv <= 0 || hq % hkv || d <= 0 || d % 8 || d > ATTN_MAX_D || qpos0 < 0 || kbase < 0 ||
         kbase > qpos0 + s || (kbase > 0 && cap <= 0) || window < 0)
         return -1;
@@ -832,7 +832,7 @@ static int attn(const float *q, int64_t ldq, float *o, int64_t ldo, const void *
         attn_keys(&j, r0, r1, &first, &end);
         if (end - first > widest) widest = end - first;
     }
-    j.bf16 = ATTN_BF16 && ds4k_bf16_products == 1 && d % 32 == 0 && widest >= ATTN_BF16_MIN_KEYS;
+    j.bf16 = ATTN_BF16 && bf16 && d % 32 == 0 && widest >= ATTN_BF16_MIN_KEYS;
     int64_t nsplit = (ATTN_MIN_CHUNKS + (int64_t)hkv * j.nqb - 1) / ((int64_t)hkv * j.nqb);
     const int64_t most = widest / ATTN_SPAN_MIN > 1 ? widest / ATTN_SPAN_MIN : 1;
     j.nsplit = (int)(nsplit < most ? nsplit : most);

@@ -69,9 +69,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qpos: int, kbas
         raise ValueError(f"{hq} query heads over {hkv} KV heads")
     out = torch.empty(s, hq * d, dtype=torch.float32)
     with qgemv.kernel_lock:
-        rc = lib.ds4k_attn(q.data_ptr(), q.stride(0), out.data_ptr(), hq * d, k.data_ptr(), v.data_ptr(), hs, cap,
-                           kn.data_ptr(), hsn, rsn, vn.data_ptr(), hsv, rsv, int(k.dtype == torch.float16), s, qpos, kbase,
-                           window, hq, hkv, d, scale, qgemv.num_threads())
+        rc = lib.ds4k_attn(qgemv.config(), q.data_ptr(), q.stride(0), out.data_ptr(), hq * d, k.data_ptr(),
+                           v.data_ptr(), hs, cap, kn.data_ptr(), hsn, rsn, vn.data_ptr(), hsv, rsv,
+                           int(k.dtype == torch.float16), s, qpos, kbase, window, hq, hkv, d, scale, qgemv.num_threads())
     if rc != 0:
         raise RuntimeError(f"ds4k_attn rejected S={s}, Hq={hq}, Hkv={hkv}, D={d}")
     return out

@@ -76,7 +76,7 @@ static void ring_write(char *kb, char *vb, const char *kn, const char *vn, int64
 /* kv: this layer's buffer [2, Hkv, rows, D] (K planes, then V planes): a global layer's
  * context (rows >= pos + s) or a sliding layer's ring. */
 static int llama_layer(const ds4k_llama *m, int li, void *kv, int64_t rows, int kv_f16, int64_t pos, int64_t s,
-                       float *x, int flags, const float *qk_norm, float scale, float *ws, int nth) {
+                       float *x, int flags, const float *qk_norm, float scale, float *ws, int bf16, int nth) {
     if (li < 0 || li >= m->n_layers || s <= 0 || pos < 0 || rows <= 0 || pos + s > m->rope_rows) return -1;
     const ds4k_layer *L = &m->layers[li];
     if (L->sliding ? m->window <= 0 : pos + s > rows) return -1;
@@ -87,7 +87,7 @@ static int llama_layer(const ds4k_llama *m, int li, void *kv, int64_t rows, int 
     int rc;
 
     if ((rc = rms_norm_rows(x, H, L->attn_norm, h, s, H, m->eps, nth))) return rc;
-    if ((rc = gemm(L->qkv, nparts_of(L->qkv), h, qkv, H, s, nth))) return rc;
+    if ((rc = gemm(L->qkv, nparts_of(L->qkv), h, qkv, H, s, bf16, nth))) return rc;
     if (L->bqkv)
         for (int64_t r = 0; r < s; r++) add_rows(qkv + r * nqkv, L->bqkv, nqkv);
     const int64_t rope_off = pos * (d / 2);
@@ -107,7 +107,7 @@ static int llama_layer(const ds4k_llama *m, int li, void *kv, int64_t rows, int 
         }
         if (flags & LAYER_KV_ONLY) return 0;
         if ((rc = attn(qk + first * nqk, nqk, att, nq, kb, vb, plane, rows, kb, 0, 0, vb, 0, 0, kv_f16, n, end - n, end,
-                       0, (int)hq, (int)hkv, (int)d, scale, nth)))
+                       0, (int)hq, (int)hkv, (int)d, scale, bf16, nth)))
             return rc;
     } else {
         /* the chunk's rows aside ([Hkv][S][D]); the ring is read before they overwrite it */
@@ -118,16 +118,16 @@ static int llama_layer(const ds4k_llama *m, int li, void *kv, int64_t rows, int 
         }
         if (!(flags & LAYER_KV_ONLY) &&
             (rc = attn(qk + first * nqk, nqk, att, nq, kb, vb, plane, rows, kn, s * d, d, vn, s * d, d, kv_f16, n,
-                       end - n, pos, m->window, (int)hq, (int)hkv, (int)d, scale, nth)))
+                       end - n, pos, m->window, (int)hq, (int)hkv, (int)d, scale, bf16, nth)))
             return rc;
         ring_write(kb, vb, kn, vn, hkv, rows, d, es, pos, s);
         if (flags & LAYER_KV_ONLY) return 0;
     }
-    if ((rc = gemm(&L->o, 1, att, o, nq, n, nth))) return rc;
+    if ((rc = gemm(&L->o, 1, att, o, nq, n, bf16, nth))) return rc;
     if ((rc = residual(m, xr, o, L->post_attn_norm, h, n, nth))) return rc;
     if ((rc = rms_norm_rows(xr, H, L->ffn_norm, h, n, H, m->eps, nth))) return rc;
-    if ((rc = gemm(L->w13, nparts_of(L->w13), h, gu, H, n, nth))) return rc;
+    if ((rc = gemm(L->w13, nparts_of(L->w13), h, gu, H, n, bf16, nth))) return rc;
     if ((rc = glu(gu, 2 * F, a, n, F, m->act == DS4K_ACT_GELU_TANH, nth))) return rc;
-    if ((rc = gemm(&L->w2, 1, a, o, F, n, nth))) return rc;
+    if ((rc = gemm(&L->w2, 1, a, o, F, n, bf16, nth))) return rc;
     return residual(m, xr, o, L->post_ffn_norm, h, n, nth);
 }

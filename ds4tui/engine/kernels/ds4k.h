@@ -110,10 +110,14 @@ static inline float ds4k_h2f(const uint8_t *p) { return ds4k_f16_to_f32(ds4k_rd1
 #define DS4K_HIDDEN __attribute__((visibility("hidden")))
 #define DS4K_EXPORT __attribute__((visibility("default")))
 
-/* Long products (prefill chunks) in bf16 where the CPU has AVX512_BF16 (qgemm.c); set by
- * dispatch.c, read by the AVX-512 build's gemm. Compilers without the intrinsics build no
- * such path. */
-DS4K_HIDDEN extern int ds4k_bf16_products;
+/* Every exported entry point takes the caller's configuration word first (no library-wide
+ * setting: two threads may run different variants, tests pin what they compare): the ISA
+ * variant in the low byte (DS4K_ISA numbering), DS4K_CFG_BF16 for long products and deep
+ * attention in bf16 (qgemm.c, attn.c: the AVX-512 build on a CPU with AVX512_BF16 only).
+ * dispatch.c refuses a word this CPU cannot run; inside a variant the bf16 choice travels
+ * as an argument. Compilers without the bf16 intrinsics build no such path. */
+#define DS4K_CFG_ISA_MASK 0xff
+#define DS4K_CFG_BF16 0x100
 #if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
 #define DS4K_HAVE_BF16 1
 #else
@@ -167,7 +171,8 @@ typedef struct {
 /* One instruction set's entry points (isa.c fills one per build; dispatch.c picks one). */
 typedef struct {
     int (*gemv)(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int nth);
-    int (*gemm)(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int64_t n, int nth);
+    int (*gemm)(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int64_t n, int bf16,
+                int nth);
     int (*dequant)(int type, const void *w, float *out, int64_t rows, int64_t cols);
     int (*llama_step)(const ds4k_llama *m, void *const *kv, const int64_t *rows, int kv_f16, int64_t pos,
                       int32_t token, int flags, float *logits, float *ws, int nth);
@@ -175,13 +180,13 @@ typedef struct {
     int (*attn)(const float *q, int64_t ldq, float *o, int64_t ldo, const void *k, const void *v, int64_t hs,
                 int64_t cap, const void *kn, int64_t hsn, int64_t rsn, const void *vn, int64_t hsv, int64_t rsv,
                 int kv_f16, int64_t s,
-                int64_t qpos0, int64_t kbase, int64_t window, int hq, int hkv, int d, float scale, int nth);
+                int64_t qpos0, int64_t kbase, int64_t window, int hq, int hkv, int d, float scale, int bf16, int nth);
     int (*glu)(const float *gu, int64_t ld, float *out, int64_t rows, int64_t f, int gelu, int nth);
     int (*rms_norm)(const float *x, int64_t ld, const float *w, float *out, int64_t rows, int64_t n, float eps, int nth);
     int (*qk_rope)(const float *x, int64_t ld, const float *w, float eps, const float *cos, const float *sin,
                    float *out, int64_t rows, int64_t heads, int64_t d, int nth);
     int (*llama_layer)(const ds4k_llama *m, int layer, void *kv, int64_t ctx, int kv_f16, int64_t pos, int64_t s,
-                       float *x, int flags, const float *qk_norm, float scale, float *ws, int nth);
+                       float *x, int flags, const float *qk_norm, float scale, float *ws, int bf16, int nth);
     int64_t (*llama_layer_workspace)(const ds4k_llama *m, int64_t s);
     int (*all_finite)(const void *p, int64_t n, int elem_bytes);
 } ds4k_ops;

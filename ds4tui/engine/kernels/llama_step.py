@@ -66,17 +66,18 @@ LAYER_WS_ROWS = 64
 def _bind(lib: ctypes.CDLL) -> None:
     if getattr(lib, "_ds4k_step_bound", False):
         return
-    lib.ds4k_llama_workspace.argtypes = [ctypes.POINTER(_Llama), ctypes.c_int64]
+    # Each entry point takes the caller's configuration word first (qgemv.config()).
+    lib.ds4k_llama_workspace.argtypes = [ctypes.c_int, ctypes.POINTER(_Llama), ctypes.c_int64]
     lib.ds4k_llama_workspace.restype = ctypes.c_int64
     lib.ds4k_llama_step.argtypes = [
-        ctypes.POINTER(_Llama), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int32,
+        ctypes.c_int, ctypes.POINTER(_Llama), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int32,
         ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
     ]
     lib.ds4k_llama_step.restype = ctypes.c_int
-    lib.ds4k_llama_layer_workspace.argtypes = [ctypes.POINTER(_Llama), ctypes.c_int64]
+    lib.ds4k_llama_layer_workspace.argtypes = [ctypes.c_int, ctypes.POINTER(_Llama), ctypes.c_int64]
     lib.ds4k_llama_layer_workspace.restype = ctypes.c_int64
     lib.ds4k_llama_layer.argtypes = [
-        ctypes.POINTER(_Llama), ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int64,
+        ctypes.c_int, ctypes.POINTER(_Llama), ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int64,
         ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
     ]
     lib.ds4k_llama_layer.restype = ctypes.c_int
@@ -205,15 +206,16 @@ class FastDecoder:
                                     or qk_norm.numel() != (cfg.num_heads + hkv) * d):
             raise ValueError("qk_norm must be contiguous float32 [Hq + Hkv, D]")
         rows = kv.shape[2]
+        cfg_word = qgemv.config()
         with qgemv.kernel_lock:
             if s > self._layer_ws_rows:  # grows to the longest chunk seen, then stays
                 # At least LAYER_WS_ROWS rows, written through now: warm_up's short chunk then
                 # leaves room, already faulted in, for a message's chunk after a restore.
                 n = max(s, LAYER_WS_ROWS)
-                count = self._lib.ds4k_llama_layer_workspace(ctypes.byref(self._table), n)
+                count = self._lib.ds4k_llama_layer_workspace(cfg_word, ctypes.byref(self._table), n)
                 self._layer_ws, self._layer_ws_rows = torch.zeros(count, dtype=torch.float32), n
             rc = self._lib.ds4k_llama_layer(
-                ctypes.byref(self._table), i, kv.data_ptr(), rows, int(kv.dtype == torch.float16),
+                cfg_word, ctypes.byref(self._table), i, kv.data_ptr(), rows, int(kv.dtype == torch.float16),
                 pos, s, x.data_ptr(), flags, None if qk_norm is None else qk_norm.data_ptr(), scale,
                 self._layer_ws.data_ptr(), qgemv.num_threads(),
             )
@@ -270,12 +272,13 @@ class FastDecoder:
             raise ValueError(f"token id {token} outside vocab of {cfg.vocab_size}")
         logits = torch.empty(cfg.vocab_size, dtype=torch.float32) if want_logits else None
         most = max(rows)
+        cfg_word = qgemv.config()
         with qgemv.kernel_lock:
             if most > self._ws_rows:  # grows to the largest session seen, then stays
-                n = self._lib.ds4k_llama_workspace(ctypes.byref(self._table), most)
+                n = self._lib.ds4k_llama_workspace(cfg_word, ctypes.byref(self._table), most)
                 self._ws, self._ws_rows = torch.empty(n, dtype=torch.float32), most
             rc = self._lib.ds4k_llama_step(
-                ctypes.byref(self._table), ptrs, rows, int(dtype == torch.float16), pos, token,
+                cfg_word, ctypes.byref(self._table), ptrs, rows, int(dtype == torch.float16), pos, token,
                 FROZEN_GLOBAL if frozen_global else 0,
                 None if logits is None else logits.data_ptr(), self._ws.data_ptr(), qgemv.num_threads(),
             )

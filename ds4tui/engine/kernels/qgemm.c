@@ -23,7 +23,7 @@
  *   separate dequantization pass (docs/perf-archive.md, "Short products without a dequantization
  *   pass").
  *
- * - on a CPU with AVX512_BF16, unless switched off (ds4k_set_bf16), products of 96 rows and
+ * - on a CPU with AVX512_BF16, unless the caller's configuration says fp32 (DS4K_CFG_BF16 clear), products of 96 rows and
  *   more, and Q4_1 products of any length (its first tile dequantizes pairs of columns in
  *   registers, so a short product gains too; other types' short ones pay a dequantization
  *   pass that bf16 does not shorten): the wide tiles with weights and activations rounded to
@@ -614,7 +614,9 @@ static void gemm_chunk(void *ctx, int64_t c) {
 
 /* Y[n, rows] = X[n, cols] W^T, W the parts stacked by rows; 0 on success, -1 for an
  * unsupported type or shape. */
-static int gemm(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int64_t n, int nth) {
+static int gemm(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int64_t n, int bf16,
+                int nth) {
+    (void)bf16; /* read by the AVX-512 build only */
     if (nparts < 1 || nparts > DS4K_MAX_PARTS || n <= 0 || cols <= 0 || cols % 8 || cols > GEMM_MAX_COLS) return -1;
     /* One row (the head of a prefill): the GEMV reads each block once, without building a
      * tile (docs/perf-archive.md, "Quant types and run-time ISA variants"). */
@@ -633,7 +635,7 @@ static int gemm(const ds4k_mat *parts, int nparts, const float *x, float *y, int
      * pass that bf16 does not shorten: no gain measured at 18 rows). */
     int q4_1 = 0;
     for (int k = 0; k < nparts; k++) q4_1 |= parts[k].type == DS4K_Q4_1;
-    if (ds4k_bf16_products == 1 && (n >= WIDE_MIN_ROWS || q4_1) && cols % 2 == 0 && CHUNK_ROWS * cols <= GROUP_FLOATS) {
+    if (bf16 && (n >= WIDE_MIN_ROWS || q4_1) && cols % 2 == 0 && CHUNK_ROWS * cols <= GROUP_FLOATS) {
         xb = (uint16_t *)aligned_alloc(64, ((size_t)(n * cols) * 2 + 63) / 64 * 64);
         if (xb) { /* no memory: the fp32 tiles, same shape rules */
             x_bf16_job xj = {x, xb, n, cols};

@@ -1,26 +1,31 @@
 """Build, load and call the C kernels; `QuantMatrix`, a weight kept as the file's GGUF blocks.
 
-Owns: compiling the C sources on first use, choosing the instruction set variant, the
-lock that serializes kernel calls, and `QuantMatrix` (y = W x for one vector, Y = X W^T for
+Owns: compiling the C sources on first use, the default instruction set variant and each
+thread's own choice (the configuration word every call passes), the lock that serializes
+kernel calls, and `QuantMatrix` (y = W x for one vector, Y = X W^T for
 a few rows, W in any type of quants.py, possibly in row parts of different types).
 Leaves to callers: which weights take this path (decode at batch 1 and products of up to
 256 rows; longer prefill chunks use an fp32 torch GEMM). llama_step.py drives the fused
 decode step through `library()`.
 
-Variants (`backend()` names the active one):
+Variants (`backend()` names the calling thread's):
 - "avx512", "avx2", "scalar": one library holds the kernels built three times (isa.c with
-  AVX-512 F/BW/VL, with AVX2+FMA+F16C, and with no vector flags); the library picks the
-  widest one the CPU supports at run time (`__builtin_cpu_supports`).
+  AVX-512 F/BW/VL, with AVX2+FMA+F16C, and with no vector flags); the default is the widest
+  one the CPU supports (`__builtin_cpu_supports`).
 - "torch": no compiler or the build failed: dequantize once (gguf), then fp32 `mv`.
 All compute the same numbers up to float summation order; `variants()` lists those this CPU
-runs and `use_variant(name)` switches for a block of code (tests compare each to scalar).
+runs and `use_variant(name)` switches the calling thread for a block of code (tests compare
+each to scalar). The choice is the calling thread's: every call passes its thread's
+configuration word (`config()`: the variant and the bf16 choice) to the library, which keeps
+no setting of its own, so a thread inside `use_variant` never changes what another runs.
 One exception, on purpose: where the CPU has AVX512_BF16, the AVX-512 variant multiplies
 products of 96 rows and more (prefill chunks), and Q4_1 products of 2 rows and more, with
 weights and activations rounded to bf16, summed in fp32, at twice the fp32 FMA rate
 (qgemm.c), and so does chunk attention over 512 keys or more (attn.c); decode (1 row) and
 other types' short products stay fp32.
-`DS4TUI_BF16=auto|on|off` chooses (`on` on a CPU without it: the torch backend, with the
-reason), `bf16_products()` tells, `use_bf16(on)` switches for a block of code.
+`DS4TUI_BF16=auto|on|off` chooses the default (`on` on a CPU without it: the torch backend,
+with the reason), `bf16_products()` tells, `use_bf16(on)` switches the calling thread for a
+block of code.
 
 The library is built with the package (setup.py runs build.py: a wheel and an editable install
 carry `libds4k.so` beside these sources) and loaded from there when its key, compiled into it,
@@ -52,7 +57,7 @@ from ds4tui import paths
 from ds4tui.engine.kernels import build, quants
 from ds4tui.engine.kernels.quants import TYPE_IDS, dequantize, quantize, row_bytes  # noqa: F401 (re-exported)
 
-ABI = 7  # must equal ds4k_abi() in dispatch.c
+ABI = 8  # must equal ds4k_abi() in dispatch.c
 ISAS = build.ISAS  # index = the C side's ISA number
 
 _DIR = Path(__file__).parent
@@ -62,8 +67,16 @@ _lock = threading.Lock()  # guards loading
 # Serializes calls into the library: its thread pool runs one job at a time.
 kernel_lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
-_backend: str | None = None
+_backend: str | None = None  # the process default: a variant of ISAS, or "torch"
 _why: str = ""
+
+# The configuration word every call passes first (ds4k.h's DS4K_CFG_*): the variant's index
+# in the low byte, CFG_BF16 for bf16 long products. _default_cfg is chosen once at load
+# (DS4TUI_KERNELS, DS4TUI_BF16); use_variant and use_bf16 override it for one thread.
+CFG_ISA_MASK = 0xFF
+CFG_BF16 = 0x100
+_default_cfg = 0
+_thread = threading.local()
 
 
 class Mat(ctypes.Structure):
@@ -137,50 +150,36 @@ def _prune_old_builds(keep: Path) -> None:
 
 def _load(lib_path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(lib_path))  # CDLL releases the GIL during calls
-    for name in ("ds4k_abi", "ds4k_isa", "ds4k_best_isa"):
-        getattr(lib, name).restype = ctypes.c_int
+    for name in ("ds4k_abi", "ds4k_best_isa", "ds4k_cpu_bf16"):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = [], ctypes.c_int
     if lib.ds4k_abi() != ABI:
         raise RuntimeError(f"{lib_path}: ABI {lib.ds4k_abi()} != {ABI}")
-    lib.ds4k_set_isa.argtypes = [ctypes.c_int]
-    lib.ds4k_set_isa.restype = ctypes.c_int
-    lib.ds4k_set_bf16.argtypes = [ctypes.c_int]
-    lib.ds4k_set_bf16.restype = ctypes.c_int
-    lib.ds4k_bf16.argtypes = []
-    lib.ds4k_bf16.restype = ctypes.c_int
-    lib.ds4k_cpu_bf16.argtypes = []
-    lib.ds4k_cpu_bf16.restype = ctypes.c_int
-    lib.ds4k_gemv.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                              ctypes.c_int]
-    lib.ds4k_gemv.restype = ctypes.c_int
-    lib.ds4k_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                              ctypes.c_int64, ctypes.c_int]
-    lib.ds4k_gemm.restype = ctypes.c_int
-    lib.ds4k_dequant.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-    lib.ds4k_dequant.restype = ctypes.c_int
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.ds4k_attn.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, ctypes.c_int, i64,
-                              i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
-    lib.ds4k_attn.restype = ctypes.c_int
-    lib.ds4k_glu.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int, ctypes.c_int]
-    lib.ds4k_glu.restype = ctypes.c_int
-    f32 = ctypes.c_float
-    lib.ds4k_rms_norm.argtypes = [ptr, i64, ptr, ptr, i64, i64, f32, ctypes.c_int]
-    lib.ds4k_rms_norm.restype = ctypes.c_int
-    lib.ds4k_qk_rope.argtypes = [ptr, i64, ptr, f32, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
-    lib.ds4k_qk_rope.restype = ctypes.c_int
+    i32, i64, ptr, f32 = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    # (entry point, its arguments after the configuration word); every one returns int.
+    for name, args in (
+        ("ds4k_gemv", [ptr, i32, ptr, ptr, i64, i32]),
+        ("ds4k_gemm", [ptr, i32, ptr, ptr, i64, i64, i32]),
+        ("ds4k_dequant", [i32, ptr, ptr, i64, i64]),
+        ("ds4k_attn", [ptr, i64, ptr, i64, ptr, ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, i32, i64, i64, i64, i64,
+                       i32, i32, i32, f32, i32]),
+        ("ds4k_glu", [ptr, i64, ptr, i64, i64, i32, i32]),
+        ("ds4k_rms_norm", [ptr, i64, ptr, ptr, i64, i64, f32, i32]),
+        ("ds4k_qk_rope", [ptr, i64, ptr, f32, ptr, ptr, ptr, i64, i64, i64, i32]),
+        ("ds4k_all_finite", [ptr, i64, i32]),
+    ):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = [i32, *args], i32
     lib.ds4k_set_spin_ns.argtypes = [ctypes.c_long]
     lib.ds4k_set_spin_ns.restype = None
     lib.ds4k_reserve_threads.argtypes = [ctypes.c_int]
     lib.ds4k_reserve_threads.restype = None
     lib.ds4k_reserved_threads.argtypes = []
     lib.ds4k_reserved_threads.restype = ctypes.c_int
-    lib.ds4k_all_finite.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
-    lib.ds4k_all_finite.restype = ctypes.c_int
     return lib
 
 
 def _init(progress: build.Progress | None = None) -> None:
-    global _lib, _backend, _why
+    global _lib, _backend, _why, _default_cfg
     forced = os.environ.get("DS4TUI_KERNELS", "auto").strip().lower() or "auto"
     if forced not in ("auto", "torch", *ISAS):
         raise ValueError(f"DS4TUI_KERNELS={forced!r}: expected auto, {', '.join(reversed(ISAS))} or torch")
@@ -193,18 +192,19 @@ def _init(progress: build.Progress | None = None) -> None:
         _backend, _why = "torch", str(exc)
         return
     best = lib.ds4k_best_isa()
-    if forced != "auto" and lib.ds4k_set_isa(ISAS.index(forced)) != 0:
+    isa = best if forced == "auto" else ISAS.index(forced)
+    if isa > best:
         _backend, _why = "torch", f"DS4TUI_KERNELS={forced}: this CPU runs only {', '.join(ISAS[: best + 1])}"
         return
     bf16 = os.environ.get("DS4TUI_BF16", "auto").strip().lower() or "auto"
     if bf16 not in ("auto", "on", "off"):
         raise ValueError(f"DS4TUI_BF16={bf16!r}: expected auto, on or off")
-    if bf16 == "off" or lib.ds4k_set_bf16(1) != 0:
-        lib.ds4k_set_bf16(0)
-        if bf16 == "on":
-            _backend, _why = "torch", "DS4TUI_BF16=on: this CPU (or compiler) has no AVX512_BF16"
-            return
-    _lib, _backend = lib, ISAS[lib.ds4k_isa()]
+    if bf16 == "on" and not lib.ds4k_cpu_bf16():
+        _backend, _why = "torch", "DS4TUI_BF16=on: this CPU (or compiler) has no AVX512_BF16"
+        return
+    use_bf16 = bf16 != "off" and bool(lib.ds4k_cpu_bf16())
+    _default_cfg = isa | (CFG_BF16 if use_bf16 else 0)
+    _lib, _backend = lib, ISAS[isa]
     _why = f"{_backend} kernels ({'forced by DS4TUI_KERNELS' if forced != 'auto' else 'the widest this CPU runs'})"
 
 
@@ -229,10 +229,30 @@ def loaded() -> bool:
 
 
 def backend() -> str:
-    """The active variant: "avx512", "avx2", "scalar" or "torch" (building the library if needed)."""
+    """The calling thread's variant: "avx512", "avx2", "scalar" or "torch" (building the
+    library if needed)."""
     _ensure()
     assert _backend is not None
-    return _backend
+    return _backend if _lib is None else ISAS[config() & CFG_ISA_MASK]
+
+
+def config() -> int:
+    """The configuration word this thread's kernel calls pass (the variant and the bf16
+    choice): the process default, or that of the innermost use_variant / use_bf16 block."""
+    return getattr(_thread, "cfg", _default_cfg)
+
+
+@contextlib.contextmanager
+def _thread_config(cfg: int) -> Iterator[None]:
+    before = getattr(_thread, "cfg", None)
+    _thread.cfg = cfg
+    try:
+        yield
+    finally:
+        if before is None:
+            del _thread.cfg
+        else:
+            _thread.cfg = before
 
 
 def backend_reason() -> str:
@@ -253,30 +273,20 @@ def variants() -> list[str]:
     return [] if lib is None else list(ISAS[: lib.ds4k_best_isa() + 1])
 
 
-@contextlib.contextmanager
-def use_variant(name: str) -> Iterator[None]:
-    """Run the kernels as variant `name` inside the block (tests: every variant vs scalar)."""
-    global _backend
+def use_variant(name: str) -> contextlib.AbstractContextManager[None]:
+    """Run this thread's kernel calls as variant `name` inside the block (tests: every variant
+    vs scalar); other threads keep theirs, and threads started inside get the default."""
     lib = library()
     if lib is None or name not in variants():
         raise ValueError(f"variant {name!r} is not available here (have {variants()})")
-    before = _backend
-    with kernel_lock:
-        lib.ds4k_set_isa(ISAS.index(name))
-        _backend = name
-    try:
-        yield
-    finally:
-        with kernel_lock:
-            lib.ds4k_set_isa(ISAS.index(before))
-            _backend = before
+    return _thread_config((config() & ~CFG_ISA_MASK) | ISAS.index(name))
 
 
 def bf16_products() -> bool:
-    """Whether products of 96 rows and more (and Q4_1 ones of 2 and more) run on the bf16
-    tiles: AVX512_BF16 on the CPU, the AVX-512 variant active and DS4TUI_BF16 not `off`."""
-    lib = library()
-    return lib is not None and _backend == "avx512" and bool(lib.ds4k_bf16())
+    """Whether this thread's products of 96 rows and more (and Q4_1 ones of 2 and more) run on
+    the bf16 tiles: AVX512_BF16 on the CPU, the AVX-512 variant and bf16 chosen (DS4TUI_BF16
+    not `off`, or use_bf16(True))."""
+    return library() is not None and backend() == "avx512" and bool(config() & CFG_BF16)
 
 
 def bf16_available() -> bool:
@@ -285,25 +295,17 @@ def bf16_available() -> bool:
     return lib is not None and "avx512" in variants() and bool(lib.ds4k_cpu_bf16())
 
 
-@contextlib.contextmanager
-def use_bf16(on: bool) -> Iterator[None]:
-    """Long products and deep attention in bf16 (True) or fp32 (False) inside the block
-    (tests, A/B benches)."""
+def use_bf16(on: bool) -> contextlib.AbstractContextManager[None]:
+    """This thread's long products and deep attention in bf16 (True) or fp32 (False) inside
+    the block (tests, A/B benches); bf16 takes effect with the AVX-512 variant only."""
     lib = library()
     if lib is None:
         if on:
             raise ValueError("the C kernels are not available (torch backend)")
-        yield  # fp32 everywhere already
-        return
-    before = lib.ds4k_bf16()
-    with kernel_lock:
-        if lib.ds4k_set_bf16(int(on)) != 0:
-            raise ValueError("bf16 products need a CPU with AVX512_BF16")
-    try:
-        yield
-    finally:
-        with kernel_lock:
-            lib.ds4k_set_bf16(int(before))
+        return contextlib.nullcontext()  # fp32 everywhere already
+    if on and not lib.ds4k_cpu_bf16():
+        raise ValueError("bf16 products need a CPU with AVX512_BF16")
+    return _thread_config((config() | CFG_BF16) if on else (config() & ~CFG_BF16))
 
 
 def reserve_threads(delta: int) -> None:
@@ -327,7 +329,7 @@ def all_finite(address: int, count: int, item_bytes: int) -> bool | None:
     loaded: a save's check never waits for a build (load_model prepares the kernels)."""
     if _lib is None:
         return None
-    ok = _lib.ds4k_all_finite(address, count, item_bytes)
+    ok = _lib.ds4k_all_finite(config(), address, count, item_bytes)
     if ok < 0:
         raise ValueError(f"all_finite: {item_bytes}-byte items")
     return bool(ok)
@@ -352,7 +354,7 @@ def dequantize_c(blocks: torch.Tensor, qtype: str, cols: int) -> torch.Tensor:
     blocks = blocks.contiguous()
     out = torch.empty(blocks.shape[0], cols, dtype=torch.float32)
     with kernel_lock:
-        rc = lib.ds4k_dequant(TYPE_IDS[qtype], blocks.data_ptr(), out.data_ptr(), blocks.shape[0], cols)
+        rc = lib.ds4k_dequant(config(), TYPE_IDS[qtype], blocks.data_ptr(), out.data_ptr(), blocks.shape[0], cols)
     if rc != 0:
         raise RuntimeError(f"ds4k_dequant rejected {qtype} [{blocks.shape[0]}, {cols}]")
     return out
@@ -460,7 +462,7 @@ class QuantMatrix:
             torch.mv(self._fallback(), x.view(-1), out=out.view(-1))
             return out
         with kernel_lock:
-            rc = _lib.ds4k_gemv(self._mats, len(self.parts), x.data_ptr(), out.data_ptr(), self.cols, num_threads())
+            rc = _lib.ds4k_gemv(config(), self._mats, len(self.parts), x.data_ptr(), out.data_ptr(), self.cols, num_threads())
         if rc != 0:
             raise RuntimeError(f"ds4k_gemv rejected a {self.qtype} [{self.rows}, {self.cols}] product")
         return out
@@ -474,8 +476,8 @@ class QuantMatrix:
             return x @ self._fallback().T
         y = torch.empty((x.shape[0], self.rows), dtype=torch.float32)
         with kernel_lock:
-            rc = _lib.ds4k_gemm(self._mats, len(self.parts), x.data_ptr(), y.data_ptr(), self.cols, x.shape[0],
-                                num_threads())
+            rc = _lib.ds4k_gemm(config(), self._mats, len(self.parts), x.data_ptr(), y.data_ptr(), self.cols,
+                                x.shape[0], num_threads())
         if rc != 0:
             raise RuntimeError(f"ds4k_gemm rejected a {self.qtype} [{self.rows}, {self.cols}] product")
         return y
@@ -486,5 +488,5 @@ class QuantMatrix:
             dest[i] = self._mats[i]
 
 
-__all__ = ["QuantMatrix", "Mat", "backend", "backend_reason", "library", "variants", "use_variant", "quants",
+__all__ = ["QuantMatrix", "Mat", "backend", "backend_reason", "config", "library", "variants", "use_variant", "quants",
            "dequantize", "dequantize_c", "quantize", "row_bytes", "TYPE_IDS", "kernel_lock", "num_threads"]

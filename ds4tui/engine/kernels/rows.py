@@ -42,7 +42,7 @@ def glu(gu: torch.Tensor, act: str) -> torch.Tensor:
     rows, f = gu.shape[0], gu.shape[1] // 2
     out = torch.empty(rows, f, dtype=torch.float32)
     with qgemv.kernel_lock:
-        rc = lib.ds4k_glu(gu.data_ptr(), gu.stride(0), out.data_ptr(), rows, f, ACTS[act], qgemv.num_threads())
+        rc = lib.ds4k_glu(qgemv.config(), gu.data_ptr(), gu.stride(0), out.data_ptr(), rows, f, ACTS[act], qgemv.num_threads())
     if rc != 0:
         raise RuntimeError(f"ds4k_glu rejected [{rows}, {2 * f}]")
     return out
@@ -56,7 +56,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _vector(weight, n, "weight")
     out = torch.empty(rows, n, dtype=torch.float32)
     with qgemv.kernel_lock:
-        rc = lib.ds4k_rms_norm(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), rows, n, eps,
+        rc = lib.ds4k_rms_norm(qgemv.config(), x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), rows, n, eps,
                                qgemv.num_threads())
     if rc != 0:
         raise RuntimeError(f"ds4k_rms_norm rejected [{rows}, {n}]")
@@ -80,7 +80,7 @@ def qk_rope(x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: 
         _vector(norm, heads * head_dim, "norm")
     out = torch.empty(s, heads, head_dim, dtype=torch.float32)
     with qgemv.kernel_lock:
-        rc = lib.ds4k_qk_rope(x.data_ptr(), x.stride(0), None if norm is None else norm.data_ptr(), eps,
+        rc = lib.ds4k_qk_rope(qgemv.config(), x.data_ptr(), x.stride(0), None if norm is None else norm.data_ptr(), eps,
                               cos.data_ptr(), sin.data_ptr(), out.data_ptr(), s, heads, head_dim,
                               qgemv.num_threads())
     if rc != 0:

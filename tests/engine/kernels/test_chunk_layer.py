@@ -52,9 +52,10 @@ def _layers(kv) -> list[torch.Tensor]:
 
 
 def _run(model, use_c: bool, kv_dtype: str, chunks: list[tuple[int, int, bool]], variant: str, seen: list[int],
-         ctx: int = CTX):
+         ctx: int = CTX, bf16: bool = False):
     """A session's K/V (per layer) and the logits of each chunk (start, length, want_logits),
-    the layers run in C or in Python; `seen` collects the before_layer calls."""
+    the layers run in C or in Python, both on `variant` with bf16 products on or off (pinned:
+    the default would depend on the CPU); `seen` collects the before_layer calls."""
     gen = torch.Generator().manual_seed(5)
     session = model.new_session(ctx, kv_dtype=kv_dtype)
     for t in _layers(session.kv):
@@ -62,7 +63,7 @@ def _run(model, use_c: bool, kv_dtype: str, chunks: list[tuple[int, int, bool]],
     model.use_c_layers = use_c
     out = []
     try:
-        with torch.inference_mode(), qgemv.use_variant(variant):
+        with torch.inference_mode(), qgemv.use_variant(variant), qgemv.use_bf16(bf16):
             for start, n, want in chunks:
                 tokens = torch.randint(0, model.cfg.vocab_size, (n,), generator=gen).tolist()
                 out.append(model.forward(session.kv, tokens, start, want, before_layer=seen.append))
@@ -71,12 +72,12 @@ def _run(model, use_c: bool, kv_dtype: str, chunks: list[tuple[int, int, bool]],
     return [t.clone() for t in _layers(session.kv)], out
 
 
-def _same(model, kv_dtype, variant, chunks, ctx: int = CTX) -> list[torch.Tensor]:
+def _same(model, kv_dtype, variant, chunks, ctx: int = CTX, bf16: bool = False) -> list[torch.Tensor]:
     """Runs both paths; asserts equal K/V, logits and hooks; returns the K/V."""
     seen_c: list[int] = []
     seen_py: list[int] = []
-    kv_c, logits_c = _run(model, True, kv_dtype, chunks, variant, seen_c, ctx)
-    kv_py, logits_py = _run(model, False, kv_dtype, chunks, variant, seen_py, ctx)
+    kv_c, logits_c = _run(model, True, kv_dtype, chunks, variant, seen_c, ctx, bf16)
+    kv_py, logits_py = _run(model, False, kv_dtype, chunks, variant, seen_py, ctx, bf16)
     for i, (a, b) in enumerate(zip(kv_c, kv_py)):
         assert torch.equal(a, b), f"layer {i} K/V"
     for a, b in zip(logits_c, logits_py):
@@ -112,6 +113,13 @@ def test_c_layers_on_rings_overrun_and_shorter_than_the_window(tiny, kv_dtype, v
     short = window - 64
     kv = _same(model, kv_dtype, variant, [(0, 100, False), (100, short - 100, True)], ctx=short)
     assert kv[0].shape[2] == short
+
+
+@pytest.mark.parametrize("arch", C_ARCHS)
+def test_c_layers_equal_the_python_steps_with_bf16_products(tiny, arch, bf16_cpu):
+    """The same with the AVX-512 variant's bf16 tiles (chunks of 96 rows and more, and deep
+    attention): both paths take them for the same calls."""
+    _same(_model(tiny, arch), "f16", "avx512", [(0, 120, False), (120, 9, True)], bf16=True)
 
 
 def test_c_layers_only_where_they_compute_the_same(tiny):

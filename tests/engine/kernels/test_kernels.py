@@ -156,7 +156,7 @@ def test_row_parts_of_different_types_stack(variant):
     assert (m.rows, m.qtype) == (52, "mixed")
     w = torch.cat([quants.dequantize(b, t, cols) for t, b in parts]).double()
     x = torch.randn(3, cols)
-    with qgemv.use_variant(variant):
+    with qgemv.use_variant(variant), qgemv.use_bf16(False):
         y, ys = m.matvec(x[0]), m.matmul(x)
     scale = (x.abs().double() @ w.abs().T).max()
     assert ((y.double() - w @ x[0].double()).abs().max() / scale).item() < 1e-6
@@ -252,10 +252,11 @@ def _step_vs_torch(model, ctx=320, start=248, n=264, variant=None, kv_dtype="f32
     gen = torch.Generator().manual_seed(5)
     tokens = torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist()
     ref = model.new_session(ctx, kv_dtype=kv_dtype)
-    ref.prefill(tokens[:start])  # torch fp32 prefill writes the first rows for both
-    kv_ref, kv_fast = ref.kv, ref.kv.clone()
     fast, worst, logits = model.fast, 0.0, []
-    with torch.inference_mode(), qgemv.use_variant(variant or qgemv.backend()):
+    # Both sides on one variant, fp32 products (pinned: the defaults depend on the CPU).
+    with torch.inference_mode(), qgemv.use_variant(variant or qgemv.backend()), qgemv.use_bf16(False):
+        ref.prefill(tokens[:start])  # torch fp32 prefill writes the first rows for both
+        kv_ref, kv_fast = ref.kv, ref.kv.clone()
         for pos in range(start, n):
             got = fast.step(kv_fast, tokens[pos], pos, want_logits=pos % 3 == 0 or pos == n - 1)
             model.fast = None  # the torch forward, same weights

@@ -35,7 +35,7 @@ def test_bf16_prefill_keeps_the_next_token_distribution(name, context):
     prompt = bench_tokens(model, context + 20)
     got = {}
     for on in (True, False):
-        with qgemv.use_bf16(on):
+        with qgemv.use_variant("avx512"), qgemv.use_bf16(on):  # the variant with bf16 tiles
             s = model.new_session(context + 88)
             s.prefill(prompt[:context])
             s.prefill(prompt[context:])  # a follow-up message: a short product (and deep attention)
