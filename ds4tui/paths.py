@@ -21,22 +21,22 @@ import platformdirs
 APP_NAME = "ds4tui"
 
 
+def _from_env(variable: str) -> Path | None:
+    """The path an environment variable names (`~` expanded), None when it is unset or empty."""
+    value = os.environ.get(variable)
+    return Path(value).expanduser() if value else None
+
+
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
     """The KV cache directory: explicit override, then $DS4TUI_CACHE_DIR, then platformdirs."""
     if override:
         return Path(override).expanduser()
-    env = os.environ.get("DS4TUI_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path(platformdirs.user_cache_dir(APP_NAME)) / "kv"
+    return _from_env("DS4TUI_CACHE_DIR") or Path(platformdirs.user_cache_dir(APP_NAME)) / "kv"
 
 
 def data_dir() -> Path:
     """Root of downloaded models and converted weights."""
-    env = os.environ.get("DS4TUI_DATA_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path(platformdirs.user_data_dir(APP_NAME))
+    return _from_env("DS4TUI_DATA_DIR") or Path(platformdirs.user_data_dir(APP_NAME))
 
 
 def models_dir() -> Path:
@@ -44,18 +44,12 @@ def models_dir() -> Path:
 
 
 def config_path() -> Path:
-    env = os.environ.get("DS4TUI_CONFIG")
-    if env:
-        return Path(env).expanduser()
-    return Path(platformdirs.user_config_dir(APP_NAME)) / "config.toml"
+    return _from_env("DS4TUI_CONFIG") or Path(platformdirs.user_config_dir(APP_NAME)) / "config.toml"
 
 
 def transcripts_dir() -> Path:
     """Where the chat keeps conversations held with remote engines (--engine)."""
-    env = os.environ.get("DS4TUI_TRANSCRIPTS_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path(platformdirs.user_data_dir(APP_NAME)) / "transcripts"
+    return _from_env("DS4TUI_TRANSCRIPTS_DIR") or Path(platformdirs.user_data_dir(APP_NAME)) / "transcripts"
 
 
 STORE_FILE = "conversations.sqlite3"
@@ -66,10 +60,7 @@ def store_path(data_dir: str | os.PathLike | None = None) -> Path:
     directory is given (--data-dir, config `data_dir`), else $DS4TUI_STORE, else the user data dir."""
     if data_dir:
         return Path(data_dir).expanduser() / STORE_FILE
-    env = os.environ.get("DS4TUI_STORE")
-    if env:
-        return Path(env).expanduser()
-    return Path(platformdirs.user_data_dir(APP_NAME)) / STORE_FILE
+    return _from_env("DS4TUI_STORE") or Path(platformdirs.user_data_dir(APP_NAME)) / STORE_FILE
 
 
 def export_dir(override: str | os.PathLike | None = None) -> Path:
@@ -78,9 +69,9 @@ def export_dir(override: str | os.PathLike | None = None) -> Path:
     exports/. Never the working directory: under `make run` that is the source checkout."""
     if override:
         return Path(override).expanduser()
-    env = os.environ.get("DS4TUI_EXPORT_DIR")
+    env = _from_env("DS4TUI_EXPORT_DIR")
     if env:
-        return Path(env).expanduser()
+        return env
     documents = Path(platformdirs.user_documents_dir())
     if documents.is_dir() and documents != Path.home():  # platformdirs falls back to ~ itself
         return documents / APP_NAME
@@ -89,7 +80,4 @@ def export_dir(override: str | os.PathLike | None = None) -> Path:
 
 def clipboard_file() -> Path:
     """The file a copy is written to where the terminal's clipboard (OSC 52) cannot be relied on."""
-    env = os.environ.get("DS4TUI_CLIPBOARD_FILE")
-    if env:
-        return Path(env).expanduser()
-    return data_dir() / "clipboard.txt"
+    return _from_env("DS4TUI_CLIPBOARD_FILE") or data_dir() / "clipboard.txt"

@@ -88,21 +88,19 @@ class GgufMeta:
             raise self._bad(key, value, "positive")
         return value
 
-    def text(self, key: str, default: Any = _REQUIRED) -> Any:
+    def _of_type(self, key: str, default: Any, kind: type, what: str) -> Any:
         value = self._get(key, default)
         if value is _ABSENT:
             return default
-        if not isinstance(value, str):
-            raise self._bad(key, value, "a string")
+        if not isinstance(value, kind):
+            raise self._bad(key, value, what)
         return value
 
+    def text(self, key: str, default: Any = _REQUIRED) -> Any:
+        return self._of_type(key, default, str, "a string")
+
     def flag(self, key: str, default: Any = _REQUIRED) -> Any:
-        value = self._get(key, default)
-        if value is _ABSENT:
-            return default
-        if not isinstance(value, bool):
-            raise self._bad(key, value, "a boolean")
-        return value
+        return self._of_type(key, default, bool, "a boolean")
 
     def _list(self, key: str, default: Any, ok: Callable[[Any], bool], what: str) -> Any:
         value = self._get(key, default)
