@@ -45,6 +45,7 @@ from ds4tui.screens.chat_moves import ChatMoves, ChatMovesPalette
 from ds4tui.screens.chat_panes import ChatPanes
 from ds4tui.screens.chat_turns import ChatTurns
 from ds4tui.screens.chat_workers import EngineWorkers
+from ds4tui.screens.send_queue import SendQueue
 from ds4tui.screens.widgets.chat_log import MessageAction
 from ds4tui.screens.widgets.conversation_list import ConversationList
 from ds4tui.screens.widgets.prompt_input import PromptInput
@@ -84,6 +85,8 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         Binding("ctrl+n", "new_chat", "New"),
         Binding("f2", "rename", "Rename", show=False),  # in the palette; the footer is full at 80
         Binding("escape", "cancel", "Cancel"),
+        # Priority: the message box would take it (copy); with a selection it still copies.
+        Binding("ctrl+c", "interrupt", "Stop", show=False, priority=True),
         Binding("f3", "settings", "Settings"),
         Binding("f4", "cache_browser", "Cache"),
         # ctrl+b and ctrl+f are in the palette; with them the footer no longer fits 80 columns.
@@ -102,7 +105,8 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
     | f1 | The chat's keys. |
     | ctrl+n | Start a new chat. |
     | f2 | Rename the active chat. |
-    | escape | Cancel the running prefill or reply. |
+    | escape | Stop this chat's prefill or reply, or take back its queued message. |
+    | ctrl+c | Stop the running prefill or reply (any chat); twice within a second quits. |
     | f3 | Sampling settings and system prompt. |
     | f4 | Open the cache browser. |
     | ctrl+b | Show or hide the chat list. |
@@ -177,8 +181,8 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         self._active: str | None = None
         self._busy: str | None = None  # key of the chat whose turn is running
         self._engine_job = False  # any engine work (turn, resume, shutdown) in flight
-        self._last_speed = ""
-        self._cache_lines: dict[str, str] = {}  # chat key -> its last cache event (status bar)
+        self._send_queue = SendQueue()  # messages of chats waiting for another chat's reply
+        self._last_interrupt = float("-inf")  # when ctrl+c was last pressed (twice within 1 s quits)
         self._event_key = ""  # the chat of the event being shown
         self._prefill_tok_s: float | None = None  # measured on the last long prefill (browser's resume cost)
         self._quitting = False
@@ -261,7 +265,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         self.query_one("#loading").display = False
         status = self.query_one(StatusBar)
         status.model_name = "no model"
-        status.activity = ""
+        status.set_activity(None, "")
         pane_log = self.query_one("#main")
         from ds4tui.screens.widgets.chat_log import NoticeLine
 
@@ -345,7 +349,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         self.controller.cancel()
         live = self.controller.live_count()
         if live:
-            self.query_one(StatusBar).activity = f"saving {live} session(s)…"
+            self.query_one(StatusBar).set_activity(None, f"saving {live} session(s)…")
         self._shutdown()
 
     @on(SessionsSaved)

@@ -7,8 +7,8 @@ entry (a test checks that every `ChatEvent` type has one). Wording and severity
 of the cache and error notices: chat_notices.py.
 Leaves to `ChatScreen`: receiving the `EngineEvent` message (Textual collects
 `@on` handlers only from the Screen class itself), the state the handlers set
-(`_prefill_tok_s`, `_last_speed`, `_cache_lines`: each chat's last cache event) and
-`_toast`; to its other mixins the helpers they call (chat_panes.py: `_pane_or_none`,
+(`_prefill_tok_s`) and `_toast`; to the status bar what each chat shows there (its activity,
+speed and cache line: StatusBar keeps them per chat); to its other mixins the helpers they call (chat_panes.py: `_pane_or_none`,
 `_conversation`, `_refresh_sidebar`, `_update_context`; chat_workers.py: `_scan_saved`).
 """
 
@@ -44,18 +44,15 @@ class EngineEventView:
         is about, and show it only when that chat is the one on screen. Events of no chat
         (a resume before its chat exists, the shutdown saves) show at once; a resumed chat
         then takes the line over (`ChatTurns._show_resumed`)."""
-        key = self._event_key
-        self._cache_lines[key] = line
-        if not key or key == self._active:
-            self.query_one(StatusBar).cache = line
+        self.query_one(StatusBar).set_cache(self._event_key, line)
 
     def _on_token_text(self, event: ev.TokenText, pane: ChatPane | None) -> None:
         if pane is not None and pane.reply is not None:
             pane.reply.append(event.text)
             pane.text_arrived()
         status = self.query_one(StatusBar)
-        if status.activity.startswith("prefill"):
-            status.activity = "generating…"
+        if status.activity_of(self._event_key).startswith("prefill"):
+            status.set_activity(self._event_key, "generating…")
 
     def _on_prefill_started(self, event: ev.PrefillStarted, pane: ChatPane | None) -> None:
         self._refresh_sidebar()  # a first message has just become the chat's title
@@ -63,7 +60,7 @@ class EngineEventView:
         if event.source != "cold" and event.cached:
             self._set_cache_line(f"reused {fmt.tokens(event.cached)} tokens ({event.source})")
         if event.total == 0:
-            status.activity = "generating…"
+            status.set_activity(self._event_key, "generating…")
 
     def _on_prefill_progress(self, event: ev.PrefillProgress, pane: ChatPane | None) -> None:
         if event.done < event.total:
@@ -72,7 +69,7 @@ class EngineEventView:
         else:
             if pane is not None:
                 pane.prefill.hide()
-            self.query_one(StatusBar).activity = "generating…"
+            self.query_one(StatusBar).set_activity(self._event_key, "generating…")
 
     def _on_done(self, event: ev.Done, pane: ChatPane | None) -> None:
         if pane is not None:
@@ -81,12 +78,11 @@ class EngineEventView:
                 pane.reply.set_stats(stats_line(event))
         if event.prompt_tokens >= PREFILL_SAMPLE_TOKENS:
             self._prefill_tok_s = event.prefill_tok_s
-        self._last_speed = fmt.rate(event.tok_s)
-        self.query_one(StatusBar).speed = self._last_speed
+        self.query_one(StatusBar).set_speed(self._event_key, fmt.rate(event.tok_s))
 
     def _on_waiting(self, event: ev.Waiting, pane: ChatPane | None) -> None:
         """A remote server that sends no progress: count the seconds instead."""
-        self.query_one(StatusBar).activity = f"waiting for the server… {event.elapsed_s:.0f} s"
+        self.query_one(StatusBar).set_activity(self._event_key, f"waiting for the server… {event.elapsed_s:.0f} s")
 
     def _on_cancelled(self, event: ev.Cancelled, pane: ChatPane | None) -> None:
         if pane is not None:

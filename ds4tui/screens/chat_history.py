@@ -13,6 +13,7 @@ from rich.text import Text
 
 from ds4tui.format.display import one_line
 from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
+from ds4tui.screens.widgets.status_bar import StatusBar
 from ds4tui.screens.widgets.title_fit import short_title
 
 
@@ -60,7 +61,7 @@ class ChatHistory:
         self.app.push_screen(ConfirmDialog(question), answered)
 
     async def _chat_deleted(self, key: str | None, title: str, files: int | None, error: str | None) -> None:
-        self._engine_job = False
+        self._end_job()
         if error is not None:
             self._toast(f"Not deleted: {error}", "Delete", "error")
             return
@@ -68,7 +69,8 @@ class ChatHistory:
             pane = self._pane_or_none(key)
             if pane is not None:
                 await pane.remove()
-            self._cache_lines.pop(key, None)
+            self.query_one(StatusBar).forget(key)
+            self._send_queue.take(key)  # its bubble went with the pane
             if self._active == key:
                 self._active = None
                 rest = self.controller.list()

@@ -67,7 +67,7 @@ class ModelSwitch:
             if answer is not None and answer.isdigit() and not self._engine_job:
                 self._begin_job()
                 conv = self._conversation(self._active) if self._active else None
-                self.query_one(StatusBar).activity = f"switching to {names[int(answer)]}…"
+                self.query_one(StatusBar).set_activity(None, f"switching to {names[int(answer)]}…")
                 self._switch_model(names[int(answer)], conv.store_id if conv is not None else None)
 
         self.app.push_screen(ChoiceDialog(f"Switch from {current} to (open chats are saved; the one on "
@@ -104,9 +104,9 @@ class ModelSwitch:
         self.post_message(ModelSwitched(spec, reopen))
 
     async def _show_switched(self, message: ModelSwitched) -> None:
-        self._engine_job = False
+        self._end_job()
         status = self.query_one(StatusBar)
-        status.activity = ""
+        status.set_activity(None, "")
         if message.error is not None:
             still = f"still on {self.config.model}" if self.controller is not None else "no model loaded"
             error = message.error if message.spec in message.error else f"{message.spec}: {message.error}"
@@ -122,7 +122,9 @@ class ModelSwitch:
             for notice in self.query("#model-error"):
                 await notice.remove()
         self._active, self._busy = None, None
-        self._cache_lines.clear()
+        status.forget()
+        for _key, waiting in self._send_queue.clear():  # their chats are gone from the screen
+            waiting.bubble.remove()
         self._opened.clear()
         status.model_name = self.controller.model_name
         status.ctx_total = self.controller.ctx_size()

@@ -67,7 +67,7 @@ class ChatMoves:
             prompt.load_text(text)
             prompt.move_cursor(prompt.document.end)
             prompt.focus()
-            self.query_one(StatusBar).activity = EDITING
+            self.query_one(StatusBar).set_activity(self._active, EDITING)
             self._toast("Enter resends the edited message; the chat as it is now is kept as a fork. "
                         "Escape cancels the edit.", "Edit")
         elif message.action == "fork":
@@ -84,8 +84,9 @@ class ChatMoves:
         self._editing = None
         self.query_one("#prompt", PromptInput).clear()
         status = self.query_one(StatusBar)
-        if status.activity == EDITING:
-            status.activity = ""
+        for key in (self._active,) if self._active is not None else ():
+            if status.activity_of(key) == EDITING:
+                status.set_activity(key, "")
         return True
 
     def _switch_version(self, index: int, widget, step: int) -> None:
@@ -153,7 +154,7 @@ class ChatMoves:
     def _start_move(self, key: str, activity: str, call) -> None:
         self._busy = key
         self._begin_job()
-        self.query_one(StatusBar).activity = activity
+        self.query_one(StatusBar).set_activity(key, activity)
         self._refresh_sidebar()
         self._move_worker(key, call)
 
@@ -177,7 +178,7 @@ class ChatMoves:
             self._toast("Wait for the reply to finish (Escape cancels it).", "Fork", "warning")
             return
         self._begin_job()
-        self.query_one(StatusBar).activity = "forking…"
+        self.query_one(StatusBar).set_activity(None, "forking…")
         self._fork_worker(key, upto, prompt_text)
 
     @work(thread=True, group="engine", description="fork a chat")
@@ -194,8 +195,8 @@ class ChatMoves:
             self._call_from_thread(self._fork_done, fork_key, prompt_text)
 
     def _fork_done(self, fork_key: str | None, prompt_text: str | None) -> None:
-        self._engine_job = False
-        self.query_one(StatusBar).activity = ""
+        self._end_job()
+        self.query_one(StatusBar).set_activity(None, "")
         if fork_key is not None:
             self._fork_ready(fork_key, prompt_text, True)
 

@@ -7,7 +7,7 @@ drawing it from the open chats plus the last scan of saved sessions; also the
 lookups every other part uses (`_pane`, `_pane_or_none`, `_conversation`) and the
 status bar's context gauge for the active chat.
 Leaves to `ChatScreen` the state these read (`_active`, `_busy`, `_saved`,
-`_cache_lines`, `_quitting`, `_sidebar_by_user`) and the `ChatChosen` message.
+`_quitting`, `_sidebar_by_user`) and the `ChatChosen` message.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class ChatPanes:
         conv = self._conversation(key)
         if conv is not None:
             conv.touch()
-        self.query_one(StatusBar).cache = self._cache_lines.get(key, "")
+        self.query_one(StatusBar).show_chat(key)  # this chat's own activity, speed and cache line
         self._refresh_sidebar()
         self._update_context()
         self.query_one("#prompt", PromptInput).focus()

@@ -1,8 +1,9 @@
 """The chat screen's side of a turn and of a resume: how each starts and how it ends on screen.
 
 Owns: `ChatTurns`, mixed into `ChatScreen`: a submitted message (queued while the
-model loads, refused while another engine job runs, resent when editing), the
-user and reply bubbles of a send, Escape (cancel), the end of a turn (a cancelled
+model loads, queued while another engine job runs: send_queue.py, resent when
+editing), the user and reply bubbles of a send, Escape (cancel this chat's work) and
+ctrl+c (stop whatever runs; twice within a second quits), the end of a turn (a cancelled
 or failed one withdraws its message and puts the text back in the prompt; a
 regenerate that did not happen shows the old reply again), and opening a saved
 session or a checkpoint file (the sidebar, the cache browser, `--resume`) up to
@@ -13,14 +14,20 @@ Leaves the work itself to the workers (chat_workers.py), and to `ChatScreen` the
 
 from __future__ import annotations
 
+from textual.widgets import TextArea
+
 from ds4tui.chat import events as ev
 from ds4tui.screens.chat_moves import version_note
 from ds4tui.screens.chat_notices import stats_line, stop_note
+from ds4tui.screens.send_queue import waits_for
 from ds4tui.screens.widgets import fmt
 from ds4tui.screens.widgets.title_fit import short_title
 from ds4tui.screens.widgets.chat_pane import ChatPane
 from ds4tui.screens.widgets.prompt_input import PromptInput
 from ds4tui.screens.widgets.status_bar import StatusBar
+
+
+QUIT_WINDOW_S = 1.0  # a second ctrl+c within this quits
 
 
 class ChatTurns:
@@ -32,6 +39,7 @@ class ChatTurns:
         text = message.text
         if not text.strip():
             return
+        status = self.query_one(StatusBar)
         if self.controller is None and self._model_error is not None:
             # Nothing would ever send it: it stays in the box, and the notice says why.
             self._model_ready_or_say()
@@ -43,48 +51,151 @@ class ChatTurns:
                 return
             self._queued = text  # sent as soon as the model is ready
             message.prompt_input.clear()
-            self.query_one(StatusBar).activity = "message queued: sent when the model is ready"
+            status.set_activity(None, "message queued: sent when the model is ready")
             return
+        key = self._active
+        editing = self._editing
         if self._engine_job:
-            self.notify("Still working on the last reply (Escape cancels it).", severity="warning", markup=False)
+            if editing is not None and editing[0] == key:
+                self._toast(f"Wait: {self._job_text()} is still running (an edit resends when the engine is"
+                            " free).", "Edit", "warning")
+                return
+            if self._busy == key:  # its own reply runs: a follow-up waits in the box, not in a queue
+                self._toast("This chat is still answering: Escape stops it; your message stays in the box.",
+                            "Busy", "warning")
+                return
+            if key in self._send_queue:
+                self._toast("This chat already has a message waiting; this one stays in the box "
+                            "(Escape takes the waiting one back).", "Queued", "warning")
+                return
+            self._queue_message(key, text)
+            message.prompt_input.clear()
             return
         message.prompt_input.clear()
-        editing, self._editing = self._editing, None
-        if editing is not None and editing[0] == self._active:
+        self._editing = None
+        if editing is not None and editing[0] == key:
             if text == self.controller.get(editing[0]).messages[editing[1]]["content"]:
                 # Resending it as it was would only fork the chat: a stray `e`, Enter.
-                self.query_one(StatusBar).activity = ""
+                status.set_activity(key, "")
                 self._toast("The message is unchanged: nothing resent (ctrl+r samples the reply again).", "Edit")
                 return
             self._resend_edited(editing[0], editing[1], text)
             return
-        self._send(self._active, text)
+        self._send(key, text)
 
-    def _send(self, key: str, text: str) -> None:
+    def _job_text(self) -> str:
+        """The running engine job, named for a notice: "the reply in «Title»" or what runs."""
+        if self._busy is not None:
+            conv = self._conversation(self._busy)
+            return f"the reply in «{short_title(conv.display_title)}»" if conv is not None else "a reply"
+        work = self.query_one(StatusBar).activity_of(None).rstrip("…")
+        return work or "an engine job"
+
+    def _queue_message(self, key: str, text: str) -> None:
+        """Show `text` in chat `key` now and send it when the running job ends (SendQueue)."""
+        pane = self._pane(key)
+        pane.follow()
+        bubble = pane.log.add_user(text)
+        self._send_queue.add(key, text, bubble)
+        busy = self._conversation(self._busy) if self._busy is not None else None
+        why = waits_for(busy.display_title if busy is not None else None, self._busy == key,
+                        self.query_one(StatusBar).activity_of(None))
+        self.query_one(StatusBar).set_activity(key, f"queued: {why}")
+        self._toast(f"Queued: sent {why} (Escape here takes it back).", "Queued")
+
+    def _send_next_waiting(self) -> None:
+        """The engine is free: send the oldest queued message (its bubble is on screen)."""
+        if self._engine_job or self._quitting or self.controller is None:
+            return
+        while True:
+            item = self._send_queue.next()
+            if item is None:
+                return
+            key, waiting = item
+            if self._pane_or_none(key) is not None and self._conversation(key) is not None:
+                self._send(key, waiting.text, shown=True)
+                return
+
+    def _take_back_waiting(self, key: str) -> bool:
+        """Escape / ctrl+c in a chat whose message waits: it goes back into the box."""
+        waiting = self._send_queue.take(key)
+        if waiting is None:
+            return False
+        waiting.bubble.remove()
+        self.query_one(StatusBar).set_activity(key, "")
+        prompt = self.query_one("#prompt", PromptInput)
+        if key == self._active:
+            prompt.load_text(waiting.text + ("\n" + prompt.text if prompt.text else ""))
+            prompt.move_cursor(prompt.document.end)
+        self._toast("Not sent: the message is back in the box.", "Queued")
+        return True
+
+    def _send(self, key: str, text: str, *, shown: bool = False) -> None:
         pane = self._pane(key)
         pane.follow()  # sending means wanting to see the answer, wherever the view was
-        pane.log.add_user(text)
+        if not shown:
+            pane.log.add_user(text)
         pane.reply = pane.log.add_assistant()
         self._busy = key
         self._begin_job()
-        self.query_one(StatusBar).activity = "prefilling…"
+        self.query_one(StatusBar).set_activity(key, "prefilling…")
         self._refresh_sidebar()
         self._generate(key, text)
 
     def action_cancel(self) -> None:
-        """Escape: stop the running prefill or reply; else leave edit mode."""
-        if self._busy is not None and self.controller is not None:
-            self.controller.cancel()
-            self.query_one(StatusBar).activity = "cancelling…"
+        """Escape: stop this chat's running prefill or reply, or take its queued message back;
+        else leave edit mode. Another chat's reply runs on (ctrl+c stops whatever runs)."""
+        key = self._active
+        if key is not None and self._busy == key and self.controller is not None:
+            self._stop_running()
+        elif key is not None and self._take_back_waiting(key):
+            pass
         elif self._stop_editing():  # ChatMoves
             self._toast("Edit cancelled; the chat is unchanged.", "Edit")
+        elif self._busy is not None:
+            self._toast(f"Nothing runs in this chat: {self._job_text()} runs on (Escape there, or ctrl+c"
+                        " here, stops it).", "Cancel")
+
+    def _stop_running(self) -> None:
+        """Ask the running turn or move to stop (it ends through `_end_turn` as any turn does)."""
+        assert self.controller is not None and self._busy is not None
+        self.controller.cancel()
+        self.query_one(StatusBar).set_activity(self._busy, "cancelling…")
+
+    def action_interrupt(self) -> None:
+        """ctrl+c: copy a selection if there is one; else stop what runs (this chat's queued
+        message first, else the running reply or prefill, whichever chat it is in); a second
+        ctrl+c within a second quits (save first, as ctrl+q)."""
+        import time
+
+        focused = self.focused
+        if isinstance(focused, TextArea) and focused.selected_text:
+            focused.action_copy()
+            return
+        if self.get_selected_text():
+            self.action_copy_text()
+            return
+        now = time.monotonic()
+        again = now - self._last_interrupt <= QUIT_WINDOW_S
+        self._last_interrupt = now
+        if again:
+            self.save_and_exit()
+            return
+        key = self._active
+        if key is not None and self._take_back_waiting(key):
+            return
+        if self._busy is not None and self.controller is not None:
+            where = "" if self._busy == key else f" in «{short_title(self._conversation(self._busy).display_title)}»"
+            self._stop_running()
+            self._toast(f"Stopping the reply{where}. ctrl+c again within a second quits.", "Stop")
+            return
+        self._toast("Nothing to stop. ctrl+c again within a second quits (ctrl+q too).", "Quit?")
 
     def _end_turn(self, key: str, done: ev.Done | None) -> None:
         """A send finished (`done` is None when it was cancelled in prefill or failed)."""
         self._busy = None
-        self._engine_job = False
         status = self.query_one(StatusBar)
-        status.activity = ""
+        status.set_activity(key, "")
         if self.controller is not None:
             status.model_name = self.controller.model_name  # a remote engine names its model on first use
         pane = self._pane_or_none(key)
@@ -111,6 +222,7 @@ class ChatTurns:
             pane.reply = None
         self._refresh_sidebar()
         self._update_context()
+        self._end_job()  # after the withdrawal: a queued message of this chat may go next
 
     def _withdraw_turn(self, pane: ChatPane) -> None:
         """Remove the unanswered exchange; put the text back in the prompt if it is empty."""
@@ -140,13 +252,13 @@ class ChatTurns:
             self.notify("Wait for the reply to finish (Escape cancels it).", severity="warning", markup=False)
             return
         self._begin_job()
-        self.query_one(StatusBar).activity = "resuming…"
+        self.query_one(StatusBar).set_activity(None, "resuming…")
         self._resume_session(query, how)
 
     async def _show_resumed(self, key: str | None, error: str | None) -> None:
         """A resume ended: its chat on screen (a pane of its own if new), or the error."""
-        self._engine_job = False
-        self.query_one(StatusBar).activity = ""
+        self._end_job()
+        self.query_one(StatusBar).set_activity(None, "")
         if error is not None or key is None:
             self.notify(error or "not resumed", title="Resume", severity="error", markup=False)
             if self._active is None:
@@ -162,8 +274,7 @@ class ChatTurns:
             pane.log.show_messages(conv.visible_messages(),
                                    stop_note(conv.resumed_stop) or "" if conv.resumed_stop else "",
                                    version_notes(conv))
-        if "" in self._cache_lines:  # the resume's disk hit, reported before the chat existed
-            self._cache_lines[conv.key] = self._cache_lines.pop("")
+        self.query_one(StatusBar).adopt(conv.key)  # the resume's disk hit, reported before the chat existed
         self._switch(conv.key)
         self._scan_saved()
         if already_open:  # found again (ctrl+f, the browser): nothing was loaded

@@ -33,6 +33,11 @@ class EngineWorkers:
         self._engine_job = True
         self._idle.clear()
 
+    def _end_job(self) -> None:
+        """The engine job is over (on the UI thread): a message queued meanwhile goes next."""
+        self._engine_job = False
+        self.call_later(self._send_next_waiting)  # ChatTurns, once the caller's screen updates are in
+
     def _call_from_thread(self, callback, *args) -> None:
         """Run `callback` on the UI thread, unless the app is already gone (a worker outliving exit)."""
         try:

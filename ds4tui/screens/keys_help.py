@@ -19,7 +19,8 @@ from textual.widgets import Static
 CHAT_KEYS: tuple[tuple[str, str], ...] = (
     ("Enter", "send the message"),
     ("ctrl+j", "new line (or shift+enter, where the terminal sends it)"),
-    ("Escape", "stop the prefill or the reply; leave an edit"),
+    ("Escape", "stop this chat's reply or take back its queued message"),
+    ("ctrl+c", "stop the reply of any chat; twice within 1 s: quit"),
     ("ctrl+r", "regenerate the last reply (the old one is kept)"),
     ("tab", "select a message: e edit, f fork, y copy, ←/→ versions"),
     ("ctrl+n", "new chat"),

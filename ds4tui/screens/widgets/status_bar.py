@@ -1,10 +1,16 @@
 """The one-line status bar: model, context used/total, last speed, last cache event.
 
-Owns: composing that line from plain values. Everything shown is a `Text`
-(never markup), since the cache event may quote a file's title.
+Owns: composing that line from plain values, and what each chat last showed there: a
+chat's activity (prefilling, generating, queued), its last reply's speed and its last
+cache event are kept per chat (`ChatLine`) and shown only while that chat is on screen
+(`show_chat`), so a new chat never shows "generating…" of another. Work of no chat (loading
+the model, resuming, switching models, saving at quit) shows whichever chat is on screen.
+Everything shown is a `Text` (never markup), since the cache event may quote a file's title.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual.reactive import reactive
@@ -23,6 +29,18 @@ def context_meter(used: int, total: int, cells: int = METER_CELLS) -> str:
         return ""
     full = min(cells, -(-used * cells // total)) if used > 0 else 0
     return "▰" * full + "▱" * (cells - full)
+
+
+@dataclass
+class ChatLine:
+    """What one chat shows in the status bar."""
+
+    activity: str = ""
+    speed: str = ""
+    cache: str = ""
+
+
+NO_CHAT = ""  # the key of work that belongs to no chat (yet)
 
 
 class StatusBar(Static):
@@ -47,6 +65,68 @@ class StatusBar(Static):
     """The last cache event, one line."""
     activity: reactive[str] = reactive("")
     """What the engine is doing now (prefilling, generating, saving), or empty."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._chats: dict[str, ChatLine] = {}
+        self._shown: str | None = None  # the chat on screen
+        self._work = ""  # what runs for no chat
+
+    # -- per chat --------------------------------------------------------------------------------
+
+    def chat_line(self, key: str) -> ChatLine:
+        return self._chats.setdefault(key, ChatLine())
+
+    def show_chat(self, key: str | None) -> None:
+        """`key` is on screen now: its own activity, speed and cache line."""
+        self._shown = key
+        self._refresh_shown()
+
+    def set_activity(self, key: str | None, text: str) -> None:
+        """What chat `key` is doing (None: work of no chat, shown whichever chat is on screen)."""
+        if key is None:
+            self._work = text
+        else:
+            self.chat_line(key).activity = text
+        self._refresh_shown()
+
+    def activity_of(self, key: str | None) -> str:
+        return self._work if key is None else self.chat_line(key).activity
+
+    def set_speed(self, key: str, text: str) -> None:
+        self.chat_line(key).speed = text
+        self._refresh_shown()
+
+    def set_cache(self, key: str, text: str) -> None:
+        """Chat `key`'s last cache event; NO_CHAT: an event before its chat exists (a resume's
+        disk hit), shown at once and handed to the chat by `adopt`."""
+        self.chat_line(key).cache = text
+        if key == NO_CHAT:
+            self.cache = text
+        else:
+            self._refresh_shown()
+
+    def adopt(self, key: str) -> None:
+        """The no-chat cache line belongs to `key` (the chat a resume opened)."""
+        line = self._chats.pop(NO_CHAT, None)
+        if line is not None and line.cache:
+            self.chat_line(key).cache = line.cache
+        self._refresh_shown()
+
+    def forget(self, key: str | None = None) -> None:
+        """Drop chat `key`'s line (a deleted chat), or every chat's (None: a new model)."""
+        if key is None:
+            self._chats.clear()
+        else:
+            self._chats.pop(key, None)
+        self._refresh_shown()
+
+    def _refresh_shown(self) -> None:
+        line = self._chats.get(self._shown) if self._shown is not None else None
+        line = line or ChatLine()
+        self.activity = line.activity or self._work
+        self.speed = line.speed
+        self.cache = line.cache
 
     def line(self, width: int | None = None) -> str:
         """The status line; when it is longer than `width`, the context meter gives its
