@@ -1,12 +1,13 @@
 """The conversation moves on screen: regenerate (ctrl+r), a reply's versions (←/→), edit and
-resend (`e` on a selected user message), fork (`f`), copy (`y`), find a chat (ctrl+f), and
-the full-context choices.
+resend (`e` on a selected user message), fork (`f`), copy (`y`, `c` a code block), a
+message's menu (Enter, a right-click, its ⋯), find a chat (ctrl+f), and the full-context choices.
 
 Owns: `ChatMoves`, mixed into `ChatScreen`: what each key does to the chat's pane and
 which controller call it runs on the engine worker (the turn's events stream into the
 pane as a normal reply's do). Leaves the moves themselves to the controller (chat/moves.py).
-Messages are selected by focus (Tab, or a click); the message widgets own their keys
-and post `MessageAction`, which the screen hands to `message_action` here.
+Messages are selected by focus (Tab, or a click); the message widgets own their keys and
+post `MessageAction`, as does their menu (widgets/message_menu.py), which the screen hands
+to `message_action` here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ds4tui.chat.streaming import EventBatcher
 from ds4tui.screens.widgets import fmt
 from ds4tui.screens.widgets.title_fit import short_title
 from ds4tui.screens.widgets.chat_log import AssistantMessage, MessageAction
+from ds4tui.screens.widgets.markdown_blocks import code_blocks
 from ds4tui.screens.widgets.prompt_input import PromptInput
 from ds4tui.screens.widgets.status_bar import StatusBar
 
@@ -55,27 +57,83 @@ class ChatMoves:
             return
         conv = self.controller.get(self._active)
         text = conv.messages[index]["content"]
-        if message.action == "copy":
-            self.app.copy_to_clipboard(text)
-            self._toast(f"Copied {fmt.tokens(len(text))} characters", "Clipboard")
-        elif message.action == "edit":
-            if self._engine_job:
-                self._toast("Wait for the reply to finish (Escape cancels it).", "Edit", "warning")
-                return
-            self._editing = (self._active, index)
-            prompt = self.query_one("#prompt", PromptInput)
-            prompt.load_text(text)
-            prompt.move_cursor(prompt.document.end)
-            prompt.focus()
-            self.query_one(StatusBar).set_activity(self._active, EDITING)
-            self._toast("Enter resends the edited message; the chat as it is now is kept as a fork. "
-                        "Escape cancels the edit.", "Edit")
-        elif message.action == "fork":
-            role = conv.messages[index]["role"]
+        role = conv.messages[index]["role"]
+        action = message.action
+        if action == "menu":
+            self._open_menu(message.widget, self._menu_items(index), "reply" if role == "assistant" else "message")
+        elif action == "copy":
+            self._copy(text, "the reply" if role == "assistant" else "the message")
+        elif action == "code" or action.startswith("code:"):
+            self._copy_code(message.widget, text, action)
+        elif action == "edit" and role == "user":
+            self._start_editing(index, text)
+        elif action == "fork":
             upto = index + 1 if role == "assistant" else index  # at a question: before it, text in the prompt
             self._start_fork(self._active, upto, text if role == "user" else None)
-        elif message.action in ("prev", "next"):
-            self._switch_version(index, message.widget, -1 if message.action == "prev" else 1)
+        elif action == "regenerate":
+            self.action_regenerate()
+        elif action in ("prev", "next"):
+            self._switch_version(index, message.widget, -1 if action == "prev" else 1)
+
+    def _menu_items(self, index: int) -> list[tuple[str, str, str]]:
+        """(action, label, key) of what the message at `index` offers now."""
+        conv = self.controller.get(self._active)
+        if conv.messages[index]["role"] == "user":
+            return [("copy", "Copy message", "y"), ("edit", "Edit and resend", "e"),
+                    ("fork", "Fork: new chat from here", "f")]
+        blocks = code_blocks(conv.messages[index]["content"])
+        items = [("copy", "Copy reply", "y")]
+        items += [(f"code:{i}", f"Copy code {i + 1}: {b.label}", "c" if len(blocks) == 1 else "")
+                  for i, b in enumerate(blocks)]
+        items.append(("fork", "Fork: new chat up to here", "f"))
+        if index == len(conv.messages) - 1:
+            items.append(("regenerate", "Regenerate", "ctrl+r"))
+            shown, count = self.controller.alternatives(self._active, index)
+            if count > 1:
+                items += [("prev", f"Previous version ({shown + 1}/{count})", "←"),
+                          ("next", "Next version", "→")]
+        return items
+
+    def _open_menu(self, widget, items: list[tuple[str, str, str]], title: str) -> None:
+        from ds4tui.screens.widgets.message_menu import MessageMenu
+
+        for old in self.query(MessageMenu):
+            old.remove()
+        self.mount(MessageMenu(widget, items, title=title))
+
+    def _copy(self, text: str, what: str) -> None:
+        from ds4tui.screens.clipboard import copy_text
+
+        done = copy_text(text, what, self.app.copy_to_clipboard)
+        self._toast(done.message, "Clipboard", "information" if done.route != "file" else "warning")
+
+    def _copy_code(self, widget, text: str, action: str) -> None:
+        """`c`: the reply's one code block, or a menu of them; "code:N": block N."""
+        blocks = code_blocks(text)
+        if not blocks:
+            self._toast("This reply has no code block.", "Clipboard", "warning")
+        elif action.startswith("code:"):
+            n = int(action.split(":", 1)[1])
+            if 0 <= n < len(blocks):
+                self._copy(blocks[n].code, f"code block {n + 1}" if len(blocks) > 1 else "the code block")
+        elif len(blocks) == 1:
+            self._copy(blocks[0].code, "the code block")
+        else:
+            self._open_menu(widget, [(f"code:{i}", f"Copy code {i + 1}: {b.label}", str(i + 1) if i < 9 else "")
+                                     for i, b in enumerate(blocks)], "copy which block?")
+
+    def _start_editing(self, index: int, text: str) -> None:
+        if self._engine_job:
+            self._toast("Wait for the reply to finish (Escape cancels it).", "Edit", "warning")
+            return
+        self._editing = (self._active, index)
+        prompt = self.query_one("#prompt", PromptInput)
+        prompt.load_text(text)
+        prompt.move_cursor(prompt.document.end)
+        prompt.focus()
+        self.query_one(StatusBar).set_activity(self._active, EDITING)
+        self._toast("Enter resends the edited message; the chat as it is now is kept as a fork. "
+                    "Escape cancels the edit.", "Edit")
 
     def _stop_editing(self) -> bool:
         """Leave edit mode (Escape, or another chat shown): the box empties. False when not editing."""
@@ -176,6 +234,15 @@ class ChatMoves:
     def _start_fork(self, key: str, upto: int, prompt_text: str | None) -> None:
         if self._engine_job:
             self._toast("Wait for the reply to finish (Escape cancels it).", "Fork", "warning")
+            return
+        conv = self.controller.get(key)
+        if not any(m.get("role") in ("user", "assistant") for m in conv.messages[:upto]):
+            # At the first message nothing comes before it: the fork is a new chat with this
+            # chat's system prompt and settings, the message in the box to send or change.
+            fresh = self.controller.fresh_like(key)
+            self._fork_ready(fresh.key, prompt_text, True)
+            self._toast("New chat with this chat's system prompt and settings; its first message is in "
+                        "the box: Enter sends it.", "Fork")
             return
         self._begin_job()
         self.query_one(StatusBar).set_activity(None, "forking…")

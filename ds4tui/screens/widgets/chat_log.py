@@ -25,42 +25,86 @@ from ds4tui.format.display import one_line, safe_lines
 
 @dataclass
 class MessageAction(Message):
-    """A key pressed on a selected (focused) message: edit, fork, copy, or prev/next version."""
+    """An action asked on a message (its key, or its menu): "menu", "copy", "code" (pick a
+    code block), "code:N" (copy block N), "edit", "fork", "regenerate", "prev", "next"."""
 
     action: str
     widget: Widget
 
 
+MENU_MARK = "⋯"  # at each message's top right: a click there opens its menu
+SELECTED_HINT = "enter/⋯ actions · y copy · f fork"  # under the selected message, on its frame
+
+# Every message has a frame; unselected it is blank (so selecting moves nothing), selected it
+# is drawn in the warning colour: a selection seen at a glance, not one background shade.
+_FRAME_CSS = """
+    border: blank;
+    border-title-align: right;
+    border-title-color: $text-muted;
+    border-subtitle-align: right;
+    border-subtitle-color: $warning;
+    &:focus, &.-menu-open { border: round $warning; border-title-color: $warning; }
+"""
+
+
 class SelectableMessage:
-    """Tab or a click selects a message; its keys act on it (the screen does the work)."""
+    """Tab or a click selects a message; its keys act on it (the screen does the work).
+    Enter, a right-click or a click on its ⋯ opens its menu; ↑/↓ select the neighbours."""
 
     can_focus = True
 
     def _ask(self, action: str) -> None:
         self.post_message(MessageAction(action, self))  # type: ignore[arg-type]
 
+    def action_ask(self, action: str) -> None:
+        self._ask(action)
+
+    def action_select_next(self, step: int) -> None:
+        """Select the message `step` away (↑ -1, ↓ +1), if there is one."""
+        siblings = [w for w in self.parent.children if isinstance(w, SelectableMessage)]  # type: ignore[attr-defined]
+        i = siblings.index(self) + step
+        if 0 <= i < len(siblings):
+            siblings[i].focus()
+
+    def on_focus(self) -> None:
+        self.border_subtitle = SELECTED_HINT  # type: ignore[attr-defined]
+
+    def on_blur(self) -> None:
+        self.border_subtitle = ""  # type: ignore[attr-defined]
+
+    def on_click(self, event) -> None:
+        width = self.outer_size.width  # type: ignore[attr-defined]
+        on_mark = event.y == 0 and event.x >= width - 5
+        if event.button == 3 or on_mark:
+            event.stop()
+            self.focus()  # type: ignore[attr-defined]
+            self._ask("menu")
+
+
+_MESSAGE_KEYS = [Binding("enter", "ask('menu')", "Actions"), Binding("y", "ask('copy')", "Copy"),
+                 Binding("f", "ask('fork')", "Fork here"),
+                 Binding("up", "select_next(-1)", "Previous message", show=False),
+                 Binding("down", "select_next(1)", "Next message", show=False)]
+
 
 class UserMessage(SelectableMessage, Static):
     """What the user sent, verbatim."""
 
-    DEFAULT_CSS = """
-    UserMessage {
-        margin: 1 0 0 0;
+    DEFAULT_CSS = f"""
+    UserMessage {{
         padding: 0 1;
-        border-left: thick $accent;
         background: $boost;
-        &:focus { border-left: thick $warning; background: $boost-lighten-1; }
-    }
+        {_FRAME_CSS}
+        border-left: thick $accent;
+        &:focus, &.-menu-open {{ border-left: round $warning; }}
+    }}
     """
-    BINDINGS = [Binding("e", "ask('edit')", "Edit & resend"), Binding("f", "ask('fork')", "Fork here"),
-                Binding("y", "ask('copy')", "Copy")]
-
-    def action_ask(self, action: str) -> None:
-        self._ask(action)
+    BINDINGS = [*_MESSAGE_KEYS, Binding("e", "ask('edit')", "Edit & resend")]
 
     def __init__(self, text: str) -> None:
         super().__init__(Text(safe_lines(text)))
         self.text = text
+        self.border_title = MENU_MARK
 
 
 class ReplyFence(MarkdownFence):
@@ -134,23 +178,19 @@ class AssistantMessage(SelectableMessage, Vertical):
     every append; at ten appends a second that kept one of the two cores busy and halved the
     decode beside it in a long reply (docs/perf-archive.md, "Streaming in the app")."""
 
-    BINDINGS = [Binding("left", "ask('prev')", "Prev version"), Binding("right", "ask('next')", "Next version"),
-                Binding("f", "ask('fork')", "Fork here"), Binding("y", "ask('copy')", "Copy")]
+    BINDINGS = [*_MESSAGE_KEYS, Binding("left", "ask('prev')", "Prev version"),
+                Binding("right", "ask('next')", "Next version"), Binding("c", "ask('code')", "Copy code")]
 
-    def action_ask(self, action: str) -> None:
-        self._ask(action)
-
-    DEFAULT_CSS = """
-    AssistantMessage {
+    DEFAULT_CSS = f"""
+    AssistantMessage {{
         height: auto;
-        &:focus { background: $boost; }
-        margin: 1 0 0 0;
-        & > ReplyMarkdown { margin: 0; padding: 0 1; }
-        & > .tail { padding: 0 1; height: auto; }
-        & > .tail.-empty { display: none; }
-        & > .stats { color: $text-muted; padding: 0 1; height: auto; }
-        & > .stats.-empty { display: none; }
-    }
+        {_FRAME_CSS}
+        & > ReplyMarkdown {{ margin: 0; padding: 0 0; }}
+        & > .tail {{ padding: 0 0; height: auto; }}
+        & > .tail.-empty {{ display: none; }}
+        & > .stats {{ color: $text-muted; padding: 0 0; height: auto; }}
+        & > .stats.-empty {{ display: none; }}
+    }}
     """
 
     def __init__(self, text: str = "", stats: str = "") -> None:
@@ -159,6 +199,7 @@ class AssistantMessage(SelectableMessage, Vertical):
         self._initial_stats = stats
         self.text = text
         self._blocks = FinishedBlocks(len(text))  # text[:_blocks.end] is in the Markdown widget
+        self.border_title = MENU_MARK
 
     def compose(self) -> ComposeResult:
         yield ReplyMarkdown(safe_lines(self._initial))
