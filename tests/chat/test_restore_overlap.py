@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ds4tui.chat import events as ev
-from ds4tui.engine.llama.session import LlamaSession
+from ds4tui.engine.llama import session_payload
 from ds4tui.format.kvc import PREFIX_BYTES, decode_header
 from tests.chat.conftest import LONG_PROMPT, Recorder, make_controller, opening_tokens
 
@@ -59,7 +59,7 @@ def _same_state(a, b) -> None:
 def test_a_hit_runs_the_message_alongside_the_restore_with_the_same_bits(tiny_llama, tmp_path, monkeypatch, kv_dtype):
     messages = _chat_on_disk(tiny_llama, tmp_path)
     with monkeypatch.context() as m:
-        m.setattr(LlamaSession, "_first_chunk", lambda self, t, ahead: [])  # restore, then prefill
+        m.setattr(session_payload, "_first_chunk", lambda session, t, ahead: [])  # restore, then prefill
         seq_events, seq = _follow_up(tiny_llama, tmp_path, messages, kv_dtype=kv_dtype, max_tokens=3)
     forwards = Forwards(tiny_llama, monkeypatch)
     events, session = _follow_up(tiny_llama, tmp_path, messages, kv_dtype=kv_dtype, max_tokens=3)

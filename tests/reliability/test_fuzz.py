@@ -27,12 +27,12 @@ def test_every_mutation_kind_is_rejected_or_loads_intact(tiny_llama):
 def test_the_oracle_catches_wrong_loads_when_the_checks_are_off(tiny_llama, monkeypatch):
     """Without the checksum and the non-finite check, payload flips load silently: counted."""
     from ds4tui.cache import loading
-    from ds4tui.engine.llama import session as llama_session
+    from ds4tui.engine.llama import session_payload
 
     def unchecked(fp, kf):
         fp.seek(kf.payload_offset)
         return fp
     monkeypatch.setattr(loading, "payload_stream", unchecked)
-    monkeypatch.setattr(llama_session, "check_finite", lambda t, what: None)
+    monkeypatch.setattr(session_payload, "check_finite", lambda t, what: None)
     report = run(2 * len(MUTATIONS), seed=7, model=tiny_llama)
     assert report.bad["silent wrong loads"] > 0

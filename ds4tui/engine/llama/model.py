@@ -30,16 +30,16 @@ from ds4tui.engine.kernels.llama_step import supported as fast_supported
 from ds4tui.engine.kernels.qgemm import make_blocks
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
 from ds4tui.engine.llama.rope import rope_tables
-from ds4tui.engine.llama.session import (
+from ds4tui.engine.llama.kv_buffers import (
     DEFAULT_KV_DTYPE,
     KV_DTYPES,
     KvBuffers,
-    LlamaSession,
     fits,
     kv_shapes,
     kv_torch_dtype,
     new_kv,
 )
+from ds4tui.engine.llama.session import LlamaSession
 from ds4tui.engine.defaults import DEFAULT_CTX
 from ds4tui.engine.model import ChatTemplate, Model, ModelInfo, Tokenizer
 from ds4tui.engine.session import Session

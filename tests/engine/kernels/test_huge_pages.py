@@ -193,7 +193,7 @@ def test_small_or_unwanted_zeros_are_zeros_too(monkeypatch):
 
 @pytest.mark.skipif(not huge_pages_wanted(), reason="this system gives no transparent huge pages (THP never, or not Linux)")
 def test_a_written_kv_buffer_sits_in_huge_pages():
-    from ds4tui.engine.llama.session import new_kv
+    from ds4tui.engine.llama.kv_buffers import new_kv
     from ds4tui.engine.llama.tiny import CONFIG
     from ds4tui.engine.llama.config import LlamaConfig
 

@@ -64,7 +64,7 @@ def test_spare_of_another_size_is_dropped(model):
 def test_a_spare_of_another_size_or_type_is_not_adopted(model):
     """The spare's shape, type and layout are checked whole (session.fits): a spare warmed for
     another context or K/V type is dropped, not handed to a session it does not fit."""
-    from ds4tui.engine.llama.session import fits
+    from ds4tui.engine.llama.kv_buffers import fits
 
     model.warm_up(64)
     assert model.new_session(32).kv.shape[3] == 32 and model._spare is None  # dropped
