@@ -7,6 +7,8 @@ the canonical JSON that goes into the model fingerprint. Both the legacy keys
 and HF's newer ones (`layer_types`, `mlp_layer_types`, `partial_rotary_factor`,
 `rope_parameters`) are read. Defaults are DeepSeek V4 Flash's values.
 
+`act_q8` (8-bit activations for the GGUF's Q8_0 and expert products, ds4's CPU
+arithmetic) is another such choice; a GGUF load turns it on (docs/dsv4-gguf.md).
 The QAT switches (`qat_kv_fp8`, `qat_indexer_fp4`, `cache_f16`) are not HF
 keys: they are ds4tui runtime choices that change the cached numbers, so they
 are part of the config (and the fingerprint). All default to on, as in ds4.
@@ -102,6 +104,9 @@ class Dsv4Config:
     qat_indexer_fp4: bool = True
     cache_f16: bool = True
     kv_fp8_block: int = 64
+    # Q8_0 and routed-expert products with the activation rounded to 8 bits (Q8_K / ds4's Q8A)
+    # and integer dot products, as ds4's CPU path; GGUF weights only (gguf.py turns it on).
+    act_q8: bool = False
 
     # derived in __post_init__ (not constructor arguments)
     hash_layers: list[bool] = field(init=False)
@@ -172,6 +177,8 @@ class Dsv4Config:
     def canonical_json(self) -> bytes:
         """Every constructor field, sorted: the config part of the fingerprint."""
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        if not data["act_q8"]:
+            del data["act_q8"]  # added later: models without it keep their fingerprints
         return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
     # -- HF config.json ---------------------------------------------------------------------

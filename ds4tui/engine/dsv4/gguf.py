@@ -35,6 +35,7 @@ from ds4tui.engine.dsv4.moe import MoeWeights
 from ds4tui.engine.dsv4.weights import Dsv4Weights, LayerWeights, expected_shapes
 from ds4tui.engine.errors import WeightsError
 from ds4tui.engine.kernels import qgemv
+from ds4tui.engine.kernels.qdot import Q8Matrix
 from ds4tui.engine.kernels.qgemv import QuantMatrix
 
 GGUF_MAGIC = 0x46554747  # "GGUF"
@@ -196,10 +197,12 @@ def _bytes2d(t) -> torch.Tensor:
     return torch.from_numpy(data.reshape(rows, -1).view(np.uint8))
 
 
-def _matrix(t) -> QuantMatrix:
+def _matrix(t, act_q8: bool = False) -> QuantMatrix:
+    """F16 stays fp32-activation; Q8_0 becomes a Q8Matrix in ds4's mode (act_q8)."""
     kind = t.tensor_type.name.lower()
     cols = int(t.shape[0])
-    return QuantMatrix(_bytes2d(t), kind, cols)
+    m = QuantMatrix(_bytes2d(t), kind, cols)
+    return Q8Matrix.of(m) if act_q8 and kind == "q8_0" else m
 
 
 def _vector(t) -> torch.Tensor:
@@ -220,50 +223,53 @@ def _tid2eid(t, cfg: Dsv4Config, source: str) -> torch.Tensor:
 def bind_weights(cfg: Dsv4Config, by_name: dict, source: str) -> Dsv4Weights:
     """The net's weights over the file mapping (validated by _check_tensors first)."""
 
+    def mat(t) -> QuantMatrix:
+        return _matrix(t, cfg.act_q8)
+
     def blk(li: int, suffix: str):
         return by_name[f"blk.{li}.{suffix}"]
 
     def comp(li: int, prefix: str, dim: int) -> CompressorWeights:
         r, coff = cfg.ratio(li), cfg.coff(li)
-        return CompressorWeights(_matrix(blk(li, prefix + "kv.weight")), _matrix(blk(li, prefix + "gate.weight")),
+        return CompressorWeights(mat(blk(li, prefix + "kv.weight")), mat(blk(li, prefix + "gate.weight")),
                                  _small_f32(blk(li, prefix + "ape.weight"), (r, coff * dim)),
                                  _vector(blk(li, prefix + "norm.weight")))
 
     layers = []
     f_n, e_n, dm = cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.hidden_size
     for li in range(cfg.num_hidden_layers):
-        hcw = {k: HcWeights(_matrix(blk(li, f"hc_{k}_fn.weight")), _vector(blk(li, f"hc_{k}_base.weight")),
+        hcw = {k: HcWeights(mat(blk(li, f"hc_{k}_fn.weight")), _vector(blk(li, f"hc_{k}_base.weight")),
                             _vector(blk(li, f"hc_{k}_scale.weight"))) for k in ("attn", "ffn")}
         indexer = None
         if cfg.has_indexer(li):
-            indexer = IndexerWeights(_matrix(blk(li, "indexer.attn_q_b.weight")), _matrix(blk(li, "indexer.proj.weight")),
+            indexer = IndexerWeights(mat(blk(li, "indexer.attn_q_b.weight")), mat(blk(li, "indexer.proj.weight")),
                                      comp(li, "indexer_compressor_", cfg.index_head_dim))
         attn = AttnWeights(
-            _matrix(blk(li, "attn_q_a.weight")), _vector(blk(li, "attn_q_a_norm.weight")),
-            _matrix(blk(li, "attn_q_b.weight")), _matrix(blk(li, "attn_kv.weight")),
+            mat(blk(li, "attn_q_a.weight")), _vector(blk(li, "attn_q_a_norm.weight")),
+            mat(blk(li, "attn_q_b.weight")), mat(blk(li, "attn_kv.weight")),
             _vector(blk(li, "attn_kv_a_norm.weight")), _vector(blk(li, "attn_sinks.weight")),
-            _matrix(blk(li, "attn_output_a.weight")), _matrix(blk(li, "attn_output_b.weight")),
+            mat(blk(li, "attn_output_a.weight")), mat(blk(li, "attn_output_b.weight")),
             comp(li, "attn_compressor_", cfg.head_dim) if cfg.ratio(li) else None, indexer,
         )
         banks = {}
         for w, suffix in L.EXPERTS.items():
             t = blk(li, suffix)
             rows, cols = (dm, f_n) if w == "w2" else (f_n, dm)
-            banks[w] = ExpertBank(t.tensor_type.name.lower(), _bytes2d(t), e_n, rows, cols)
+            banks[w] = ExpertBank(t.tensor_type.name.lower(), _bytes2d(t), e_n, rows, cols, act_q8=cfg.act_q8)
         hashed = cfg.hash_layers[li]
         bias = by_name.get(f"blk.{li}.exp_probs_b.bias")  # absent: top-k of the plain scores, as ds4
         shared = None
         if cfg.n_shared_experts:
-            shared = tuple(_matrix(blk(li, f"ffn_{k}_shexp.weight")) for k in ("gate", "up", "down"))
-        moe = MoeWeights(_matrix(blk(li, "ffn_gate_inp.weight")), None if hashed or bias is None else _vector(bias),
+            shared = tuple(mat(blk(li, f"ffn_{k}_shexp.weight")) for k in ("gate", "up", "down"))
+        moe = MoeWeights(mat(blk(li, "ffn_gate_inp.weight")), None if hashed or bias is None else _vector(bias),
                          _tid2eid(blk(li, "ffn_gate_tid2eid.weight"), cfg, source) if hashed else None,
                          banks["w1"], banks["w3"], banks["w2"], shared)
         layers.append(LayerWeights(_vector(blk(li, "attn_norm.weight")), _vector(blk(li, "ffn_norm.weight")),
                                    hcw["attn"], hcw["ffn"], attn, moe))
     embed = torch.from_numpy(np.asarray(by_name["token_embd.weight"].data).reshape(cfg.vocab_size, dm))  # f16 rows
-    hc_head = HcHeadWeights(_matrix(by_name["output_hc_fn.weight"]), _vector(by_name["output_hc_base.weight"]),
+    hc_head = HcHeadWeights(mat(by_name["output_hc_fn.weight"]), _vector(by_name["output_hc_base.weight"]),
                             _vector(by_name["output_hc_scale.weight"]))
-    return Dsv4Weights(embed, _matrix(by_name["output.weight"]), _vector(by_name["output_norm.weight"]), hc_head, layers)
+    return Dsv4Weights(embed, mat(by_name["output.weight"]), _vector(by_name["output_norm.weight"]), hc_head, layers)
 
 
 def file_digest(by_name: dict) -> bytes:
@@ -314,6 +320,9 @@ def load_dsv4_gguf(path: str | Path, name: str, **config_overrides):
     arch = _field(reader, "general.architecture")
     if arch != L.ARCH:
         raise WeightsError(f"{source}: general.architecture is {arch!r}, not ds4's {L.ARCH!r} (DeepSeek V4)")
+    # ds4's arithmetic (8-bit activations for the Q8_0 and expert products) where the C
+    # kernels are; act_q8=False keeps fp32 activations
+    config_overrides.setdefault("act_q8", qgemv.library() is not None)
     cfg = config_from_metadata(reader, source, **config_overrides)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # numpy views of a read-only-in-spirit mapping

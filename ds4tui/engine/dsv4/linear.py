@@ -3,7 +3,8 @@
 Owns `linear(x, w)` (x @ w^T) for the two kinds of weight the net is given:
 - a torch tensor [out, in] (checkpoints from safetensors, dequantized at load);
 - a `QuantMatrix` (a ds4 GGUF: the file's F16/Q8_0/Q2_K/IQ2_XXS/Q4_K blocks, left in the
-  file mapping and read by the C kernels: GEMV for one row, block GEMM for more);
+  file mapping and read by the C kernels: GEMV for one row, block GEMM for more), or its
+  `Q8Matrix` form (activations rounded to 8 bits, integer dot products, as ds4's CPU path);
 and `ExpertBank`, one [E, rows, cols] routed-expert tensor of a GGUF, which hands out one
 expert's rows as a `QuantMatrix` over the same memory (no copy): a token that selects 6 of
 256 experts reads those 6 experts' bytes and no others. `grouped_linear` is the grouped
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ds4tui.engine.kernels.qdot import Q8Matrix
 from ds4tui.engine.kernels.qgemv import QuantMatrix
 
 Weight = torch.Tensor | QuantMatrix
@@ -40,7 +42,7 @@ def row_slice(w: Weight, r0: int, r1: int) -> Weight:
     if len(w.parts) != 1:
         raise ValueError("row_slice of a multi-part matrix")
     qtype, blocks = w.parts[0]
-    return QuantMatrix(blocks[r0:r1], qtype, w.cols)
+    return type(w).from_parts([(qtype, blocks[r0:r1])], w.cols)  # a Q8Matrix stays one
 
 
 def grouped_linear(x: torch.Tensor, w: Weight, groups: int) -> torch.Tensor:
@@ -60,12 +62,15 @@ def dense(w: Weight) -> torch.Tensor:
 class ExpertBank:
     """E experts' [rows, cols] matrices stored as one block tensor [E * rows, row_bytes]
     (GGUF keeps each layer's routed gate, up and down as one 3-D tensor each). `bank[e]` is
-    expert e's QuantMatrix, made on first use and kept (a view, never a copy)."""
+    expert e's QuantMatrix, made on first use and kept (a view, never a copy); with act_q8 a
+    Q8Matrix (activations rounded to Q8_K, integer dot products: ds4's CPU path)."""
 
-    def __init__(self, qtype: str, blocks: torch.Tensor, n_experts: int, rows: int, cols: int) -> None:
+    def __init__(self, qtype: str, blocks: torch.Tensor, n_experts: int, rows: int, cols: int,
+                 act_q8: bool = False) -> None:
         if blocks.shape[0] != n_experts * rows:
             raise ValueError(f"{blocks.shape[0]} block rows for {n_experts} experts of {rows} rows")
         self.qtype, self.blocks, self.n_experts, self.rows, self.cols = qtype, blocks, n_experts, rows, cols
+        self.act_q8 = act_q8
         self._mats: dict[int, QuantMatrix] = {}
 
     def __len__(self) -> int:
@@ -76,7 +81,8 @@ class ExpertBank:
         if m is None:
             if not 0 <= e < self.n_experts:
                 raise IndexError(f"expert {e} outside 0..{self.n_experts - 1}")
-            m = self._mats[e] = QuantMatrix(self.blocks[e * self.rows:(e + 1) * self.rows], self.qtype, self.cols)
+            m = QuantMatrix(self.blocks[e * self.rows:(e + 1) * self.rows], self.qtype, self.cols)
+            self._mats[e] = m = Q8Matrix.of(m) if self.act_q8 else m
         return m
 
     @property

@@ -170,3 +170,16 @@ DS4K_EXPORT int64_t ds4k_llama_layer_workspace(int cfg, const ds4k_llama *m, int
 DS4K_EXPORT int ds4k_all_finite(int cfg, const void *p, int64_t n, int elem_bytes) {
     ROUTE(cfg, all_finite(p, n, elem_bytes));
 }
+
+/* Y[n, rows] = X[n, cols] W^T with each row of X quantized to 8 bits (Q8_K for Q2_K,
+ * IQ2_XXS and Q4_K parts, ds4's Q8A for Q8_0) and integer block dot products (qdot.c);
+ * -1 when a part's type has no integer path. */
+DS4K_EXPORT int ds4k_qdot_gemm(int cfg, const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols,
+                               int64_t n, int nth) {
+    ROUTE(cfg, qdot_gemm(parts, nparts, x, y, cols, n, nth));
+}
+
+/* x[n] as the activation blocks qdot uses: kind 1 Q8_K (292 bytes per 256), 2 Q8A (36 per 32). */
+DS4K_EXPORT int ds4k_qdot_quantize(int cfg, int kind, const float *x, void *out, int64_t n) {
+    ROUTE(cfg, qdot_quantize(kind, x, out, n));
+}

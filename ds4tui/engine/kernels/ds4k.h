@@ -4,7 +4,8 @@
  * is row-major [rows, cols]; quant types pack 32 (or 256 for K-quants) weights per block
  * along a row, so a block never spans two rows.
  *
- * Build layout: isa.c (which includes dequant.c, qgemv.c, qgemm.c, llama_step.c, attn.c, rows.c, chunk.c and finite.c) is
+ * Build layout: isa.c (which includes dequant.c, qgemv.c, qgemm.c, llama_step.c, attn.c, rows.c, chunk.c, finite.c
+ * and qdot.c) is
  * compiled once per instruction set, with DS4K_ISA = 0 (portable C), 1 (AVX2+FMA+F16C) or
  * 2 (AVX-512 F/BW/VL on top), each into its own ds4k_ops table; pool.c and dispatch.c are
  * compiled once without vector flags, and dispatch.c picks a table at run time.
@@ -189,6 +190,8 @@ typedef struct {
                        float *x, int flags, const float *qk_norm, float scale, float *ws, int bf16, int nth);
     int64_t (*llama_layer_workspace)(const ds4k_llama *m, int64_t s);
     int (*all_finite)(const void *p, int64_t n, int elem_bytes);
+    int (*qdot_gemm)(const ds4k_mat *parts, int nparts, const float *x, float *y, int64_t cols, int64_t n, int nth);
+    int (*qdot_quantize)(int kind, const float *x, void *out, int64_t n);
 } ds4k_ops;
 
 DS4K_HIDDEN extern const ds4k_ops ds4k_ops_scalar;

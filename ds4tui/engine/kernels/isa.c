@@ -22,10 +22,12 @@
 #include "rows.c"
 #include "chunk.c"
 #include "finite.c"
+#include "qdot.c"
 
 #ifndef DS4K_OPS_NAME
 #define DS4K_OPS_NAME ds4k_ops_scalar
 #endif
 
 const ds4k_ops DS4K_OPS_NAME = {gemv, gemm, dequant, llama_step, llama_workspace, attn, glu, rms_norm_rows, qk_rope,
-                                 llama_layer, llama_layer_workspace, all_finite};
+                                 llama_layer, llama_layer_workspace, all_finite, qdot_gemm,
+                                 qdot_quantize};
