@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ds4tui.chat.events import ChatEvent, Done, FitCheck
     from ds4tui.chat.history import ChatHit
     from ds4tui.chat.history_import import ImportReport
+    from ds4tui.chat.reply_view import ReplyView
     from ds4tui.config import Config
     from ds4tui.engine.model import ModelInfo
     from ds4tui.store import StoredChat
@@ -94,6 +95,9 @@ class ChatBackend(Protocol):
 
     def update_config(self, **changes) -> None:
         """Change the defaults of new chats (F3's "Also the default")."""
+
+    def reply_view(self, text: str) -> ReplyView:
+        """A stored reply split as the chat shows it: reasoning (folded), answer, tool calls."""
 
     def fresh_like(self, key: str) -> Conversation:
         """A new, empty chat with this chat's system prompt and settings."""

@@ -37,6 +37,7 @@ from ds4tui.chat.moves import Moves
 from ds4tui.chat.next_turn import open_next_turn
 from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.registry import Conversations, OpenChats
+from ds4tui.chat.reply_view import ReplyFormat, ReplySplitter, ReplyView, view_of
 from ds4tui.chat.saved import SavedSessions
 from ds4tui.chat.settings import CHAT_KEYS, Settings
 from ds4tui.chat.turn import TurnPipeline
@@ -81,6 +82,7 @@ class ChatController(OpenChats):
                                                ctx_size=self.settings.config.ctx, model_spec=self.settings.config.model)
         self.conversations = Conversations()
         self._stop = threading.Event()
+        self._reply_format: ReplyFormat | None = None  # worked out from the template when first needed
         self.pool = SessionPool(model, self.settings, self.conversations, self.checkpoints)
         self.turns = TurnPipeline(model, self.settings, self.pool, self.checkpoints, self.policy, self._stop)
         self.saved = SavedSessions(model, self.checkpoints, self.pool, self.conversations)
@@ -228,6 +230,9 @@ class ChatController(OpenChats):
         """Run one turn on conv's messages (they end with the user message); save after it.
         withdraw: a turn that failed or was cancelled in its prefill takes the message off."""
         conv.busy = True
+        # The screen gets the reasoning, the answer and the calls apart (reply_view.py); the
+        # session and the history keep the model's text as it was written.
+        on_event = ReplySplitter(on_event, self.reply_format)
         try:
             done = self.turns.run(conv, on_event, **kw)
             if done is not None:
@@ -249,6 +254,17 @@ class ChatController(OpenChats):
         self.history.commit(conv, on_event)
         self.pool.prepare_next()  # while the user reads the reply: the next chat's memory
         return done
+
+    @property
+    def reply_format(self) -> ReplyFormat:
+        """How this model's replies split into reasoning, answer and tool calls."""
+        if self._reply_format is None:
+            self._reply_format = ReplyFormat.of(self.model.chat)
+        return self._reply_format
+
+    def reply_view(self, text: str) -> ReplyView:
+        """A stored reply as the chat shows it: reasoning (folded), answer, tool calls."""
+        return view_of(text, self.reply_format)
 
     def _open_next_turn(self, conv: Conversation, on_event: EventFn) -> None:
         """The next user turn's opening into the live session (next_turn.py), before the titled

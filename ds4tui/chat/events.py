@@ -38,6 +38,23 @@ class TokenText:
 
 
 @dataclass(frozen=True)
+class ReasoningText:
+    """Newly decoded reasoning of the reply (a `<think>` block's text, or a server's
+    `reasoning_content`): shown folded above the answer, not as part of it."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallShown:
+    """A tool call the reply made, parsed when the reply ended: its function's name and its
+    arguments (a JSON object's text)."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class CacheReport:
     """Where one turn's prompt prefix came from and what was computed.
 
@@ -164,12 +181,12 @@ class ChatError:
 
 
 ChatEvent = (
-    PrefillStarted | PrefillProgress | TokenText | Done | Waiting | Cancelled | SessionFreed | ChatError
+    PrefillStarted | PrefillProgress | TokenText | ReasoningText | ToolCallShown | Done | Waiting | Cancelled | SessionFreed | ChatError
     | ContextWontFit | Forked | Saved | SaveFailed | Hit | Miss | Rejected | Evicted | HistoryOpened
 )
 
 __all__ = [
     "CacheReport", "Cancelled", "ChatError", "ChatEvent", "ContextWontFit", "Done", "Evicted", "FitCheck",
-    "Forked", "HistoryOpened", "Hit", "Miss", "PrefillProgress", "PrefillStarted", "Rejected", "SaveFailed", "Saved",
-    "SessionFreed", "TokenText", "Waiting",
+    "Forked", "HistoryOpened", "Hit", "Miss", "PrefillProgress", "PrefillStarted", "ReasoningText", "Rejected", "SaveFailed", "Saved",
+    "SessionFreed", "TokenText", "ToolCallShown", "Waiting",
 ]

@@ -41,6 +41,7 @@ from ds4tui.chat.history import ChatHit, History
 from ds4tui.chat.history_import import ImportReport, import_existing
 from ds4tui.chat.registry import Conversations, OpenChats
 from ds4tui.chat.remote_stream import ReplyReader, RemoteError, sse_data
+from ds4tui.chat.reply_view import ReplyFormat, ReplySplitter, ReplyView, view_of
 from ds4tui.chat.settings import CHAT_KEYS, Settings
 from ds4tui.config import Config
 from ds4tui.engine.sampling import SamplingParams
@@ -154,6 +155,11 @@ class RemoteChatController(OpenChats):
     def update_config(self, **changes) -> None:
         self.settings.update(**changes)
 
+    def reply_view(self, text: str) -> ReplyView:
+        """A stored reply as the chat shows it. The server sent its reasoning apart (shown while
+        it streamed, not kept); a `<think>` block left in the text is folded all the same."""
+        return view_of(text)
+
     # import_messages, fresh_like: OpenChats (registry.py); an imported chat's next message sends it all.
 
     # -- per-chat settings -------------------------------------------------------------------------
@@ -234,6 +240,9 @@ class RemoteChatController(OpenChats):
     def _stream(self, conv: Conversation, on_event: EventFn, seed_offset: int = 0) -> Done | None:
         body = self._body(conv, seed_offset)
         started = time.perf_counter()
+        # A server that leaves a <think> block in the content (no reasoning parser of its own):
+        # split here as the embedded chat does.
+        on_event = ReplySplitter(on_event, ReplyFormat())
         reader = ReplyReader(on_event, started)
         ticker = _WaitingTicker(on_event, started)
         finished = False

@@ -18,7 +18,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable, Iterator
 
-from ds4tui.chat.events import ChatEvent, Done, PrefillProgress, PrefillStarted, TokenText
+from ds4tui.chat.events import (ChatEvent, Done, PrefillProgress, PrefillStarted, ReasoningText, TokenText,
+                               ToolCallShown)
 from ds4tui.errors import Ds4tuiError
 
 EventFn = Callable[[ChatEvent], None]
@@ -66,6 +67,8 @@ class ReplyReader:
         self.first_text_at: float | None = None
         self.prefill_started = False
         self.progressed = False  # any sign of life besides text (progress)
+        self.reasoning: list[str] = []  # `reasoning_content` deltas: shown folded, not sent back
+        self._calls: dict[int, list[str]] = {}  # tool call index -> [name, arguments so far]
 
     @property
     def text(self) -> str:
@@ -96,8 +99,34 @@ class ReplyReader:
                 self.parts.append(content)
                 self.tokens += 1
                 self.emit(TokenText(content))
+            thought = delta.get("reasoning_content") if isinstance(delta, dict) else None
+            if isinstance(thought, str) and thought:
+                if self.first_text_at is None:
+                    self.first_text_at = time.perf_counter()
+                self.reasoning.append(thought)
+                self.tokens += 1
+                self.emit(ReasoningText(thought))
+            self._call_deltas(delta.get("tool_calls") if isinstance(delta, dict) else None)
             if isinstance(choice.get("finish_reason"), str):
                 self.finish = choice["finish_reason"]
+                for name, arguments in self._calls.values():
+                    self.emit(ToolCallShown(name, arguments or "{}"))
+                self._calls = {}
+
+    def _call_deltas(self, calls: object) -> None:
+        """OpenAI streams a call as pieces: its name first, its arguments' text in parts."""
+        if not isinstance(calls, list):
+            return
+        for part in calls:
+            if not isinstance(part, dict):
+                continue
+            index = part.get("index", len(self._calls))
+            fn = part.get("function") if isinstance(part.get("function"), dict) else {}
+            call = self._calls.setdefault(index if isinstance(index, int) else len(self._calls), ["", ""])
+            if isinstance(fn.get("name"), str):
+                call[0] += fn["name"]
+            if isinstance(fn.get("arguments"), str):
+                call[1] += fn["arguments"]
 
     def _progress(self, progress: dict) -> None:
         total, cache, processed = (_int(progress.get(k)) for k in ("total", "cache", "processed"))

@@ -14,7 +14,7 @@ import codecs
 import time
 from typing import Callable, Sequence
 
-from ds4tui.chat.events import TokenText
+from ds4tui.chat.events import ReasoningText, TokenText
 
 
 class ReplyStream:
@@ -92,7 +92,8 @@ class ReplyStream:
 class EventBatcher:
     """Coalesces streamed reply text before it crosses to the UI thread.
 
-    Token text can arrive hundreds of times a second and a Markdown redraw
+    Token text (the answer's and the reasoning's, each joined on its own) can arrive
+    hundreds of times a second and a Markdown redraw
     costs more than that; text is joined and released at most once per
     `interval`. 0.1 s: ten updates a second. Each update redraws the reply's
     last Markdown block whole (a growing list is one block), on the UI thread
@@ -109,10 +110,14 @@ class EventBatcher:
         self._interval = interval
         self._clock = clock
         self._text: list[str] = []
+        self._kind: type = TokenText  # the kind of the text being joined
         self._last = float("-inf")
 
     def __call__(self, event: object) -> None:
-        if isinstance(event, TokenText):
+        if isinstance(event, (TokenText, ReasoningText)):
+            if self._text and type(event) is not self._kind:
+                self.flush()  # reasoning, then the answer: each run joined on its own, in order
+            self._kind = type(event)
             self._text.append(event.text)
             if self._clock() - self._last >= self._interval:
                 self.flush()
@@ -123,5 +128,5 @@ class EventBatcher:
     def flush(self) -> None:
         if self._text:
             text, self._text = "".join(self._text), []
-            self._emit(TokenText(text))
+            self._emit(self._kind(text))
             self._last = self._clock()

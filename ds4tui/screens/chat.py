@@ -245,7 +245,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
             imp = self._imported
             conv = self.controller.import_messages(imp["messages"], imp.get("title"), imp.get("created_at"))
             pane = await self._add_pane(conv.key)
-            pane.log.show_messages(conv.visible_messages())
+            pane.log.show_messages(self._shown(conv.visible_messages()))
             self._switch(conv.key)
         else:
             await self.action_new_chat()

@@ -51,8 +51,22 @@ class EngineEventView:
             pane.reply.append(event.text)
             pane.text_arrived()
         status = self.query_one(StatusBar)
-        if status.activity_of(self._event_key).startswith("prefill"):
+        if status.activity_of(self._event_key).startswith("prefill") or \
+                status.activity_of(self._event_key) == "thinking…":
             status.set_activity(self._event_key, "generating…")
+
+    def _on_reasoning_text(self, event: ev.ReasoningText, pane: ChatPane | None) -> None:
+        if pane is not None and pane.reply is not None:
+            pane.reply.append_reasoning(event.text)
+            pane.text_arrived()
+        status = self.query_one(StatusBar)
+        now = status.activity_of(self._event_key)
+        if now.startswith("prefill") or now == "generating…":
+            status.set_activity(self._event_key, "thinking…")
+
+    def _on_tool_call(self, event: ev.ToolCallShown, pane: ChatPane | None) -> None:
+        if pane is not None and pane.reply is not None:
+            pane.reply.add_tool_call(event.name, event.arguments)
 
     def _on_prefill_started(self, event: ev.PrefillStarted, pane: ChatPane | None) -> None:
         self._refresh_sidebar()  # a first message has just become the chat's title
@@ -115,6 +129,8 @@ class EngineEventView:
 
     _EVENT_HANDLERS: ClassVar[dict[type, Callable[[Any, Any, ChatPane | None], None]]] = {
         ev.TokenText: _on_token_text,
+        ev.ReasoningText: _on_reasoning_text,
+        ev.ToolCallShown: _on_tool_call,
         ev.PrefillStarted: _on_prefill_started,
         ev.PrefillProgress: _on_prefill_progress,
         ev.Done: _on_done,

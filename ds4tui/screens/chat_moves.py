@@ -157,7 +157,7 @@ class ChatMoves:
             return
         shown, count = self.controller.alternatives(self._active, index)
         if isinstance(widget, AssistantMessage):
-            widget.set_text(text)
+            self._show_reply(widget, text)
             widget.set_stats(version_note(shown, count))
 
     def action_model_info(self) -> None:
@@ -275,7 +275,7 @@ class ChatMoves:
                 return
             if self._pane_or_none(fork_key) is None:
                 pane = await self._add_pane(fork_key)
-                pane.log.show_messages(conv.visible_messages())
+                pane.log.show_messages(self._shown(conv.visible_messages()))
             if switch:
                 self._switch(fork_key)
                 if prompt_text:
@@ -332,7 +332,7 @@ class ChatMoves:
             pane = self._pane(key)
             for widget in pane.log.messages():
                 widget.remove()
-            pane.log.show_messages(self.controller.get(key).visible_messages())
+            pane.log.show_messages(self._shown(self.controller.get(key).visible_messages()))
             self._toast(f"Dropped {check.drop_turns} exchange(s); Enter sends the message.", "Context")
         elif answer == "fresh":
             fresh = self.controller.fresh_like(key)

@@ -85,6 +85,23 @@ class ChatPanes:
         sidebar.display = not sidebar.display
         self._sidebar_by_user = True  # the user's choice from now on, whatever the width
 
+    def _shown(self, messages: list[dict]) -> list[dict]:
+        """Stored messages as the log shows them: each reply split by the chat layer
+        (controller.reply_view) into its answer, its reasoning (folded) and its tool calls."""
+        out = []
+        for m in messages:
+            if m.get("role") == "assistant":
+                view = self.controller.reply_view(str(m.get("content", "")))
+                m = {**m, "content": view.content, "reasoning": view.reasoning,
+                     "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in view.calls]}
+            out.append(m)
+        return out
+
+    def _show_reply(self, widget, text: str) -> None:
+        """One reply replaced by another version of it, split as `_shown` does."""
+        view = self.controller.reply_view(text)
+        widget.set_parts(view.content, view.reasoning, tuple((c.name, c.arguments) for c in view.calls))
+
     def _refresh_sidebar(self) -> None:
         """Redraw the chat list from memory (open chats) and the last disk scan (saved ones)."""
         if self.controller is None or self._quitting:

@@ -213,7 +213,7 @@ class ChatTurns:
                     self._withdraw_turn(pane)
                 else:
                     # A regenerate that did not happen: the old reply is back.
-                    pane.reply.set_text(conv.messages[-1]["content"])
+                    self._show_reply(pane.reply, conv.messages[-1]["content"])
             if done is not None and done.regenerated and pane.reply is not None and conv is not None:
                 # The earlier replies are versions of this one: say so, and how to see them.
                 shown, count = conv.alternative_index(len(conv.messages) - 1)
@@ -271,7 +271,7 @@ class ChatTurns:
         if pane is None:
             pane = await self._add_pane(conv.key)
             # A reply cut off before the app quit is marked as the live chat marked it.
-            pane.log.show_messages(conv.visible_messages(),
+            pane.log.show_messages(self._shown(conv.visible_messages()),
                                    stop_note(conv.resumed_stop) or "" if conv.resumed_stop else "",
                                    version_notes(conv))
         self.query_one(StatusBar).adopt(conv.key)  # the resume's disk hit, reported before the chat existed

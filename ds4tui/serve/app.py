@@ -38,7 +38,7 @@ from ds4tui.chat.stateless import Completion
 from ds4tui.engine.errors import ContextFullError, EngineError
 from ds4tui.errors import Ds4tuiError
 from ds4tui.serve import protocol as p
-from ds4tui.serve.tools import ReplyParser
+from ds4tui.engine.text.reply_parts import ReplyParser
 from ds4tui.serve.worker import End, EngineQueue, Job
 
 PING_S = 10.0  # SSE comment pings: keep proxies from closing a stream that waits in line

@@ -27,7 +27,7 @@ from ds4tui.chat.turn import TurnOptions
 from ds4tui.engine.sampling import SamplingParams
 from ds4tui.serve.protocol import ChatRequest, RequestError
 from ds4tui.serve.scheduler import Scheduler
-from ds4tui.serve.tools import THINK_OPEN, ReplyParser, syntax_of
+from ds4tui.engine.text.reply_parts import ReplyParser, opens_think, syntax_of
 
 STREAMED = (PrefillStarted, PrefillProgress, TokenText)  # what a streaming client is shown
 RECENT_WEIGHT = 0.2  # of the newest request in the running mean Retry-After is based on
@@ -143,7 +143,7 @@ class EngineQueue:
 
     @property
     def tool_syntax(self) -> str | None:
-        """The tool-call syntax of the model's chat template (serve/tools.py), None: no tools."""
+        """The tool-call syntax of the model's chat template (engine/text/reply_parts.py), None: no tools."""
         return syntax_of(getattr(self.chats.controller.model.chat, "source", None))
 
     @property
@@ -151,12 +151,7 @@ class EngineQueue:
         """Whether the template's generation prompt opens a think block (DeepSeek R1, some Qwen 3
         modes): the reply then starts as reasoning."""
         if self._opens_think is None:
-            try:
-                prompt = self.chats.controller.model.chat.render([{"role": "user", "content": "x"}],
-                                                                 add_generation_prompt=True)
-                self._opens_think = prompt.rstrip().endswith(THINK_OPEN)
-            except Exception:  # noqa: BLE001 - a template that refuses a bare user turn: no think block
-                self._opens_think = False
+            self._opens_think = opens_think(self.chats.controller.model.chat)
         return self._opens_think
 
     def reply_parser(self, request: ChatRequest) -> ReplyParser:

@@ -189,6 +189,9 @@ def exercise(ctl, embedded: bool) -> tuple[set[str], dict]:
     assert store.load(conv.store_id).messages == tuple(conv.messages)
     c.update_config(temperature=0.0)
     assert c.config.temperature == 0.0
+    # A stored reply as the screen shows it: a think block folded apart from the answer.
+    view = c.reply_view("<think>plan</think>The answer.")
+    assert (view.reasoning, view.content, view.calls) == ("plan", "The answer.", ())
 
     kv_files = len(list(Path(ctl.config.cache_path()).glob("*.kv"))) if embedded else 0
     kept_file = kept.saved_sha

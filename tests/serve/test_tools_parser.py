@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ds4tui.engine.text.chat_templates import chat_template_for
-from ds4tui.serve.tools import ReplyParser, parse_calls, syntax_of
+from ds4tui.engine.text.reply_parts import ReplyParser, parse_calls, syntax_of
 
 TEMPLATES = Path(__file__).parents[1] / "engine" / "text" / "templates"
 BOS = {"qwen2_5": "", "llama3_1": "<|begin_of_text|>", "llama3_2": "<|begin_of_text|>"}

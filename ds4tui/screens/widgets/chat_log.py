@@ -21,6 +21,7 @@ from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownFence
 
 from ds4tui.format.display import one_line, safe_lines
+from ds4tui.screens.widgets.reply_parts import ReasoningFold, ToolCallsBlock
 
 
 @dataclass
@@ -193,18 +194,41 @@ class AssistantMessage(SelectableMessage, Vertical):
     }}
     """
 
-    def __init__(self, text: str = "", stats: str = "") -> None:
+    def __init__(self, text: str = "", stats: str = "", *, reasoning: str = "", calls: tuple = ()) -> None:
+        """text: the answer (Markdown); reasoning and calls (name, arguments) as the chat layer
+        split them from the model's text (reasoning folded above the answer, calls below)."""
         super().__init__()
         self._initial = text
         self._initial_stats = stats
+        self._initial_parts = (reasoning, tuple(calls))
         self.text = text
         self._blocks = FinishedBlocks(len(text))  # text[:_blocks.end] is in the Markdown widget
         self.border_title = MENU_MARK
 
     def compose(self) -> ComposeResult:
+        reasoning, calls = self._initial_parts
+        yield ReasoningFold(reasoning)
         yield ReplyMarkdown(safe_lines(self._initial))
         yield Static(Text(""), classes="tail -empty")
+        yield ToolCallsBlock(calls)
         yield Static(Text(self._initial_stats), classes="stats" if self._initial_stats else "stats -empty")
+
+    @property
+    def reasoning(self) -> str:
+        return self.query_one(ReasoningFold).text
+
+    def append_reasoning(self, text: str) -> None:
+        """Streamed reasoning (folded: the title counts its words)."""
+        self.query_one(ReasoningFold).append(text)
+
+    def add_tool_call(self, name: str, arguments: str) -> None:
+        self.query_one(ToolCallsBlock).add_call(name, arguments)
+
+    def set_parts(self, text: str, reasoning: str = "", calls: tuple = ()) -> None:
+        """Replace the whole reply (another version of it): answer, reasoning and calls."""
+        self.set_text(text)
+        self.query_one(ReasoningFold).set_text(reasoning)
+        self.query_one(ToolCallsBlock).set_calls(calls)
 
     def append(self, text: str) -> None:
         """Add streamed text (whole characters, as the controller sends them)."""
@@ -221,6 +245,7 @@ class AssistantMessage(SelectableMessage, Vertical):
             self.query_one(ReplyMarkdown).append(safe_lines(self.text[self._blocks.end :]))
         self._blocks = FinishedBlocks(len(self.text))
         self._show_tail("")
+        self.query_one(ReasoningFold).finish()
 
     def set_text(self, text: str) -> None:
         """Replace the whole reply (another version of it)."""
@@ -301,8 +326,9 @@ class ChatLog(VerticalScroll):
         self.mount(message)
         return message
 
-    def add_assistant(self, text: str = "", stats: str = "") -> AssistantMessage:
-        message = AssistantMessage(text, stats)
+    def add_assistant(self, text: str = "", stats: str = "", *, reasoning: str = "",
+                      calls: tuple = ()) -> AssistantMessage:
+        message = AssistantMessage(text, stats, reasoning=reasoning, calls=calls)
         self.mount(message)
         return message
 
@@ -322,7 +348,10 @@ class ChatLog(VerticalScroll):
                 note = (notes or {}).get(i, "")
                 if i == len(messages) - 1 and last_stats:
                     note = f"{last_stats} · {note}" if note else last_stats
-                self.add_assistant(str(message.get("content", "")), note)
+                # "reasoning" and "tool_calls" as the chat layer split them (screens: _shown)
+                calls = tuple((c["name"], c["arguments"]) for c in message.get("tool_calls") or ())
+                self.add_assistant(str(message.get("content", "")), note,
+                                   reasoning=str(message.get("reasoning") or ""), calls=calls)
 
     def messages(self) -> list[Widget]:
         """The user and assistant message widgets, in order (conv.visible_messages() order)."""

@@ -13,7 +13,10 @@ Owns:
   as soon as it cannot be the start of a tool call, and the calls themselves, parsed when
   the reply is whole. Text that looked like a call and does not parse is content: nothing
   the model wrote is lost.
-Leaves to protocol.py the response bodies and to the chat template the rendering.
+- `opens_think(template)`: whether the template's generation prompt opens a think block.
+Used by `ds4tui serve` (the response bodies are serve/protocol.py's) and by the chat, which
+shows the reasoning folded and the calls as blocks (chat/reply_view.py). Leaves to the chat
+template the rendering.
 """
 
 from __future__ import annotations
@@ -45,6 +48,16 @@ def syntax_of(source: str | None) -> str | None:
     if "<|start_header_id|>" in source and '"parameters": ' in source:
         return "llama3"
     return None
+
+
+def opens_think(template) -> bool:
+    """Whether `template`'s generation prompt ends inside an open think block (DeepSeek R1, some
+    Qwen 3 modes, DeepSeek V4 with thinking on): the reply then starts as reasoning."""
+    try:
+        prompt = template.render([{"role": "user", "content": "x"}], add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - a template that refuses a bare user turn: no think block
+        return False
+    return isinstance(prompt, str) and prompt.rstrip().endswith(THINK_OPEN)
 
 
 @dataclass(frozen=True)
