@@ -77,7 +77,11 @@ class Moves:
         if conv.saved_sha and self.checkpoints is not None:
             new_sha = self.checkpoints.retitle(conv.saved_sha, fork.display_title, conv.created_at, on_event)
             if new_sha is not None:
+                # The fork is parked on that file: its context is the file's tokens (the meter
+                # read 0 for a fork holding 203), and the chat no longer has a titled file.
                 fork.saved_sha, conv.saved_sha = new_sha, None
+                fork.saved_upto = fork.parked_tokens = conv.saved_upto
+                conv.saved_upto = 0
         return self.conversations.add(fork)
 
     def fork(self, conv: Conversation, upto: int, on_event: EventFn) -> Conversation:

@@ -76,7 +76,9 @@ class RemoteChatController(OpenChats):
 
     def __init__(self, endpoint: str, config: Config | None = None, *, api_key: str | None = None,
                  model: str | None = None, store: ConversationStore | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None, models: list[dict] | None = None) -> None:
+        """models: the server's /models entries when already asked (remote_probe.py, before the
+        UI opens): the model to use and its context are known before the first message."""
         self.endpoint = endpoint.rstrip("/")
         self.settings = Settings(config)
         self.conversations = Conversations()
@@ -93,6 +95,8 @@ class RemoteChatController(OpenChats):
         self._lock = threading.Lock()
         self.disk_cache_notice: str | None = None  # the KV cache is the server's own
         self._response: httpx.Response | None = None
+        if models:
+            self._take_models(models)
 
     # -- what the screen shows ----------------------------------------------------------------
 
@@ -331,13 +335,17 @@ class RemoteChatController(OpenChats):
             entries = [m for m in r.json()["data"] if isinstance(m, dict)] if r.status_code == 200 else []
         except (ValueError, KeyError, TypeError):
             entries = []
+        if self._model_id is None and (not entries or "id" not in entries[0]):
+            raise RemoteError(f"{self.endpoint}/models lists no model: pass --remote-model NAME")
+        return self._take_models(entries)
+
+    def _take_models(self, entries: list[dict]) -> str:
+        """/models' entries: the model (--remote-model, else the first listed) and its context."""
         if self._model_id is None:
-            if not entries or "id" not in entries[0]:
-                raise RemoteError(f"{self.endpoint}/models lists no model: pass --remote-model NAME")
             self._model_id = str(entries[0]["id"])
         self._models_asked = True
         mine = next((m for m in entries if str(m.get("id")) == self._model_id), None)
-        self._context = _context_of(mine) if mine is not None else None
+        self._context = context_of(mine) if mine is not None else None
         self.history.model_spec = self._model_id
         return self._model_id
 
@@ -559,7 +567,8 @@ def _chars(messages: list[dict]) -> int:
     return sum(len(m.get("content", "")) for m in messages)
 
 
-def _context_of(entry: dict) -> int | None:
+def context_of(entry: dict) -> int | None:
+    """What a /models entry says the model's context is (CONTEXT_FIELDS), or None."""
     for key in CONTEXT_FIELDS:
         value = entry.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:

@@ -208,13 +208,13 @@ def run_chat(args: argparse.Namespace) -> int:
     return 0
 
 
-def remote_controller(args: argparse.Namespace, config):
-    """The remote chat's controller from the flags; CliError for a bad URL or a missing key."""
+def remote_target(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The --engine URL and the API key from the flags (no connection yet); CliError for a bad
+    URL or a missing key."""
     import os
 
     import httpx
 
-    from ds4tui.chat.remote import RemoteChatController
     from ds4tui.cli.errors import CliError
 
     try:
@@ -228,20 +228,44 @@ def remote_controller(args: argparse.Namespace, config):
         key = os.environ.get(args.api_key_env, "").strip()
         if not key:
             raise CliError(f"--api-key-env {args.api_key_env}: that variable is not set or empty")
-    return RemoteChatController(str(url), config, api_key=key, model=args.remote_model)
+    return str(url), key
+
+
+def remote_controller(args: argparse.Namespace, config, url: str, key: str | None):
+    """The remote chat's controller, once the server at `url` answered (chat/remote_probe.py:
+    GET /models, with /v1 added when the URL lacks it); what it found is printed as one line.
+    CliError when nothing answers, instead of a chat that fails at its first message."""
+    from ds4tui.chat.remote import RemoteChatController
+    from ds4tui.chat.remote_probe import found, probe_endpoint
+    from ds4tui.chat.remote_stream import RemoteError
+    from ds4tui.cli.errors import CliError
+
+    try:
+        probe = probe_endpoint(url, api_key=key, model=args.remote_model)
+    except RemoteError as exc:
+        raise CliError(str(exc)) from None
+    print(f"ds4tui: {found(probe, args.remote_model)}", flush=True)
+    return RemoteChatController(probe.endpoint, config, api_key=key, model=args.remote_model, models=probe.models)
 
 
 def run_remote_chat(args: argparse.Namespace, config) -> int:
+    from ds4tui import paths
     from ds4tui.cli.errors import CliError
+    from ds4tui.store import open_store
 
-    controller = remote_controller(args, config)
+    url, key = remote_target(args)
     resume = getattr(args, "resume", None)
-    if resume:
-        matches = controller.history.store.find(resume)
+    if resume:  # looked up before any connection: a name that matches nothing needs no server
+        store = open_store(paths.store_path(config.data_dir))
+        try:
+            matches = store.find(resume)
+            where = store.path or "the store (in memory)"
+        finally:
+            store.close()
         if len(matches) != 1:
-            found = "nothing" if not matches else f"{len(matches)} chats"
-            where = controller.history.store.path or "the store (in memory)"
-            raise CliError(f"--resume {resume!r} matches {found} in {where} (see `ds4tui chats ls`)")
+            what = "nothing" if not matches else f"{len(matches)} chats"
+            raise CliError(f"--resume {resume!r} matches {what} in {where} (see `ds4tui chats ls`)")
+    controller = remote_controller(args, config, url, key)
     from ds4tui.screens.app import Ds4TuiApp
 
     Ds4TuiApp(config, controller=controller, resume=resume).run()

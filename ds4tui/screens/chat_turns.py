@@ -286,17 +286,25 @@ class ChatTurns:
                 prompt.load_text(conv.draft)
                 prompt.move_cursor(prompt.document.end)
             conv.draft = None
-        self._toast(resumed_text(conv, self._opened.pop(conv.key, None), self._prefill_tok_s), "Session")
+        on_server = self.controller.model_info is None  # the backend contract: None on a remote engine
+        self._toast(resumed_text(conv, self._opened.pop(conv.key, None), self._prefill_tok_s, on_server),
+                    "Session")
 
 
-def resumed_text(conv, opened: ev.HistoryOpened | None, prefill_tok_s: float | None) -> str:
+def resumed_text(conv, opened: ev.HistoryOpened | None, prefill_tok_s: float | None,
+                 on_server: bool = False) -> str:
     """The toast of a chat opened from the store: restored from its KV, or from its text only
-    (what the next message will re-prefill, and about how long that takes here)."""
+    (what the next message will re-prefill, and about how long that takes here). `on_server`:
+    the chat runs on a remote engine, which keeps no KV here (whatever made the chat)."""
     title = short_title(conv.display_title)
-    if conv.live or opened is None:
-        return f"Resumed {title} ({fmt.tokens(conv.context_tokens)} tokens, no prefill)"
-    if opened.remote:
-        return f"Resumed {title}: the server re-reads its history at the next message"
+    if on_server:
+        shown = len(conv.visible_messages())
+        return (f"Resumed {title} ({shown} message{'s' if shown != 1 else ''}): the server re-reads its history"
+                " at the next message")
+    if conv.live:
+        return f"Resumed {title} ({fmt.tokens(conv.context_tokens)} tokens restored, no prefill)"
+    if opened is None:
+        return f"Resumed {title}: its history is kept; the next message prefills it"
     cost = f"re-prefill {fmt.tokens(opened.prefill_tokens)} tok"
     if prefill_tok_s:
         cost += f" ~ {opened.prefill_tokens / prefill_tok_s:.1f} s"

@@ -96,11 +96,14 @@ def test_edit_prefills_only_the_edited_suffix_and_keeps_a_fork(tiny_llama, tmp_p
     assert fork.messages == old and fork.display_title.endswith("(fork)") and fork.forked_from[1] == index
     assert conv.saved_sha == old_sha  # named by title and creation time: the chat's new state
     assert os.path.exists(os.path.join(tmp_path, fork.saved_sha + ".kv")) and not fork.live
+    held = fork.context_tokens
     later, fork_sha = Recorder(), fork.saved_sha
     ctl.send(fork.key, "Back on the old branch.", later)
     started = later.of(ev.PrefillStarted)[0]
     assert started.source == "disk" and later.of(ev.Hit)[0].sha == fork_sha
     assert started.cached == later.of(ev.Hit)[0].tokens
+    # Parked on that file, the fork's context was its tokens (the meter read 0 for a fork holding 203).
+    assert held == later.of(ev.Hit)[0].tokens > 0
 
 
 def test_fork_copies_the_live_state_and_answers_like_the_parent(tiny_llama, tmp_path):
