@@ -49,7 +49,10 @@ def cmd_browse(args: argparse.Namespace) -> int:
     from ds4tui.cache.store import KvStore
     from ds4tui.screens.browse_app import BrowseApp
 
-    sha = BrowseApp(KvStore(directory, budget_mb=budget_mb)).run()
+    from ds4tui.config import load_config
+
+    # The chat's theme (saved by its palette's "Theme"), and a theme picked here is saved too.
+    sha = BrowseApp(KvStore(directory, budget_mb=budget_mb), theme=load_config().theme).run()
     if not sha:
         return 0
     from ds4tui.cli import build_parser

@@ -15,6 +15,7 @@ from textual.app import App
 from ds4tui.cache.store import KvStore
 from ds4tui.screens.cache_browser import CacheBrowserScreen
 from ds4tui.screens.terminal_watch import CHECK_EVERY_S, terminal_gone
+from ds4tui.screens.theme_setting import ThemeSetting
 
 
 class BrowseApp(App[str | None]):
@@ -22,11 +23,13 @@ class BrowseApp(App[str | None]):
 
     TITLE = "ds4tui cache browser"
 
-    def __init__(self, store: KvStore | str | os.PathLike, **screen_kwargs) -> None:
+    def __init__(self, store: KvStore | str | os.PathLike, *, theme: str | None = None, **screen_kwargs) -> None:
         super().__init__()
         self._browser = CacheBrowserScreen(store, **screen_kwargs)
+        self._theme = theme
 
     def on_mount(self) -> None:
+        self.theme_setting = ThemeSetting(self, self._theme)
         # Pushed (not the default screen) so its CSS_PATH loads as it does in the chat;
         # closing it closes the app.
         self.push_screen(self._browser, lambda _: self.exit(None))

@@ -152,3 +152,15 @@ async def test_presets_in_the_palette_and_the_dialog(tiny_llama):
     assert text.startswith('# presets\n[system_prompts]\nterse = "Answer in one sentence."\n')
     assert load_config().system_prompts == {"terse": "Answer in one sentence.",
                                             "code review": "You review code: bugs first."}
+
+
+async def test_the_cache_browser_app_takes_the_theme_too(tmp_path):
+    from ds4tui.screens.browse_app import BrowseApp
+
+    app = BrowseApp(tmp_path, theme="nord")
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.pause()
+        assert app.theme == "nord"
+        app.theme = "gruvbox"
+        await until(pilot, lambda: app.theme_setting.saved_to is not None, "the theme saved")
+    assert load_config().theme == "gruvbox"
