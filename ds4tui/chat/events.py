@@ -19,7 +19,7 @@ class PrefillStarted:
 
     total: int
     cached: int
-    source: str  # "live", "disk" or "cold"
+    source: str  # "live", "fork" (another chat's live session), "disk" or "cold"
 
 
 @dataclass(frozen=True)

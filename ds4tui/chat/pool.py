@@ -1,6 +1,7 @@
 """The live engine sessions of a controller: at most `config.live_sessions` in memory.
 
-Owns creating a conversation's session (with the current storage policy), the
+Owns creating a conversation's session (with the current storage policy), giving a
+conversation another one's shared prefix (a fork, or the session itself when it leaves), the
 least-recently-used cap (the one going out is saved with reason `evict`),
 freeing on close and on quit (`shutdown`), handing a freed session's memory back to the
 engine for the next one and asking it to get the next one ready (`prepare_next`), and
@@ -68,8 +69,28 @@ class SessionPool:
         session.set_storage_policy(self.settings.config.swa_policy)
         conv.session, conv.session_text = session, b""
 
-    def _make_room(self, conv: Conversation, on_event: EventFn) -> None:
-        others = sorted((c for c in self.conversations.live() if c is not conv and not c.busy),
+    def share(self, conv: Conversation, donor: Conversation, at: int, on_event: EventFn, *,
+              logits: bool = True) -> Session:
+        """Make donor's state after its first `at` tokens conv's live session, within the cap:
+        a fork (Session.fork; `logits` as there) when the cap leaves room for one more beside
+        the donor, once the least recently used others are out; else the donor is the one to
+        go, and its own session moves over: saved to disk first (reason evict, as any session
+        leaving memory), then rewound to `at`. So a shared prefix never holds more buffers
+        than the cap allows, and is never copied when its owner leaves anyway."""
+        source = donor.session
+        assert source is not None and conv.session is None
+        self._make_room(conv, on_event, keep=donor)
+        if self.live_count() < self.settings.config.live_sessions:
+            session = source.fork(at, logits=logits)
+        else:
+            session = self._park(donor, "evict", on_event)
+            session.rewind(at, logits=logits)
+        session.set_storage_policy(self.settings.config.swa_policy)
+        conv.session, conv.session_text = session, b""
+        return session
+
+    def _make_room(self, conv: Conversation, on_event: EventFn, keep: Conversation | None = None) -> None:
+        others = sorted((c for c in self.conversations.live() if c is not conv and c is not keep and not c.busy),
                         key=lambda c: c.last_active)
         while others and self.live_count() >= self.settings.config.live_sessions:
             self.free(others.pop(0), "evict", on_event)
@@ -84,9 +105,19 @@ class SessionPool:
         """Save a live session (reason evict/shutdown) and drop it from memory. Nothing is
         written when the chat's titled file already holds this exact state: one copy of a
         state on disk (a later prompt finds it there by its text, see KvStore.lookup)."""
-        session = conv.session
-        if session is None:
+        if conv.session is None:
             return
+        busy = conv.busy
+        session = self._park(conv, reason, on_event)
+        if not busy and reason != "shutdown":
+            # Nothing runs on it (a busy chat's turn might still): the next session takes its memory.
+            self.model.release_session(session)
+
+    def _park(self, conv: Conversation, reason: str, on_event: EventFn) -> Session:
+        """Save conv's live session (unless its titled file holds this state), take it out of
+        conv and say so; the session itself, still holding its state, is returned."""
+        session = conv.session
+        assert session is not None
         on_disk = (conv.saved_sha is not None and conv.saved_upto == len(session.tokens)
                    and self.checkpoints is not None and self.checkpoints.store.path_for(conv.saved_sha).exists())
         written = False
@@ -94,10 +125,8 @@ class SessionPool:
             written = self.checkpoints.save(session, conv.session_text, reason, on_event) is not None
         conv.parked_tokens = len(session.tokens)
         conv.session, conv.session_text, conv.stored_upto = None, b"", 0
-        if not conv.busy and reason != "shutdown":
-            # Nothing runs on it (a busy chat's turn might still): the next session takes its memory.
-            self.model.release_session(session)
         on_event(SessionFreed(conversation=conv.key, reason=reason, written=written))
+        return session
 
     def discard(self, conv: Conversation) -> None:
         """Drop conv's session without saving it (the chat is being deleted)."""

@@ -3,8 +3,9 @@
 An OpenAI-style client resends its conversation with each request. Each
 request is mapped onto the live session whose text is the longest prefix of
 the request's rendered prompt, so only the new part is prefilled; with none,
-a new conversation starts and the turn pipeline restores the longest prefix
-from disk or starts cold. The turn itself is the chat's own (turn.py), the
+a new conversation starts and the turn pipeline forks the live session that
+shares the most of its tokens (another client's with the same system prompt, the
+same prompt sent again), restores the longest prefix from disk, or starts cold. The turn itself is the chat's own (turn.py), the
 live-session cap and its evict saves the chat's own (pool.py).
 
 A conversation whose session has left memory is forgotten here: its state is
@@ -39,7 +40,7 @@ class Completion:
     done: Done
     prompt_tokens: int  # the whole prompt: reused plus prefilled
     cached_tokens: int  # reused from a live session or restored from disk
-    source: str  # where the reused part came from: live, disk or cold (nothing reused)
+    source: str  # where the reused part came from: live, fork (another conversation's live session), disk or cold (nothing reused)
 
 
 class StatelessChats:

@@ -2,7 +2,8 @@
 
 Owns the pipeline of a turn: render the messages with the model's chat template,
 reuse the conversation's live session when it covers a prefix of the new prompt,
-else restore the longest cached prefix from disk, else start cold; prefill only
+else fork another chat's live session where it shares more of the prompt than any
+cached file (sharing.py), else restore the longest cached prefix from disk, else start cold; prefill only
 the rest (in the engine's aligned chunks, with progress and cancellation), split
 where the policy wants a cold or continued checkpoint; stream the reply as whole
 characters until EOS, a stop string, the token limit or a cancel, checkpointing
@@ -30,6 +31,7 @@ from ds4tui.chat.events import (
 from ds4tui.chat.live_suffix import suffix_after_live
 from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.settings import Settings
+from ds4tui.chat.sharing import anchor_tokens, best_share, stable_point
 from ds4tui.chat.streaming import ReplyStream
 from ds4tui.engine.errors import ContextFullError
 from ds4tui.engine.model import Model
@@ -64,7 +66,7 @@ class Prefix:
     """What _prepare found: the tokens still to prefill and where the rest came from."""
 
     suffix: list[int]
-    source: str  # live, disk, cold
+    source: str  # live, fork, disk, cold
     replayed: int = 0
     sha: str | None = None
     ms: float | None = None
@@ -132,7 +134,11 @@ class TurnPipeline:
             raise ContextFullError(f"context full: the prompt needs {base + len(suffix)} tokens,"
                                    f" the context holds {session.ctx_size}")
         on_event(PrefillStarted(total=len(suffix), cached=base, source=source))
-        if not self._prefill(conv, suffix, source, on_event, cancel, options.between):
+        anchor = 0
+        if source == "cold" and options.prompt is None and self.checkpoints is not None:
+            anchor = anchor_tokens(lambda m: render_prompt(self.model.chat, m, conv.template_now, options.tools),
+                                   self.model.tokenizer, conv.messages, prompt, suffix)
+        if not self._prefill(conv, suffix, source, on_event, cancel, options.between, anchor):
             prefilled = len(session.tokens) - base
             self._back_to(conv, base, base_text)
             on_event(Cancelled(prefilled=prefilled))
@@ -182,6 +188,9 @@ class TurnPipeline:
             rewound = self._rewind_live(conv, session, prompt)
             if rewound is not None:
                 return rewound
+        shared = self._share(conv, prompt, on_event)
+        if shared is not None:
+            return shared
         session = self.pool.ensure(conv, on_event)
         reason = "no cached prefix"
         if self.checkpoints is not None:
@@ -235,6 +244,42 @@ class TurnPipeline:
         conv.stored_upto = 0
         return Prefix(tok.encode(prompt), "cold", reason=reason)
 
+    def _share(self, conv: Conversation, prompt: str, on_event: EventFn) -> Prefix | None:
+        """Fork another chat's idle live session where it shares more of the prompt's tokens
+        than any cached file (sharing.py); None when none does. The fork holds the prompt's
+        own tokens (a cold prefill's), so only the chunking of their rows differs from one.
+        A shared point at least min_tokens past what the disk holds is checkpointed (reason
+        cold) first: after a restart the prompts that share it find it on disk."""
+        if conv.session is not None and conv.session.tokens:
+            return None  # its own session, which the live path could not use: the disk decides
+        donors = [c for c in self.pool.conversations.live()
+                  if c is not conv and not c.busy and c.session is not None and c.session.tokens]
+        if not donors:
+            return None
+        tok = self.model.tokenizer
+        full = tok.encode(prompt)
+        share = best_share(donors, full)
+        if share is None:
+            return None
+        on_disk = 0
+        if self.checkpoints is not None:
+            found = self.checkpoints.first_prefix(prompt, conv.saved_sha, self.pool.ctx_size())
+            on_disk = found[0] if found is not None else 0
+        if on_disk > share.tokens:
+            return None  # on a tie the fork: a copy in memory costs less than a file read
+        at, keep = share.tokens, False
+        point = stable_point(tok, full, at, self.policy.boundary_trim_tokens)
+        # Worth a file of its own: at least min_tokens past what the disk holds (else a near copy).
+        if (self.checkpoints is not None and not share.whole and point - on_disk >= self.policy.min_tokens
+                and self.policy.cold_allowed(point)):
+            at, keep = point, True  # a few tokens back, to a point other prompts can reuse
+        session = self.pool.share(conv, share.donor, at, on_event, logits=share.whole and not keep)
+        conv.session_text = self.text_of(session.tokens)
+        conv.stored_upto = 0
+        if keep and self.checkpoints is not None and self.checkpoints.save(session, conv.session_text, "cold", on_event):
+            conv.stored_upto = at
+        return Prefix(full[at:], "fork")
+
     def _rewind_live(self, conv: Conversation, session: Session, prompt: str) -> Prefix | None:
         """The prompt leaves the live session somewhere inside its text (a regenerated reply,
         an edited message, a switched alternative): rewind to the last token boundary the
@@ -263,12 +308,13 @@ class TurnPipeline:
         conv.stored_upto = min(conv.stored_upto, base)
 
     def _prefill(self, conv: Conversation, suffix: Sequence[int], source: str, on_event: EventFn,
-                 cancel: threading.Event, between: Callable[[], None] | None = None) -> bool:
+                 cancel: threading.Event, between: Callable[[], None] | None = None, anchor: int = 0) -> bool:
         """Prefill `suffix`, pausing at checkpoint points; False when cancelled (state stays consistent:
         whole chunks, `run` then rewinds to the start). A cancel is seen between chunks and, where
         the engine can undo a half-run chunk (the llama family), between the layers of one: a
         stop takes one layer's compute, not a chunk's. `between`: called before each chunk (a
-        scheduler's yield point)."""
+        scheduler's yield point); `anchor`: a cold prompt's stable prefix in tokens
+        (sharing.anchor_tokens), 0 when it has none."""
         session = conv.session
         assert session is not None
         base, base_text = len(session.tokens), conv.session_text
@@ -277,7 +323,7 @@ class TurnPipeline:
         had_mark = base in session.marks()
         session.keep_mark()
         end = base + len(suffix)
-        stops = self._checkpoint_points(conv, base, end, cold=(source == "cold"))
+        stops = self._checkpoint_points(conv, base, end, cold=(source == "cold"), anchor=anchor)
         total = len(suffix)
         started = time.perf_counter()
         offset = 0
@@ -309,14 +355,17 @@ class TurnPipeline:
             session.drop_mark(base)
         return True
 
-    def _checkpoint_points(self, conv: Conversation, base: int, end: int, cold: bool) -> list[tuple[int, str]]:
-        """Absolute token counts inside (base, end] where the policy wants a checkpoint."""
+    def _checkpoint_points(self, conv: Conversation, base: int, end: int, cold: bool,
+                           anchor: int = 0) -> list[tuple[int, str]]:
+        """Absolute token counts inside (base, end] where the policy wants a checkpoint. A cold
+        prompt's checkpoint goes at its anchor (the end of its stable chat prefix) when that
+        is long enough, else at the policy's trimmed and aligned length (ds4's choice)."""
         if self.checkpoints is None:
             return []
         points: dict[int, str] = {}
         policy = self.policy
         if cold and base == 0 and policy.cold_allowed(end):
-            n = policy.store_len(end)
+            n = anchor if anchor >= policy.min_tokens else policy.store_len(end)
             if n > 0:
                 points[n] = "cold"
         frontier = policy.next_continued_frontier(max(conv.stored_upto, base))

@@ -45,7 +45,9 @@ class RewindCost:
     target: int
     restore_from: int
     replay: int
-    how: str  # "none" (already there), "kept" (kept logits), "recompute" (last token), "mark", "start"
+    # "none" (already there), "kept" (kept logits), "recompute" (last token), "truncate" (rows
+    # kept, logits dropped: the caller prefills next), "mark", "start"
+    how: str
 
     @property
     def free(self) -> bool:
@@ -215,15 +217,22 @@ class Session(ABC):
             return RewindCost(0, 0, 0, "start")
         return self._rewind_plan(n_tokens)
 
-    def rewind(self, n_tokens: int, on_progress: ProgressFn | None = None) -> RewindCost:
+    def rewind(self, n_tokens: int, on_progress: ProgressFn | None = None, *, logits: bool = True) -> RewindCost:
         """Return to the state this session had after its first `n_tokens` tokens.
 
         Exact (the same KV state, logits and saved bytes, bit for bit) at a mark, and
         wherever the tokens after the restore point had been fed by one prefill or by
         decode steps; inside an earlier prefill chunk the last position's logits are
         recomputed alone, which agrees to rounding. Returns what it cost.
+
+        logits=False: the caller prefills at once, so where only the logits are missing
+        ("recompute") they are not computed: the rows stay exactly as the prefill that wrote
+        them left them (a recompute writes the last row again with a one-token forward,
+        which differs from the chunk's in the last bits) and `self.logits` is None.
         """
         plan = self.rewind_cost(n_tokens)
+        if not logits and plan.how == "recompute":
+            plan = RewindCost(n_tokens, n_tokens, 0, "truncate")
         if plan.how == "none":
             return plan
         if n_tokens == 0:
@@ -246,16 +255,17 @@ class Session(ABC):
             if on_progress is not None:
                 on_progress(b - start, total)
 
-    def fork(self, n_tokens: int | None = None) -> "Session":
+    def fork(self, n_tokens: int | None = None, *, logits: bool = True) -> "Session":
         """A new, independent session holding this one's state after `n_tokens` tokens (all of
-        them by default), its marks up to there included: a branch with no prefill."""
+        them by default), its marks up to there included: a branch with no prefill.
+        logits=False: as for rewind (the caller prefills the fork next)."""
         n = len(self.tokens) if n_tokens is None else n_tokens
         if not 0 <= n <= len(self.tokens):
             raise ValueError(f"cannot fork at {n} tokens: the session holds {len(self.tokens)}")
         other = self._copy(n)
         other._marks = {k: v for k, v in self._marks.items() if k <= len(other.tokens)}
         other._ends = [e for e in self._ends if e <= len(other.tokens)]
-        other.rewind(n)
+        other.rewind(n, logits=logits)
         return other
 
     def _can_mark(self) -> bool:

@@ -115,7 +115,9 @@ def test_tiny_budget_evicts_and_holds(tiny_llama, tmp_path):
     evicted = []
     for i in range(4):
         events = Recorder()
-        ctl.send(ctl.new_conversation().key, f"Topic {i}. " + LONG_PROMPT, events)
+        # Twice the prompt: the chats fork the first one's system turn (no cold file of their
+        # own), and their other saves must still outgrow the budget.
+        ctl.send(ctl.new_conversation().key, f"Topic {i}. " + LONG_PROMPT * 2, events)
         evicted += [f for e in events.of(ev.Evicted) for f in e.files]
         # The budget is for the .kv files (as ds4's); the header index and the model memo beside
         # them are a few KiB of bookkeeping.

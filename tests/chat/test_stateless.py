@@ -25,7 +25,9 @@ def test_requests_route_to_their_own_live_session(tiny_llama, tmp_path):
     b = [{"role": "user", "content": "conversation B"}]
     first_a, _ = _ask(chats, a)
     first_b, _ = _ask(chats, b)
-    assert first_a.source == first_b.source == "cold" and first_a.cached_tokens == 0
+    assert first_a.source == "cold" and first_a.cached_tokens == 0
+    # B's prompt shares the system turn and "conversation " with A's: a fork of A's session
+    assert first_b.source == "fork" and 0 < first_b.cached_tokens < first_b.prompt_tokens
     a += [{"role": "assistant", "content": first_a.text}, {"role": "user", "content": "more A"}]
     second_a, rec = _ask(chats, a)
     assert second_a.source == "live" and second_a.cached_tokens == first_a.prompt_tokens + first_a.done.tokens

@@ -63,10 +63,16 @@ def test_stream_equals_non_stream_with_progress_and_usage(server):
     assert finishes == [whole.choices[0].finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    # The same prompt again: the first request's session holds all of it (chat/sharing.py).
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= whole.usage.prompt_tokens - 1
+    # Progress of a prompt that has something to prefill.
+    fresh = [{"role": "user", "content": "progress test: name five rivers " * 3}]
+    chunks = list(ask(c, fresh, max_tokens=4, stream=True, stream_options={"include_usage": True},
+                      extra_body={"return_progress": True}))
     progress = [ch.model_extra["prompt_progress"] for ch in chunks if "prompt_progress" in (ch.model_extra or {})]
     assert progress, "no prefill progress chunk"
     last = progress[-1]
-    assert last["processed"] == last["total"] == whole.usage.prompt_tokens
+    assert last["processed"] == last["total"] == chunks[-1].usage.prompt_tokens
     assert [p["processed"] for p in progress] == sorted(p["processed"] for p in progress)
 
 

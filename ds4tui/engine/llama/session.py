@@ -240,6 +240,8 @@ class LlamaSession(Session):
                 for i, ring in zip(sliding, rings):
                     self.kv[i].copy_(ring)
             self.logits = mark
+        elif plan.how == "truncate":  # rows before n stay as written; the caller prefills next
+            self.tokens, self.logits = self.tokens[:n], None
         elif plan.how == "recompute":
             last = self.tokens[n - 1]
             self.tokens = self.tokens[: n - 1]
