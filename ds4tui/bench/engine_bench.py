@@ -52,6 +52,7 @@ class EngineBenchResult:
     weights: str  # the quant mix: which tensor types the C kernels read, which fall back to fp32
     chat: dict | None = None  # --chat-tokens: greedy vs sampled replies through the controller
     kv_dtype: str = ""  # the sessions' K/V type (--kv-dtype; a family without the choice: "-")
+    dsv4: dict | None = None  # a GGUF DeepSeek V4: per-layer times, bytes per token, RSS (dsv4_layers.py)
 
 
 def bench_tokens(model, n: int) -> list[int]:
@@ -121,7 +122,7 @@ def _one_run(model, prompt: list[int], decode_tokens: int, ctx: int, tmpdir: str
 
 def measure_engine(
     spec: str, prompt_tokens: int = 512, decode_tokens: int = 32, repeats: int = 3, ctx: int | None = None,
-    chat_tokens: int = 0, kv_dtype: str | None = None,
+    chat_tokens: int = 0, kv_dtype: str | None = None, expert_budget: int | None = None,
 ) -> EngineBenchResult:
     import torch
 
@@ -134,6 +135,14 @@ def measure_engine(
         model.huge_pages.wait()  # measure the steady state: weights in huge pages where they go
     prompt = bench_tokens(model, prompt_tokens)
     ctx = ctx or prompt_tokens + decode_tokens
+    dsv4 = None
+    if model.info.family == "dsv4" and getattr(model, "reader", None) is not None:
+        from ds4tui.bench.dsv4_layers import measure_dsv4_layers
+
+        # first, from a cold page cache (what a fresh start reads), with the pager if asked
+        dsv4 = asdict(measure_dsv4_layers(model, prompt, decode_tokens, expert_budget))
+    elif expert_budget:
+        raise ValueError("--expert-budget applies to a DeepSeek V4 GGUF only")
     runs = []
     with tempfile.TemporaryDirectory(prefix="ds4tui-bench-") as tmpdir:
         _one_run(model, prompt, min(2, decode_tokens), ctx, tmpdir, kv_dtype)  # warm-up
@@ -175,6 +184,7 @@ def measure_engine(
         weights=mix.summary() if mix is not None else "fp32 (not a GGUF)",
         chat=chat,
         kv_dtype=runs[-1]["kv_dtype"],
+        dsv4=dsv4,
     )
 
 
@@ -194,6 +204,9 @@ def add_bench_command(subparsers) -> None:
                    help="also time N-token replies through the chat controller, greedy vs sampled (default: off)")
     p.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--kv-dtype", choices=("f16", "f32"), help="K/V type of llama-family sessions (default: f16)")
+    p.add_argument("--expert-budget", type=float, metavar="GB",
+                   help="DeepSeek V4 GGUF: keep at most GB of routed experts resident in the per-layer run "
+                        "(paged from the file, read ahead a layer early; default: no bound)")
     p.set_defaults(func=run)
 
 
@@ -208,8 +221,9 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)  # a CLI run owns its process
     try:
+        budget = None if args.expert_budget is None else int(args.expert_budget * 1e9)
         r = measure_engine(args.model, args.prompt_tokens, args.decode_tokens, args.repeats, args.ctx,
-                           args.chat_tokens, args.kv_dtype)
+                           args.chat_tokens, args.kv_dtype, budget)
     except (EngineError, ValueError) as exc:
         raise CliError(str(exc)) from None
     if args.json:
@@ -231,6 +245,10 @@ def run(args: argparse.Namespace) -> int:
         rows.append(("chat", f"{c['greedy_tok_s']:.1f} tok/s greedy, {c['sampled_tok_s']:.1f} tok/s sampled,"
                              f" sampled = {c['sampled_over_greedy']:.0%} of greedy (median per round; replies of"
                              f" {c['greedy_tokens']:g} / {c['sampled_tokens']:g} tokens, through the controller)"))
+    if r.dsv4 is not None:
+        from ds4tui.bench.dsv4_layers import Dsv4LayerBench, format_rows
+
+        rows += format_rows(Dsv4LayerBench(**r.dsv4))
     for k, v in rows:
         print(f"{k:<8} {v}")
     return 0

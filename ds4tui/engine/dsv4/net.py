@@ -9,6 +9,7 @@ Weights come in as `Dsv4Weights` (weights.py); state as the session's
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -54,6 +55,8 @@ class Dsv4Net:
         self.w = weights
         self.dtype = weights.norm.dtype  # the compute dtype (a GGUF's embedding rows are f16)
         self.rope_main, self.rope_comp = layer_ropes(cfg)
+        # paging.LayerObserver hooks around every layer (an expert pager, a per-layer clock)
+        self.observers: list = []
 
     def forward(
         self,
@@ -72,7 +75,11 @@ class Dsv4Net:
         streams = x[:, None, :].expand(n, hc, x.shape[1]).contiguous()  # [n, hc, D]: all copies
         positions = list(range(p0, p0 + n))
         on_select = None if trace is None else trace.on_select
+        observers = self.observers
         for li, lw in enumerate(self.w.layers):
+            for o in observers:
+                o.layer_start(li, ids)
+            t_layer = time.perf_counter()
             rope = self.rope_comp if cfg.ratio(li) else self.rope_main
             h, post, comb = hc_pre(streams, lw.hc_attn, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
             a = rms_norm(h, lw.attn_norm, cfg.rms_norm_eps)
@@ -81,11 +88,19 @@ class Dsv4Net:
 
             h, post, comb = hc_pre(streams, lw.hc_ffn, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
             f = rms_norm(h, lw.ffn_norm, cfg.rms_norm_eps)
-            on_route = None if trace is None else (lambda e, li=li: trace.on_route(li, positions, e))
+            on_route = None
+            if trace is not None or observers:
+                def on_route(e, li=li):
+                    if trace is not None:
+                        trace.on_route(li, positions, e)
+                    for o in observers:
+                        o.routed(li, e)
             z = moe_forward(
                 f, ids, lw.moe, cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.swiglu_limit, on_route
             )
             streams = hc_post(z, streams, post, comb)
+            for o in observers:
+                o.layer_done(li, time.perf_counter() - t_layer, n)
         if trace is not None and trace.all_logits:
             for pos, row in zip(positions, self.logits_of(streams)):
                 trace.logits[pos] = row
