@@ -13,7 +13,8 @@ TEST_MODELS := gemma3-270m
 
 .PHONY: run test lint install kernels model test-models clean
 
-run: install kernels model
+# The chat downloads its model itself on the first start, on its start screen (with progress).
+run: install kernels
 	$(PY) -m ds4tui $(ARGS)
 
 test: install kernels model test-models

@@ -67,10 +67,13 @@ def chat_config(args: argparse.Namespace):
 def check_model(spec: str) -> None:
     """Raise ModelNotFoundError or WeightsError when `spec` names nothing loadable (a missing
     path, an unknown name, /etc/passwd, a text file named .gguf, a truncated GGUF), without
-    loading weights: engine/model_check.py."""
+    loading weights: engine/model_check.py. A registered model that is not downloaded yet
+    passes: the chat's start screen pulls it, with its progress (chat/startup.py)."""
+    from ds4tui.chat.startup import download_needed
     from ds4tui.engine.model_check import check_model as check
 
-    check(spec)
+    if download_needed(spec) is None:
+        check(spec)
 
 
 def context_limit(spec: str) -> int | None:

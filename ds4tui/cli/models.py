@@ -63,9 +63,12 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
     from ds4tui.screens.text_progress import TextProgress
 
+    import io
+
     bar = TextProgress("")
     try:
-        path = pull(args.name, progress=bar)
+        # pip's own lines are kept out of the bar (its ERROR line, if any, is in the exception).
+        path = pull(args.name, log=io.StringIO(), progress=bar)
     except ModelNotFoundError as exc:
         bar.close(failed=True)
         raise CliError(str(exc)) from None

@@ -17,6 +17,10 @@ class ModelNotFoundError(EngineError):
     """The model spec names nothing on disk; the message says which command fetches it."""
 
 
+class PullCancelled(ModelNotFoundError):
+    """A model download stopped by the user; nothing of it is left on disk."""
+
+
 class ContextFullError(EngineError):
     """The session has no room for the requested tokens."""
 

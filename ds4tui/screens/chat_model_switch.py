@@ -119,8 +119,7 @@ class ModelSwitch:
             await pane.remove()
         if self._model_error is not None:  # the start's model had failed: this one replaces it
             self._model_error = None
-            for notice in self.query("#model-error"):
-                await notice.remove()
+            self.query_one("#loading").display = False  # the start screen and its failure
         self._active, self._busy = None, None
         status.forget()
         for _key, waiting in self._send_queue.clear():  # their chats are gone from the screen

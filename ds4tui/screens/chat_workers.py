@@ -47,15 +47,16 @@ class EngineWorkers:
 
     @work(thread=True, group="engine", description="load the model")
     def _load_model(self, spec: str) -> None:
-        from ds4tui.engine.loader import load_model
+        from ds4tui.chat.startup import ready_model
 
-        last = [-1]
+        last: list = [None]
 
-        def progress(what: str, fraction: float) -> None:
-            percent = int(fraction * 100)
-            if percent != last[0]:  # one message per percent, not per step
-                last[0] = percent
-                self.post_message(self.Preparing(what, fraction))
+        def report(step) -> None:
+            # One message per percent of a step, not per block read or file compiled.
+            key = (step.step, step.state, None if step.fraction is None else int(step.fraction * 100), step.detail)
+            if key != last[0]:
+                last[0] = key
+                self.post_message(self.Starting(step))
 
         # No garbage collection while torch and the model load: they make ~200k objects that
         # live for the whole run, and the full collections they triggered scanned them again
@@ -63,7 +64,7 @@ class EngineWorkers:
         # the collector's reach (app.py, _freeze_heap).
         gc.disable()
         try:
-            model = load_model(spec, progress=progress)
+            model = ready_model(spec, report, self._start_cancel)
             self._make_controller(model)
             assert self.controller is not None
             # Probes the context size (may build a session) and pays the engine's first-use

@@ -50,6 +50,7 @@ class ChatHost(KeepsToasts, Ds4TuiApp):
 
     @on(ChatScreen.ModelReady)
     @on(ChatScreen.ModelFailed)
+    @on(ChatScreen.Starting)
     @on(ChatScreen.EngineEvent)
     @on(ChatScreen.TurnEnded)
     @on(ChatScreen.Resumed)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from textual.widgets import Label
 
 from ds4tui.chat import events as ev
-from ds4tui.engine.kernels import build
 from ds4tui.screens.chat import ChatScreen
 from ds4tui.format.display import safe_lines
 from ds4tui.screens.widgets.chat_log import AssistantMessage, ReplyMarkdown, UserMessage
@@ -350,20 +349,6 @@ async def test_pageup_from_the_message_box_scrolls_the_transcript(tiny_llama):
         assert log.scroll_y < bottom
         await pilot.press("pagedown")
         assert log.scroll_y == bottom
-
-
-async def test_first_start_conversion_is_shown_with_its_progress(tiny_llama):
-    app = ChatHost(tiny_llama)
-    async with app.run_test(size=SIZE) as pilot:
-        await app.wait_for(ChatScreen.ModelReady)
-        app.chat.post_message(ChatScreen.Preparing("SmolLM2-135M-Instruct", 0.43))
-        await pilot.pause()
-        assert app.chat.query_one(StatusBar).model_name == (
-            "preparing SmolLM2-135M-Instruct for fast loading (once) … 43%")
-        # An install without a built kernel library compiles it at the first load.
-        app.chat.post_message(ChatScreen.Preparing(build.WHAT, 0.5))
-        await pilot.pause()
-        assert app.chat.query_one(StatusBar).model_name == "compiling the C kernels (once) … 50%"
 
 
 async def test_escape_in_a_later_prefill_withdraws_only_that_message(tiny_llama):
