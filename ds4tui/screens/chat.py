@@ -269,16 +269,17 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         status = self.query_one(StatusBar)
         status.model_name = "no model"
         status.set_activity(None, "")
-        self.query_one(StartProgress).show_failure(f"Could not load the model: {message.error}")
         self.notify(safe_lines(message.error), title="Model not loaded", severity="error", markup=False,
                     timeout=10)
+        prompt = self.query_one("#prompt", PromptInput)
         if self._queued is not None:
             text, self._queued = self._queued, None
-            prompt = self.query_one("#prompt", PromptInput)
             prompt.load_text(text + ("\n" + prompt.text if prompt.text else ""))
             prompt.move_cursor(prompt.document.end)
             self.notify("Your message was not sent: no model is loaded. It is back in the box.",
                         title="Not sent", severity="warning", markup=False, timeout=10)
+        self.query_one(StartProgress).show_failure(f"Could not load the model: {message.error}",
+                                                   focus_retry=not prompt.text.strip())
 
     @on(StartProgress.RetryPressed)
     def _retry_start(self) -> None:

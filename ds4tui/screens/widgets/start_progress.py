@@ -151,8 +151,9 @@ class StartProgress(Vertical):
         else:
             self.mount(row, before=self.query_one("#start-error"))
 
-    def show_failure(self, error: str) -> None:
-        """Mark the running step failed and show why, with the Retry button focused."""
+    def show_failure(self, error: str, *, focus_retry: bool = True) -> None:
+        """Mark the running step failed and show why, with the Retry button (focused unless
+        the user has a draft in the message box: Enter must not lose it to a retry)."""
         for row in self._rows.values():
             if row.last.state != "done":
                 row.fail()
@@ -161,7 +162,8 @@ class StartProgress(Vertical):
             Text(f"{error}\nRetry, load another with the palette's \"Switch model\" (ctrl+p), or quit (ctrl+q).")
         )
         self.add_class("-failed")
-        self.query_one("#start-retry", Button).focus()
+        if focus_retry:
+            self.query_one("#start-retry", Button).focus()
 
     def reset(self) -> None:
         """Before a retry: the failure goes; the rows stay and the steps report into them again."""
