@@ -200,15 +200,21 @@ def run_chat(args: argparse.Namespace) -> int:
         if limit is not None and config.ctx > limit:
             raise CliError(f"--ctx {config.ctx}: {config.model} has a context of {limit} tokens at most")
 
-    if not sys.stdout.isatty():
-        # Without a terminal the full-screen UI has nowhere to draw and would spin.
-        raise CliError(f"the chat needs a terminal: stdout is not one (for scripts: `{command('kv ...')}`,"
-                       f" `{command('bench ...')}`)")
+    require_terminal()
 
     from ds4tui.screens.app import Ds4TuiApp
 
     Ds4TuiApp(config, resume=resume, imported=getattr(args, "imported", None)).run()
     return 0
+
+
+def require_terminal() -> None:
+    """CliError when stdout is no terminal: the full-screen UI would have nowhere to draw and spin."""
+    from ds4tui.cli.errors import CliError
+
+    if not sys.stdout.isatty():
+        raise CliError(f"the chat needs a terminal: stdout is not one (for scripts: `{command('kv ...')}`,"
+                       f" `{command('bench ...')}`)")
 
 
 def remote_target(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -268,6 +274,7 @@ def run_remote_chat(args: argparse.Namespace, config) -> int:
         if len(matches) != 1:
             what = "nothing" if not matches else f"{len(matches)} chats"
             raise CliError(f"--resume {resume!r} matches {what} in {where} (see `ds4tui chats ls`)")
+    require_terminal()  # the remote chat too (it used to start its UI into a pipe)
     controller = remote_controller(args, config, url, key)
     from ds4tui.screens.app import Ds4TuiApp
 

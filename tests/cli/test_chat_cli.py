@@ -155,9 +155,10 @@ def _small_gguf(path, floats: int = 4096):
     return path
 
 
-def test_a_file_that_is_no_model_gets_one_line_before_the_ui(tmp_path, capsys):
+def test_a_file_that_is_no_model_gets_one_line_before_the_ui(tmp_path, monkeypatch, capsys):
     """/etc/passwd, a text file named .gguf, a GGUF cut short: one line naming the file and why,
     exit 1, before the UI (these opened the full app with "no model" and a raw numpy error)."""
+    monkeypatch.setenv("DS4TUI_DATA_DIR", str(tmp_path / "data"))  # where the check remembers a file
     text = tmp_path / "notes.txt"
     text.write_text("root:x:0:0:root:/root:/bin/bash\n")
     fake = tmp_path / "fake.gguf"
@@ -177,12 +178,20 @@ def test_a_file_that_is_no_model_gets_one_line_before_the_ui(tmp_path, capsys):
     assert "needs a terminal" in capsys.readouterr().err
 
 
-def test_a_checked_file_is_checked_again_once_it_changes(tmp_path, capsys):
+def test_a_checked_file_is_checked_again_once_it_changes(tmp_path, monkeypatch, capsys):
     """The check remembers a file that passed by (path, size, mtime): a file cut short later is
     caught at the next start."""
+    monkeypatch.setenv("DS4TUI_DATA_DIR", str(tmp_path / "data"))
     whole = _small_gguf(tmp_path / "m.gguf")
     assert main(["--model", str(whole)]) == 1 and "needs a terminal" in capsys.readouterr().err
     data = whole.read_bytes()
     whole.write_bytes(data[:-1000])
     assert main(["--model", str(whole)]) == 1
     assert "truncated" in capsys.readouterr().err
+
+
+def test_the_remote_chat_outside_a_terminal_refuses_with_one_line(tmp_path, capsys):
+    """As the embedded chat: no UI started into a pipe (and no server asked for it)."""
+    assert main(["--engine", "http://127.0.0.1:9/v1", "--data-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "needs a terminal" in err and err.count("\n") == 1
