@@ -1,12 +1,13 @@
 """The llama-family model: weights and the forward pass (llama, qwen2, qwen3, gemma3).
 
-Owns the math of one forward over a chunk of tokens at an absolute position,
-written against a session's KV buffers, in the internal weight layout of
-config.py; what differs between architectures is a config field (config.py).
-A sliding-window layer keeps a ring of its last W rows (row of position p at slot
-p % W) instead of the whole context. The session (session.py) owns state and the payload; weights.py (Hugging
-Face directories) and gguf.py (GGUF files) turn files into that layout and are the
-entry points `engine/loader.py` calls.
+Owns one forward over a chunk of tokens at an absolute position, written against a
+session's KV buffers (the layers' math: layer.py), the decode step of several sessions at
+once, and the sessions' spare KV buffers; the weights in the internal layout of config.py;
+what differs between architectures is a config field (config.py). A sliding-window layer
+keeps a ring of its last W rows (row of position p at slot p % W) instead of the whole
+context. The session (session.py) owns state and the payload; weights.py (Hugging Face
+directories) and gguf.py (GGUF files) turn files into that layout and are the entry points
+`engine/loader.py` calls.
 """
 
 from __future__ import annotations
@@ -23,12 +24,10 @@ from ds4tui.engine import background
 from ds4tui.engine.errors import WeightsError
 from ds4tui.engine.kernels import attn as attn_kernel
 from ds4tui.engine.kernels import qgemv
-from ds4tui.engine.kernels.attn import attend
-from ds4tui.engine.kernels.rows import glu, qk_rope, rms_norm
 from ds4tui.engine.kernels.llama_step import LAYER_KV_ONLY, LAYER_LAST_ROW, make_fast_decoder
 from ds4tui.engine.kernels.llama_step import supported as fast_supported
-from ds4tui.engine.kernels.qgemm import make_blocks
 from ds4tui.engine.llama.config import LlamaConfig, expected_shapes
+from ds4tui.engine.llama.layer import ChunkPass, LlamaLayer, TorchAttention, attach_blocks, blocks_match_table, make_linear
 from ds4tui.engine.llama.rope import rope_tables
 from ds4tui.engine.llama.kv_buffers import (
     DEFAULT_KV_DTYPE,
@@ -56,54 +55,19 @@ _SMALL_ROWS = 256
 CHUNK_SIZE = 512
 
 
-class Linear:
-    """y = x W^T (+ b) with W float32 [out, in]: the only place a layer multiplies by a weight.
-
-    `blocks`, when set (LlamaModel attaches the GGUF's own blocks), takes the
-    products the forward marks `small` (every chunk with the AVX-512 kernels, chunks of at
-    most _SMALL_ROWS rows with the others): a short prefill (the new message after a
-    disk-cache restore) then reads 5x fewer weight bytes than the fp32 copy, a long one runs
-    qgemm.c's register tiles instead of torch's fp32 GEMM; the same values up to summation order.
-    """
-
-    __slots__ = ("weight", "bias", "blocks")
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        self.weight = weight
-        self.bias = bias
-        self.blocks = None
-
-    def __call__(self, x: torch.Tensor, small: bool = False) -> torch.Tensor:
-        if small and self.blocks is not None:
-            y = self.blocks.matmul(x)
-            return y if self.bias is None else y + self.bias
-        return F.linear(x, self.weight, self.bias)
-
-
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
-    return Linear(weight, bias)
-
-
-class LlamaLayer:
-    __slots__ = ("attn_norm", "wqkv", "qk_norm", "wo", "post_attn_norm", "ffn_norm", "w13", "w2",
-                 "post_ffn_norm", "sliding")
-
-    def __init__(self, cfg: LlamaConfig, tensors: Mapping[str, torch.Tensor], i: int) -> None:
-        p = f"layers.{i}."
-        self.attn_norm = tensors[p + "attn_norm"]
-        self.wqkv = make_linear(tensors[p + "wqkv"], tensors.get(p + "bqkv") if cfg.attn_bias else None)
-        # One [Hq + Hkv, D] weight for the per-head q and k norms (q heads first, as in wqkv).
-        self.qk_norm = None
-        if cfg.qk_norm:
-            self.qk_norm = torch.cat([tensors[p + "q_norm"].expand(cfg.num_heads, -1),
-                                      tensors[p + "k_norm"].expand(cfg.num_kv_heads, -1)]).contiguous()
-        self.wo = make_linear(tensors[p + "wo"])
-        self.ffn_norm = tensors[p + "ffn_norm"]
-        self.w13 = make_linear(tensors[p + "w13"])
-        self.w2 = make_linear(tensors[p + "w2"])
-        self.post_attn_norm = tensors[p + "post_attn_norm"] if cfg.post_norms else None
-        self.post_ffn_norm = tensors[p + "post_ffn_norm"] if cfg.post_norms else None
-        self.sliding = cfg.is_sliding(i)
+def _warm_restore(session: LlamaSession, tokens: list[int]) -> None:
+    """A disk hit's path once, on a few tokens: save, then load with the next two tokens'
+    forward alongside the read (session.py's load_payload_ahead: the reader thread, the
+    layer gate, the payload checks), then the prefill that takes that chunk. A fresh
+    process's first hit ran ~1 ms slower without it (code and data not yet in the caches)."""
+    session.reset()
+    session.prefill(tokens)
+    buf = io.BytesIO()
+    session.save_payload(buf)
+    data = buf.getvalue()
+    session.load_payload_ahead(io.BytesIO(data), len(data), tokens[:2])
+    session.prefill(tokens[:2])
+    session.reset()
 
 
 def check_tensors(cfg: LlamaConfig, tensors: Mapping[str, torch.Tensor], source: str) -> None:
@@ -164,22 +128,13 @@ class LlamaModel(Model):
         self.huge_pages = None
         # Block products (short forwards) wherever the kernels read a matrix's type (the rest
         # multiply by the fp32 copy); see _block_products for when they are used.
-        self.use_blocks = False
-        if raw:
-            for i, layer in enumerate(self.layers):
-                for name in ("wqkv", "wo", "w13", "w2"):
-                    lin = getattr(layer, name)
-                    lin.blocks = make_blocks(raw.get(f"layers.{i}.{name}"), lin.weight)
-                    self.use_blocks |= lin.blocks is not None
-            self.lm_head.blocks = make_blocks(raw.get("embed" if cfg.tie_word_embeddings else "lm_head"),
-                                              self.lm_head.weight)
-            self.use_blocks |= self.lm_head.blocks is not None
+        self.use_blocks = bool(raw) and attach_blocks(self.layers, self.lm_head, raw or {}, cfg.tie_word_embeddings)
         # Attention and the gated activation in C whenever the library is loaded (and attn.c
         # takes the head size).
         self.use_c_kernels = attn_kernel.available() and attn_kernel.supports(cfg.head_dim)
         # A chunk's layers as one C call each (kernels/chunk.c) where that call multiplies by the
         # very blocks the layers' Linear.blocks hold; tests set it False to compare.
-        self.use_c_layers = self._table_matches_blocks()
+        self.use_c_layers = self.fast is not None and blocks_match_table(self.layers, self.fast)
         # What the loader knows about the file (quant_mix: {type: parameters}, chat: format line).
         self.details: dict = {}
         # At most one set of KV buffers, already touched, handed to the next new_session of its
@@ -248,7 +203,7 @@ class LlamaModel(Model):
                 self.forward(session.kv, tokens, 0, True)  # the chunk path (attention, per-row steps)
                 self.forward(session.kv, tokens[:1], n, True)  # the decode step (C when available)
             if n + 2 < ctx:
-                self._warm_restore(session, tokens)
+                _warm_restore(session, tokens)
         for t in session.kv:
             t.numpy().fill(0.0)  # one thread: torch's fill would split over OpenMP threads
         with self._spare_lock:
@@ -306,44 +261,12 @@ class LlamaModel(Model):
                     self._spare = kv
                 self._preparing = None
 
-    @staticmethod
-    def _warm_restore(session: LlamaSession, tokens: list[int]) -> None:
-        """A disk hit's path once, on a few tokens: save, then load with the next two tokens'
-        forward alongside the read (session.py's load_payload_ahead: the reader thread, the
-        layer gate, the payload checks), then the prefill that takes that chunk. A fresh
-        process's first hit ran ~1 ms slower without it (code and data not yet in the caches)."""
-        session.reset()
-        session.prefill(tokens)
-        buf = io.BytesIO()
-        session.save_payload(buf)
-        data = buf.getvalue()
-        session.load_payload_ahead(io.BytesIO(data), len(data), tokens[:2])
-        session.prefill(tokens[:2])
-        session.reset()
-
     @property
     def _c_kernels(self) -> bool:
         """Whether a forward's attention and gated activation run in C (kernels/attn.c,
         glu.c); tied to the C step like the block products, so `model.fast = None` keeps the
         whole forward in torch."""
         return self.use_c_kernels and (self.fast is not None or not fast_supported(self.cfg))
-
-    def _table_matches_blocks(self) -> bool:
-        """Whether the C step's table holds, for every layer, the same parts as the layers'
-        Linear.blocks (same blocks, types and rows): then chunk.c's layer computes exactly what
-        the forward's per-layer steps compute."""
-        if self.fast is None:
-            return False
-        for i, layer in enumerate(self.layers):
-            held = self.fast.layer_mats(i)
-            for name in ("wqkv", "wo", "w13", "w2"):
-                blocks = getattr(layer, name).blocks
-                if blocks is None:
-                    return False
-                mats = [(b.data_ptr(), qgemv.TYPE_IDS[t], b.shape[0]) for t, b in blocks.parts]
-                if mats != held[name]:
-                    return False
-        return True
 
     def _block_products(self) -> bool:
         """Whether short products go through the file's blocks: where the C step runs too (or
@@ -369,12 +292,8 @@ class LlamaModel(Model):
             return self.fast.step(kv, tokens[0], pos, want_logits, frozen_global)
         cfg = self.cfg
         s, end = len(tokens), pos + len(tokens)
-        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        nqk = (hq + hkv) * d
-        eps = cfg.rms_norm_eps
         # Multiply by the file's blocks (qgemm.c) where they win; `fast = None` keeps all-torch fp32.
         small = self._block_products() and (s <= _SMALL_ROWS or qgemv.backend() != "scalar")
-        scale = cfg.attn_scale
         x = F.embedding(torch.tensor(tokens, dtype=torch.long), self.embed)  # [S, H]
         if cfg.embed_scale != 1.0:
             x = x * torch.tensor(cfg.embed_scale, dtype=torch.float32)
@@ -386,7 +305,7 @@ class LlamaModel(Model):
                 if before_layer is not None:
                     before_layer(i)
                 flags = 0 if i < last else LAYER_LAST_ROW if want_logits else LAYER_KV_ONLY
-                self.fast.layer(kv[i], i, x, pos, flags, layer.qk_norm, scale)
+                self.fast.layer(kv[i], i, x, pos, flags, layer.qk_norm, cfg.attn_scale)
             return self._logits(x[-1:]) if want_logits else None
         ropes = {False: (self.cos[pos:end], self.sin[pos:end]),  # [S, D/2]
                  True: (self.local_cos[pos:end], self.local_sin[pos:end])}
@@ -395,74 +314,16 @@ class LlamaModel(Model):
         # masks. Both are deterministic for a given chunk, so a replayed chunk matches the live one.
         # The per-row steps (RMSNorm, q/k RoPE, the gated activation) run in C alongside
         # (kernels/rows.c: one pass each instead of several torch ops).
-        w = cfg.sliding_window
         c_kernels = self._c_kernels
-        torch_attn = None if c_kernels else _TorchAttention(cfg, pos, s)
-        if c_kernels:
-            def norm(t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-                return rms_norm(t, weight, eps)
-        else:
-            def norm(t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-                return F.rms_norm(t, (cfg.hidden_size,), weight, eps)
+        chunk = ChunkPass(cfg, pos, end, ropes, c_kernels, None if c_kernels else TorchAttention(cfg, pos, s),
+                          small, frozen_global)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             if before_layer is not None:
                 before_layer(i)
-            h = norm(x, layer.attn_norm)
-            qkv = layer.wqkv(h, small)  # [S, (Hq + 2 Hkv) D]
-            cos, sin = ropes[layer.sliding]
-            if c_kernels:
-                qk = qk_rope(qkv, hq + hkv, d, cos, sin, layer.qk_norm, eps)  # [S, Hq + Hkv, D]
-            else:
-                qk = qkv[:, :nqk].view(s, hq + hkv, d)
-                if layer.qk_norm is not None:
-                    qk = F.rms_norm(qk, (d,), None, eps) * layer.qk_norm
-                qk = _rope(qk, cos.unsqueeze(1), sin.unsqueeze(1))  # [S, Hq + Hkv, D]
-            k_new = qk[:, hq:].transpose(0, 1)  # [Hkv, S, D]
-            v_new = qkv[:, nqk:].view(s, hkv, d).transpose(0, 1)
-            k_all, v_all = kv[i][0], kv[i][1]  # [Hkv, rows, D] each
-            if k_all.dtype != torch.float32:
-                # f16 KV: each row is rounded once, here; the chunk's own rows are read back
-                # rounded too, as a later token reads them (and as the C step does).
-                k_new, v_new = k_new.to(k_all.dtype), v_new.to(k_all.dtype)
-            if not layer.sliding and not frozen_global:
-                k_all[:, pos:end] = k_new
-                v_all[:, pos:end] = v_new
-            q = qk[:, :hq]  # [S, Hq, D]
-            if i == last:
-                # Only the last position's output is ever used after the final layer: its K/V
-                # are stored above; skip the rest unless logits are wanted, then do one row.
-                if not want_logits:
-                    if layer.sliding:
-                        _ring_write(k_all, v_all, k_new, v_new, pos)
-                    return None
-                x, q = x[-1:], q[-1:]
-            # A sliding layer's ring is read before the chunk's rows go in: they may overwrite
-            # ring rows the chunk's first queries still see.
-            if torch_attn is not None:
-                o = torch_attn(layer.sliding, q, k_all, v_all, k_new, v_new)
-            elif layer.sliding:
-                o = attend(q, k_all, v_all, qpos=end - q.shape[0], kbase=pos, k_new=k_new, v_new=v_new,
-                           window=w, scale=scale)
-            else:
-                o = attend(q, k_all, v_all, qpos=end - q.shape[0], kbase=end, scale=scale)  # [S, Hq D]
-            if layer.sliding:
-                _ring_write(k_all, v_all, k_new, v_new, pos)
-            o = layer.wo(o, small)
-            if layer.post_attn_norm is not None:
-                o = norm(o, layer.post_attn_norm)
-            x = x + o
-            h = norm(x, layer.ffn_norm)
-            gu = layer.w13(h, small)  # [S, 2F]
-            if c_kernels:
-                a = glu(gu, cfg.act)  # one pass: act(gate) * up
-            else:
-                f = cfg.intermediate_size
-                a = (F.silu(gu[:, :f]) if cfg.act == "silu" else F.gelu(gu[:, :f], approximate="tanh")) * gu[:, f:]
-            o = layer.w2(a, small)
-            if layer.post_ffn_norm is not None:
-                o = norm(o, layer.post_ffn_norm)
-            x = x + o
+            x = layer.run_chunk(x, kv[i], chunk, i == last, want_logits)
+            if x is None:  # the last layer's K/V are in and no logits are wanted
+                return None
         if not want_logits:
             return None
         return self._logits(x[-1:])
@@ -480,9 +341,6 @@ class LlamaModel(Model):
         if not (self._c_kernels and self._block_products()) or b == 1:
             return [self.forward(kv, [t], pos, True) for kv, t, pos in zip(kvs, tokens, positions)]
         cfg = self.cfg
-        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        nqk = (hq + hkv) * d
-        eps, scale, w = cfg.rms_norm_eps, cfg.attn_scale, cfg.sliding_window
         small = b <= _SMALL_ROWS or qgemv.backend() != "scalar"
         at = torch.tensor(positions, dtype=torch.long)
         ropes = {False: (self.cos[at].contiguous(), self.sin[at].contiguous()),  # [B, D/2]
@@ -491,36 +349,8 @@ class LlamaModel(Model):
         if cfg.embed_scale != 1.0:
             x = x * torch.tensor(cfg.embed_scale, dtype=torch.float32)
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.attn_norm, eps)
-            qkv = layer.wqkv(h, small)  # [B, (Hq + 2 Hkv) D]
-            cos, sin = ropes[layer.sliding]
-            qk = qk_rope(qkv, hq + hkv, d, cos, sin, layer.qk_norm, eps)  # [B, Hq + Hkv, D]
-            v_all_new = qkv[:, nqk:].view(b, hkv, d)
-            outs = []
-            for r in range(b):
-                pos, buf = positions[r], kvs[r][i]
-                k_all, v_all = buf[0], buf[1]
-                k_new = qk[r, hq:].unsqueeze(1).to(k_all.dtype)  # [Hkv, 1, D]
-                v_new = v_all_new[r].unsqueeze(1).to(k_all.dtype)
-                q = qk[r:r + 1, :hq]
-                if layer.sliding:
-                    outs.append(attend(q, k_all, v_all, qpos=pos, kbase=pos, k_new=k_new, v_new=v_new,
-                                       window=w, scale=scale))
-                    _ring_write(k_all, v_all, k_new, v_new, pos)
-                else:
-                    k_all[:, pos] = k_new[:, 0]
-                    v_all[:, pos] = v_new[:, 0]
-                    outs.append(attend(q, k_all, v_all, qpos=pos, kbase=pos + 1, scale=scale))
-            o = layer.wo(torch.cat(outs), small)
-            if layer.post_attn_norm is not None:
-                o = rms_norm(o, layer.post_attn_norm, eps)
-            x = x + o
-            h = rms_norm(x, layer.ffn_norm, eps)
-            o = layer.w2(glu(layer.w13(h, small), cfg.act), small)
-            if layer.post_ffn_norm is not None:
-                o = rms_norm(o, layer.post_ffn_norm, eps)
-            x = x + o
-        out = F.rms_norm(x, (cfg.hidden_size,), self.norm, eps)
+            x = layer.decode_rows(x, [kv[i] for kv in kvs], positions, ropes, cfg, small)
+        out = F.rms_norm(x, (cfg.hidden_size,), self.norm, cfg.rms_norm_eps)
         logits = self.lm_head(out, True).float()  # [B, V]
         if cfg.final_logit_softcapping:
             cap = cfg.final_logit_softcapping
@@ -537,91 +367,4 @@ class LlamaModel(Model):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-
-def _additive(allowed: torch.Tensor) -> torch.Tensor:
-    return torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
-
-
-class _TorchAttention:
-    """Attention of one forward's chunk in torch (no C library): SDPA over additive masks
-    built once per forward (SDPA would convert a bool mask in every layer), batched matmuls
-    for one query row without a mask."""
-
-    def __init__(self, cfg: LlamaConfig, pos: int, s: int) -> None:
-        self.cfg, self.pos, self.s = cfg, pos, s
-        end, g, w = pos + s, cfg.group, cfg.sliding_window
-        # Rows are (group member g, position s), g-major, matching the grouped q below.
-        # Global: query s (absolute pos+s) sees keys 0..pos+s. SDPA's is_causal would align the
-        # diagonal to the top-left and hide the cached rows.
-        self.mask = self.swa_mask = None
-        if s > 1:
-            allowed = torch.arange(end).unsqueeze(0) <= torch.arange(pos, end).unsqueeze(1)  # [S, end]
-            self.mask = _additive(allowed).repeat(g, 1)  # [G*S, end]
-        # Sliding: keys are the `past` ring rows before pos (oldest first), then the chunk's own;
-        # query pos+s sees absolute keys pos+s-W+1..pos+s.
-        self.past = min(pos, w - 1) if cfg.sliding_layers else 0
-        if cfg.sliding_layers and s > 1:
-            key_pos = torch.arange(pos - self.past, end).unsqueeze(0)
-            q_pos = torch.arange(pos, end).unsqueeze(1)
-            self.swa_mask = _additive((key_pos <= q_pos) & (key_pos > q_pos - w)).repeat(g, 1)  # [G*S, past+S]
-
-    def __call__(self, sliding: bool, q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
-                 k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
-        """o [S', Hq D] for q [S', Hq, D] (S' = 1: only the chunk's last query)."""
-        cfg, pos, s = self.cfg, self.pos, self.s
-        hq, hkv, d, g = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.group
-        end = pos + s
-        if sliding:
-            k, v = _ring_keys(k_all, v_all, k_new, v_new, pos, self.past)
-            mask = self.swa_mask
-        else:
-            k, v = k_all[:, :end], v_all[:, :end]  # [Hkv, end, D]: per-head rows contiguous
-            mask = self.mask
-        if k.dtype != torch.float32:
-            k, v = k.float(), v.float()  # the used range only, once per layer and forward
-        n = q.shape[0]
-        if mask is not None and n < s:
-            # The chunk's last query alone: a global layer's sees every key (no mask), a
-            # sliding layer's keeps its band.
-            mask = mask.view(g, s, -1)[:, -n:].reshape(g * n, -1) if sliding else None
-        # Grouped GQA: the G query heads sharing a KV head become G*S query rows of that
-        # head, so K/V are never repeated: q [S, Hq, D] -> [Hkv, G*S, D].
-        qg = q.reshape(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
-        if n == 1 and mask is None:
-            # Decode: plain batched matmuls beat SDPA's CPU kernel for G query rows.
-            att = torch.bmm(qg * cfg.attn_scale, k.transpose(1, 2))  # [Hkv, G, keys]
-            o = torch.bmm(att.softmax(-1), v)  # [Hkv, G, D]
-        else:
-            # 4-D inputs: with 3-D ones SDPA falls back to its slower math path on CPU
-            # (docs/perf-archive.md, "SDPA input rank"). None: SDPA's own 1/sqrt(D), as before.
-            sdpa_scale = cfg.attn_scale if cfg.query_pre_attn_scalar else None
-            o = F.scaled_dot_product_attention(qg[None], k[None], v[None], attn_mask=mask, scale=sdpa_scale)[0]
-        return o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hq * d)
-
-
-def _ring_keys(k_ring: torch.Tensor, v_ring: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-               pos: int, past: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys/values of a chunk on a sliding layer: the `past` ring rows before pos (oldest
-    first) then the chunk's own rows."""
-    slots = torch.arange(pos - past, pos) % k_ring.shape[1]
-    k = torch.cat([k_ring.index_select(1, slots), k_new], dim=1)
-    v = torch.cat([v_ring.index_select(1, slots), v_new], dim=1)
-    return k, v
-
-
-def _ring_write(k_ring: torch.Tensor, v_ring: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                pos: int) -> None:
-    """The chunk's last rows into a sliding layer's ring (position p at slot p % capacity)."""
-    cap, s = k_ring.shape[1], k_new.shape[1]
-    keep = min(s, cap)
-    dst = torch.arange(pos + s - keep, pos + s) % cap
-    k_ring.index_copy_(1, dst, k_new[:, s - keep:])
-    v_ring.index_copy_(1, dst, v_new[:, s - keep:])
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the two halves of each head (HF `rotate_half` convention). x [S, heads, D]."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 

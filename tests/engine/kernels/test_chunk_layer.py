@@ -13,6 +13,7 @@ import torch
 
 from ds4tui.engine.kernels import qgemv
 from ds4tui.engine.llama.config import FULL, LlamaConfig
+from ds4tui.engine.llama.layer import blocks_match_table
 from ds4tui.engine.llama.model import LlamaModel
 from ds4tui.engine.llama.weights import make_info
 from ds4tui.engine.loader import load_model
@@ -128,11 +129,11 @@ def test_c_layers_only_where_they_compute_the_same(tiny):
     assert arch_model(tiny, "gemma3", "mix").use_c_layers
     assert not arch_model(tiny, "llama3", "f32").use_c_layers
     model = arch_model(tiny, "qwen3", "mix")
-    assert model._table_matches_blocks()
+    assert blocks_match_table(model.layers, model.fast)
     layer = model.layers[1]
     blocks = layer.w2.blocks
     try:
         layer.w2.blocks = qgemv.QuantMatrix.from_parts([(t, b.clone()) for t, b in blocks.parts], blocks.cols)
-        assert not model._table_matches_blocks()
+        assert not blocks_match_table(model.layers, model.fast)
     finally:
         layer.w2.blocks = blocks
