@@ -1,4 +1,5 @@
-"""A streaming reply: finished Markdown blocks above, the block being written as plain text."""
+"""A streaming reply: finished Markdown blocks above, the block being written drawn as Markdown
+by one renderable (an open fence framed, a table as a table) below them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
+from ds4tui.format.display import safe_lines
 from ds4tui.screens.widgets.chat_log import AssistantMessage, ChatLog, FinishedBlocks, ReplyMarkdown
+from ds4tui.screens.widgets.reply_tail import FenceHighlight, tail_text
 
 REPLY = (
     "Here are the facts:\n\n"
@@ -63,6 +66,44 @@ def test_a_line_is_read_once_and_an_unfinished_line_waits():
     assert blocks.end_of_finished("para one\n  \n```\n\n") == len("para one\n  \n")  # a fence is open
 
 
+def _tail_shows(reply: AssistantMessage, block: str) -> bool:
+    """The tail shows `block` (made safe) drawn as Markdown for the reply's width."""
+    tail = reply.query_one(".tail", Static)
+    drawn = tail_text(safe_lines(block), reply.content_region.width, FenceHighlight())
+    return tail.display and tail.visual.plain == drawn.plain  # type: ignore[union-attr]
+
+
+def _shown(widget) -> list[str]:
+    """The widget's lines as drawn on screen."""
+    return [strip.text.rstrip() for strip in widget.render_lines(widget.content_region.reset_offset)]
+
+
+async def test_an_open_fence_and_a_table_render_while_they_stream():
+    """Issue 34: a fence or a table showed raw ("```python", "|---|") until it closed."""
+    app = ReplyHost()
+    async with app.run_test(size=(80, 30)) as pilot:
+        reply = AssistantMessage()
+        await app.query_one(ChatLog).mount(reply)
+        reply.append("Code:\n\n```python\ndef f(x):\n    return x + 1")  # the fence still open
+        await pilot.pause()
+        markdown, tail = reply.query_one(ReplyMarkdown), reply.query_one(".tail", Static)
+        assert markdown.source == "Code:\n\n"  # the finished paragraph only: the Markdown is not redone
+        lines = _shown(tail)
+        assert lines[0].startswith("╭─ python ─") and "```" not in "".join(lines)
+        assert any("def f(x):" in line for line in lines) and lines[-1].startswith("╰")
+        reply.append("\n```\n\n| city | people |\n|---|---|\n| Paris | 2.1M |\n| Lyon")
+        await pilot.pause()
+        assert markdown.source.endswith("return x + 1\n```\n\n")  # the closed fence joined the Markdown
+        lines = _shown(tail)
+        text = "\n".join(lines)
+        assert "|---|" not in text and "| Paris |" not in text
+        assert any("city" in line and "people" in line for line in lines)
+        assert any("Paris" in line and "2.1M" in line for line in lines) and "Lyon" in text
+        reply.finish()
+        await pilot.pause()
+        assert not tail.display and reply.query_one(ReplyMarkdown).query("MarkdownTable")
+
+
 class ReplyHost(App):
     def compose(self) -> ComposeResult:
         yield ChatLog()
@@ -90,9 +131,11 @@ async def test_streamed_reply_ends_as_the_same_markdown(piece):
             await pilot.pause()
             shown = len(markdown.source)
             assert REPLY[: k + piece].startswith(markdown.source)  # only finished blocks are Markdown
-            assert str(tail.visual.plain) == REPLY[shown : k + piece].lstrip("\n").replace("\x1b", "\\e")  # type: ignore[union-attr]
+            block = REPLY[shown : k + piece].lstrip("\n")
+            if block:  # the rest is drawn as Markdown in the tail, escaped
+                assert _tail_shows(reply, block)
         assert markdown.source == REPLY[: REPLY.rindex("~~~\n\n") + 5]
-        assert "The end" in str(tail.visual) and tail.display  # type: ignore[union-attr]
+        assert "The end" in tail.visual.plain and "[b]markup[/b]" in tail.visual.plain  # type: ignore[union-attr]
         reply.finish()
         await pilot.pause()
         assert reply.text == REPLY and markdown.source == REPLY.replace("\x1b", "\\e")  # escaped for the screen

@@ -22,6 +22,7 @@ from textual.widgets.markdown import MarkdownFence
 
 from ds4tui.format.display import one_line, safe_lines
 from ds4tui.screens.widgets.reply_parts import ReasoningFold, ToolCallsBlock
+from ds4tui.screens.widgets.reply_tail import FenceHighlight, as_content, tail_text
 
 
 @dataclass
@@ -173,11 +174,13 @@ class AssistantMessage(SelectableMessage, Vertical):
     """The model's reply: Markdown (code blocks highlighted) that grows as tokens stream in.
 
     While it streams, finished blocks go to the Markdown widget and the block still being
-    written is shown as plain text below it (`.tail`), then as Markdown once a blank line or
-    a closing fence ends it, or the reply ends (`finish`). Why: Textual's `Markdown.append`
-    rebuilds the last block's widgets (a whole list, every item) and the screen's layout on
-    every append; at ten appends a second that kept one of the two cores busy and halved the
-    decode beside it in a long reply (docs/perf-archive.md, "Streaming in the app")."""
+    written is drawn below it (`.tail`) as Markdown in one Static (widgets/reply_tail.py: an
+    open fence framed and highlighted, a table as a table), then joins the Markdown widget
+    once a blank line or a closing fence ends it, or the reply ends (`finish`). Why: Textual's
+    `Markdown.append` rebuilds the last block's widgets (a whole list, every item) and the
+    screen's layout on every append; at ten appends a second that kept one of the two cores
+    busy and halved the decode beside it in a long reply (docs/perf-archive.md, "Streaming in
+    the app"); the tail is one widget whatever it holds."""
 
     BINDINGS = [*_MESSAGE_KEYS, Binding("left", "ask('prev')", "Prev version"),
                 Binding("right", "ask('next')", "Next version"), Binding("c", "ask('code')", "Copy code")]
@@ -185,9 +188,10 @@ class AssistantMessage(SelectableMessage, Vertical):
     DEFAULT_CSS = f"""
     AssistantMessage {{
         height: auto;
+        padding: 0 1;
         {_FRAME_CSS}
         & > ReplyMarkdown {{ margin: 0; padding: 0 0; }}
-        & > .tail {{ padding: 0 0; height: auto; }}
+        & > .tail {{ padding: 0 0; height: auto; text-wrap: nowrap; text-overflow: clip; }}
         & > .tail.-empty {{ display: none; }}
         & > .stats {{ color: $text-muted; padding: 0 0; height: auto; }}
         & > .stats.-empty {{ display: none; }}
@@ -203,6 +207,8 @@ class AssistantMessage(SelectableMessage, Vertical):
         self._initial_parts = (reasoning, tuple(calls))
         self.text = text
         self._blocks = FinishedBlocks(len(text))  # text[:_blocks.end] is in the Markdown widget
+        self._tail = ""  # the unfinished block shown in .tail
+        self._fence = FenceHighlight()  # its highlighted lines, when it is a code fence
         self.border_title = MENU_MARK
 
     def compose(self) -> ComposeResult:
@@ -256,8 +262,21 @@ class AssistantMessage(SelectableMessage, Vertical):
 
     def _show_tail(self, tail: str) -> None:
         widget = self.query_one(".tail", Static)
-        widget.update(Text(safe_lines(tail)))
+        self._tail = tail
+        if not tail:
+            self._fence = FenceHighlight()  # the next open fence is lexed from its start
+        width = self.content_region.width
+        if not width and tail:  # not laid out yet: drawn for its width once it is
+            self.call_after_refresh(self._redraw_tail)
+        widget.update(as_content(tail_text(safe_lines(tail), width or self.app.size.width, self._fence)))
         widget.set_class(not tail, "-empty")
+
+    def on_resize(self) -> None:
+        self._redraw_tail()  # drawn for a width: drawn again for the new one
+
+    def _redraw_tail(self) -> None:
+        if self._tail and self.content_region.width:
+            self._show_tail(self._tail)
 
     def set_stats(self, line: str) -> None:
         stats = self.query_one(".stats", Static)
