@@ -10,10 +10,13 @@ Method (docs/perf.md, "DeepSeek V4 Flash, projected"):
   (engine/dsv4/slice.py: the same tensors and types): every dense tensor of the layer (a
   hash layer's tid2eid only its token's row), 6 routed experts (gate, up, down rows), the
   output head and one embedding row;
-- this machine's cost per byte, from the slice's measured per-layer decode time and the
-  bytes the same layers read (bench engine's DSV4 section), per core;
+- our kernels' cost per byte, from the slice's per-layer decode CPU time (all threads: a busy
+  machine stretches wall time, not CPU time) and the bytes the same layers read (bench
+  engine's DSV4 section); the head's from its wall time scaled by the layers' CPU/wall ratio;
 - projected time per token on a machine = max(bytes / its memory bandwidth [the roofline],
-  bytes x cost per byte per core / its cores [compute]), the head likewise.
+  CPU seconds per byte x bytes / its cores [compute, assuming the work spreads over the
+  cores as the GEMV row chunks do], 43 x the forward's serial time per layer [Python]);
+  this machine's row is the wall time measured.
 This machine's bandwidth is measured here (a 1 GiB float32 sum, torch, all threads).
 """
 
@@ -37,6 +40,10 @@ MACHINES = (
     ("128 GB laptop, dual-channel DDR5-5600 (16 cores)", 89.6, 16),
 )
 STREAM_SHARE = 0.75  # of peak a read stream reaches in practice (STREAM on such machines: 70-80%)
+# The forward's serial part per layer (Python and small torch ops around the kernels): tiny-dsv4
+# decodes 90.9 tok/s with 6 layers on a quiet 2-core box (docs/perf.md), 1.8 ms a layer, and
+# more cores do not shrink it.
+SERIAL_S_PER_LAYER = 1.8e-3
 
 
 def layer_kinds(n_layers: int = 43) -> dict[int, int]:
@@ -87,24 +94,31 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(per_layer.values()) + head_bytes()
     # this machine's cost per byte: the slice's layers, measured (compute + memory as they ran)
     layer_bytes = [d + e * b["expert_unit_bytes"] for d, e in zip(b["dense_bytes"], b["experts_per_token"])]
-    s_per_byte = sum(b["decode_ms"]) / 1e3 / sum(layer_bytes)
-    head_s_per_byte = b["head_ms"] / 1e3 / b["head_bytes"]
+    wall, cpu = sum(b["decode_ms"]) / 1e3, sum(b["decode_cpu_ms"]) / 1e3
+    cpu_per_byte = cpu / sum(layer_bytes)
+    head_cpu_per_byte = b["head_ms"] / 1e3 * (cpu / wall) / b["head_bytes"]
     bw_here = measure_bandwidth()
     print(f"43-layer decode token reads {total / 1e9:.2f} GB ({sum(per_layer.values()) / 1e9:.2f} GB in layers, "
-          f"{head_bytes() / 1e9:.2f} GB head); slice layers: {sum(layer_bytes) / 1e9:.3f} GB in "
-          f"{sum(b['decode_ms']):.1f} ms = {sum(layer_bytes) / 1e9 / (sum(b['decode_ms']) / 1e3):.2f} GB/s on "
-          f"{args.cores} cores; head {b['head_bytes'] / 1e9:.3f} GB in {b['head_ms']:.1f} ms")
+          f"{head_bytes() / 1e9:.2f} GB head). Slice: {sum(layer_bytes) / 1e9:.3f} GB in its layers, "
+          f"{wall * 1e3:.0f} ms wall, {cpu * 1e3:.0f} ms CPU = {sum(layer_bytes) / 1e9 / cpu:.2f} GB per CPU-second; "
+          f"head {b['head_bytes'] / 1e9:.3f} GB in {b['head_ms']:.0f} ms wall")
     print()
     print("| machine | memory bandwidth | roofline (bytes / bandwidth) | projected ds4tui | bound by |")
     print("|---|---:|---:|---:|---|")
-    rows = [(f"this machine ({args.cores} cores, measured)", bw_here, args.cores, True)]
-    rows += [(name, peak * STREAM_SHARE, cores, False) for name, peak, cores in MACHINES]
-    for name, bw, cores, measured in rows:
+    here_s = (sum(per_layer.values()) * wall / sum(layer_bytes) + head_bytes() * b["head_ms"] / 1e3 / b["head_bytes"])
+    rows = [(f"this machine ({args.cores} cores, measured wall time)", bw_here, None, here_s)]
+    rows += [(name, peak * STREAM_SHARE, cores, None) for name, peak, cores in MACHINES]
+    for name, bw, cores, measured_s in rows:
         roof = total / (bw * 1e9)
-        compute = (sum(per_layer.values()) * s_per_byte + head_bytes() * head_s_per_byte) * args.cores / cores
-        t = max(roof, compute)
-        kind = "memory" if roof >= compute else "compute (our kernels)"
-        bw_txt = f"{bw:.1f} GB/s" + (" measured" if measured else f" ({STREAM_SHARE:.0%} of peak)")
+        if measured_s is not None:
+            t, kind = measured_s, "compute (our kernels), busy machine" if measured_s > roof else "memory"
+        else:
+            compute = (sum(per_layer.values()) * cpu_per_byte + head_bytes() * head_cpu_per_byte) / cores
+            serial = SERIAL_S_PER_LAYER * len(per_layer)
+            t = max(roof, compute, serial)
+            kind = ("memory" if t == roof else "compute (our kernels)" if t == compute
+                    else "the forward's serial Python part")
+        bw_txt = f"{bw:.1f} GB/s" + (" measured" if cores is None else f" ({STREAM_SHARE:.0%} of peak)")
         print(f"| {name} | {bw_txt} | {1 / roof:.2f} tok/s ({roof * 1e3:.0f} ms) | {1 / t:.2f} tok/s ({t * 1e3:.0f} ms) | {kind} |")
     return 0
 

@@ -34,8 +34,9 @@ class Dsv4LayerBench:
     decode_tokens: int
     prefill_ms: list[float]  # per layer, per prompt token
     decode_ms: list[float]  # per layer, per decoded token
+    decode_cpu_ms: list[float]  # the same in CPU time (all threads)
     head_ms: float  # per decoded token: the step outside the layers
-    dense_bytes: list[int]  # per layer
+    dense_bytes: list[int]  # per layer (a hash layer's tid2eid: one row)
     expert_unit_bytes: int  # one expert's gate + up + down rows
     experts_per_token: list[float]  # per layer: distinct experts a decode token used (mean)
     head_bytes: int  # output head, its HC, the final norm, one embedding row
@@ -59,7 +60,14 @@ def _weight_bytes(obj) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if dataclasses.is_dataclass(obj):
-        return sum(_weight_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+        total = 0
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if f.name == "tid2eid" and isinstance(v, torch.Tensor):
+                total += v.shape[1] * v.element_size()  # a token reads its own row
+            else:
+                total += _weight_bytes(v)
+        return total
     if isinstance(obj, (list, tuple)):
         return sum(_weight_bytes(x) for x in obj)
     return 0
@@ -124,6 +132,7 @@ def measure_dsv4_layers(model, prompt: list[int], decode_tokens: int, expert_bud
         layers=n, prefill_tokens=len(prompt), decode_tokens=decode_tokens,
         prefill_ms=[round(1e3 * t / max(len(prompt), 1), 2) for t in clock.prefill_s],
         decode_ms=[round(x, 2) for x in decode_ms],
+        decode_cpu_ms=[round(1e3 * t / d, 2) for t in clock.decode_cpu_s],
         head_ms=round(1e3 * decode_s / d - sum(decode_ms), 2),
         dense_bytes=dense, expert_unit_bytes=unit, experts_per_token=[round(x, 2) for x in per_tok],
         head_bytes=head, bytes_per_token=float(sum(dense) + unit * sum(per_tok) + head),
@@ -138,7 +147,8 @@ def format_rows(b: Dsv4LayerBench) -> list[tuple[str, str]]:
     gb = 1e9
     rows = []
     for li in range(b.layers):
-        rows.append((f"layer {li}", f"prefill {b.prefill_ms[li]:.2f} ms/token, decode {b.decode_ms[li]:.2f} ms/token, "
+        rows.append((f"layer {li}", f"prefill {b.prefill_ms[li]:.2f} ms/token, decode {b.decode_ms[li]:.2f} ms/token "
+                                    f"({b.decode_cpu_ms[li]:.2f} ms CPU), "
                                     f"reads {(b.dense_bytes[li] + b.experts_per_token[li] * b.expert_unit_bytes) / 1e6:.1f} MB"
                                     f"/token ({b.dense_bytes[li] / 1e6:.1f} MB dense + {b.experts_per_token[li]:g} experts"
                                     f" x {b.expert_unit_bytes / 1e6:.2f} MB)"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from collections import OrderedDict
 
 import torch
@@ -43,17 +44,25 @@ class LayerObserver:
 
 
 class LayerClock(LayerObserver):
-    """Seconds and tokens per layer: decode (one token per forward) and prefill apart."""
+    """Seconds and tokens per layer: decode (one token per forward) and prefill apart; wall
+    time, and this process's CPU time (every thread: a busy machine stretches the first, not
+    the second)."""
 
     def __init__(self, n_layers: int) -> None:
         self.decode_s = [0.0] * n_layers
         self.prefill_s = [0.0] * n_layers
+        self.decode_cpu_s = [0.0] * n_layers
         self.decode_tokens = [0] * n_layers
         self.prefill_tokens = [0] * n_layers
+        self._cpu0 = 0.0
+
+    def layer_start(self, layer: int, token_ids: torch.Tensor) -> None:
+        self._cpu0 = time.process_time()
 
     def layer_done(self, layer: int, seconds: float, n_tokens: int) -> None:
         if n_tokens == 1:
             self.decode_s[layer] += seconds
+            self.decode_cpu_s[layer] += time.process_time() - self._cpu0
             self.decode_tokens[layer] += 1
         else:
             self.prefill_s[layer] += seconds
