@@ -31,7 +31,7 @@ class ReasoningFold(Collapsible):
     ReasoningFold {
         border: none;
         padding: 0;
-        margin: 0 0 0 1;
+        margin: 0 0 1 0;  /* a blank line before the answer; aligned with it */
         background: transparent;
         &.-empty { display: none; }
         & > Contents { padding: 0 1 0 2; }
@@ -84,7 +84,7 @@ class ToolCallsBlock(Vertical):
     DEFAULT_CSS = """
     ToolCallsBlock {
         height: auto;
-        margin: 0 1;
+        margin: 0;
         &.-empty { display: none; }
     }
     ToolCallsBlock > .call {
