@@ -134,6 +134,10 @@ class ChatBackend(Protocol):
     def show_alternative(self, key: str, index: int, step: int) -> str:
         """Show the previous (-1) or next (+1) version of the last reply; returns its text."""
 
+    def delete_version(self, key: str, index: int) -> str:
+        """Delete the shown version of the last reply, in the store too; returns the text now
+        shown (the version before it). ValueError when it is the only one."""
+
     def edit(self, key: str, index: int, text: str,
              on_event: EventFn = ...) -> tuple[Done | None, Conversation | None]:
         """Replace the user message at `index` and answer again; the old continuation is kept

@@ -52,6 +52,23 @@ def show_alternative(conv: Conversation, index: int, step: int) -> str:
     return versions[pick]
 
 
+def delete_alternative(conv: Conversation, index: int) -> tuple[str, str]:
+    """Delete the shown version of the last reply (there must be another): the one before it
+    is shown (the next, for the first). Returns (the deleted text, the text now shown)."""
+    if index != len(conv.messages) - 1 or conv.messages[index].get("role") != "assistant":
+        raise ValueError("only the last reply's versions can be deleted")
+    versions = conv.alternatives.get(index) or []
+    if len(versions) < 2:
+        raise ValueError("this reply has no other version: it is the chat's only answer here")
+    shown, _count = conv.alternative_index(index)
+    deleted = versions.pop(shown)
+    keep = versions[max(shown - 1, 0)]
+    conv.messages[index] = {"role": "assistant", "content": keep}
+    if len(versions) == 1:
+        del conv.alternatives[index]  # one version left: it is simply the reply
+    return deleted, keep
+
+
 def fork_title(title: str, taken: Iterable[str | None]) -> str:
     """"title (fork)", or "title (fork N)" when a chat in `taken` has that title."""
     names = set(taken)

@@ -78,6 +78,16 @@ class History:
         conv.updated_at = time.time()
         return True
 
+    def delete_version(self, conv: Conversation, index: int, content: str, on_event: EventFn = _ignore) -> bool:
+        """Remove a deleted reply version from the store, then commit the chat as it now shows."""
+        if conv.store_id is not None:
+            try:
+                self.store.delete_version(conv.store_id, index, content)
+            except (StoreError, LookupError) as exc:
+                on_event(ChatError("history", f"{exc} (the version is gone here; the store still has it)"))
+                return False
+        return self.commit(conv, on_event)
+
     def record_model(self, conv: Conversation) -> None:
         """conv now continues on this controller's model (a chat of another model, re-prefilled)."""
         conv.model_spec = self.model_spec

@@ -412,6 +412,16 @@ class RemoteChatController(OpenChats):
         self.history.commit(conv)  # the version shown is the branch the chat continues on
         return text
 
+    def delete_version(self, key: str, index: int) -> str:
+        """Delete the shown version of the last reply (store included); returns the text now
+        shown. The next message continues from that one, as after ←/→."""
+        conv = self.get(key)
+        if conv.busy:
+            raise RuntimeError(f"conversation {key} is busy")
+        deleted, text = branches.delete_alternative(conv, index)
+        self.history.delete_version(conv, index, deleted)
+        return text
+
     def edit(self, key: str, index: int, text: str,
              on_event: EventFn = _ignore) -> tuple[Done | None, Conversation | None]:
         """Replace the user message at `index` and ask again. What followed it is kept as a fork

@@ -74,6 +74,8 @@ class ChatMoves:
             self.action_regenerate()
         elif action in ("prev", "next"):
             self._switch_version(index, message.widget, -1 if action == "prev" else 1)
+        elif action == "delete-version":
+            self._ask_delete_version(index, message.widget)
 
     def _menu_items(self, index: int) -> list[tuple[str, str, str]]:
         """(action, label, key) of what the message at `index` offers now."""
@@ -91,7 +93,7 @@ class ChatMoves:
             shown, count = self.controller.alternatives(self._active, index)
             if count > 1:
                 items += [("prev", f"Previous version ({shown + 1}/{count})", "←"),
-                          ("next", "Next version", "→")]
+                          ("next", "Next version", "→"), ("delete-version", "Delete this version", "")]
         return items
 
     def _open_menu(self, widget, items: list[tuple[str, str, str]], title: str) -> None:
@@ -159,6 +161,34 @@ class ChatMoves:
         if isinstance(widget, AssistantMessage):
             self._show_reply(widget, text)
             widget.set_stats(version_note(shown, count))
+
+    def _ask_delete_version(self, index: int, widget) -> None:
+        """The menu's "Delete this version": asked first (it goes from the store too)."""
+        from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
+
+        if self._engine_job or self._active is None:
+            self._toast("Wait for the reply to finish (Escape cancels it).", "Versions", "warning")
+            return
+        key = self._active
+        shown, count = self.controller.alternatives(key, index)
+
+        def answered(yes: bool | None) -> None:
+            if not yes or self._conversation(key) is None:
+                return
+            try:
+                text = self.controller.delete_version(key, index)
+            except (ValueError, RuntimeError) as exc:
+                self._toast(str(exc), "Versions", "warning")
+                return
+            now, left = self.controller.alternatives(key, index)
+            if isinstance(widget, AssistantMessage) and widget.is_mounted:
+                widget.set_text(text)
+                widget.set_stats(version_note(now, left) if left > 1 else "")
+            self._toast(f"Deleted version {shown + 1} of {count}; showing version {now + 1} of {left}.", "Versions")
+
+        self.app.push_screen(ConfirmDialog(f"Delete version {shown + 1} of {count} of this reply? It goes from the "
+                                           "history for good; the other versions stay.", yes_label="Delete"),
+                             answered)
 
     def action_model_info(self) -> None:
         """The palette's model line: what `ds4tui models info` prints."""

@@ -133,6 +133,23 @@ class ConversationStore:
             self._set(db, chat_id, {**meta, "head": ids[-1] if ids else None, "shown": len(ids)})
         self._paths[chat_id] = [(r, c, i) for (r, c), i in zip(path, ids)]
 
+    def delete_version(self, chat_id: str, index: int, content: str) -> bool:
+        """Remove one version of the reply at path position `index` (the node under the shown
+        path's message `index - 1` with this text) and everything under it. False when no
+        such node is stored. The caller commits the path it shows next."""
+        known = self._paths.get(chat_id)
+        if known is None:
+            self.load(chat_id)
+            known = self._paths.get(chat_id, [])
+        if index > len(known):
+            return False
+        parent = known[index - 1][2] if index else None
+        with self._transaction() as db:
+            cur = db.execute("DELETE FROM messages WHERE conversation = ? AND parent IS ? AND role = 'assistant' "
+                             "AND content = ?", (chat_id, parent, content))  # its subtree: ON DELETE CASCADE
+        self._paths[chat_id] = known[:index]  # the next commit finds the path again from there
+        return cur.rowcount > 0
+
     def update(self, chat_id: str, **meta) -> None:
         """Change meta fields (title, model, engine, settings, kv_sha, kv_tokens, archived...)."""
         with self._transaction() as db:

@@ -121,6 +121,10 @@ def exercise(ctl, embedded: bool) -> tuple[set[str], dict]:
     assert c.show_alternative(key, last, -1) == first_text and c.alternatives(key, last) == (0, 2)
     shown = c.show_alternative(key, last, 1)
     assert c.alternatives(key, last) == (1, 2) and store.load(conv.store_id).alternatives[last][1] == shown
+    # The menu's "Delete this version": a third one, deleted; the store forgets it too.
+    assert c.regenerate(key, Recorder()) is not None and c.alternatives(key, last) == (2, 3)
+    assert c.delete_version(key, last) == shown and c.alternatives(key, last) == (1, 2)
+    assert list(store.load(conv.store_id).alternatives[last]) == conv.alternatives[last]
     seen["regenerated"] = [dict(m) for m in conv.messages]
     assert c.send(key, "contract: the second question", Recorder()) is not None
 

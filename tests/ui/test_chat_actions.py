@@ -153,3 +153,38 @@ async def test_inside_tmux_without_set_clipboard_the_copy_goes_to_a_file_and_say
     message = app.toasts[-1].message
     assert message.startswith(f"Saved the message (19 characters) to {saved}")
     assert "set-clipboard is external" in message and "OSC 52)" not in message
+
+
+async def test_delete_this_version_from_the_menu_removes_it_from_the_store_too(tiny_llama, tmp_path):
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, cache_dir=str(tmp_path / "kv"), temperature=1.0, seed=3))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "Hello there.")
+        ctl, key = app.chat.controller, app.chat._active
+        first = ctl.get(key).messages[-1]["content"]
+        mark = len(app.seen)
+        await pilot.press("ctrl+r")
+        await app.wait_for(ChatScreen.TurnEnded, after=mark)
+        second = ctl.get(key).messages[-1]["content"]
+        assert second != first
+        reply = app.chat._pane(key).log.last_assistant
+        reply.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        menu = app.chat.query_one(MessageMenu)
+        assert [o.id for o in menu._options][-3:] == ["prev", "next", "delete-version"]
+        menu.highlighted = menu.option_count - 1
+        await pilot.press("enter")
+        await pilot.pause()
+        from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
+
+        assert isinstance(app.screen, ConfirmDialog)
+        await pilot.press("y")
+        await pilot.pause()
+        conv = ctl.get(key)
+        assert conv.messages[-1]["content"] == first and reply.text == first
+        assert ctl.alternatives(key, len(conv.messages) - 1) == (0, 1) and "version" not in str(
+            reply.query_one(".stats").render())
+        stored = ctl.history.store.load(conv.store_id)
+        assert stored.messages[-1]["content"] == first
+        assert second not in [v for vs in stored.alternatives.values() for v in vs]  # gone for good
+        assert any(n.message.startswith("Deleted version 2 of 2") for n in app.toasts)
