@@ -23,6 +23,7 @@ from ds4tui.cache.files import WritePayload
 from ds4tui.cache.listing import CacheDirectory
 from ds4tui.cache.safe_open import CacheDirError
 from ds4tui.format.display import human_bytes
+from ds4tui.format.payload import DS4_PAYLOAD_ABI
 from ds4tui.format.kvc import (
     CHECKSUM_TRAILER_BYTES,
     EXT_CHECKSUM,
@@ -66,7 +67,9 @@ def save(directory: CacheDirectory, text: bytes, *, tokens: int, reason: str, en
     flags = (ext_flags & ~(EXT_TRAILERS | EXT_PINNED)) | EXT_CHECKSUM
     flags |= (EXT_TOOL_MAP if tool_map is not None else 0) | (EXT_SESSION_TITLE if title is not None else 0)
     flags |= EXT_PINNED if pinned else 0
-    header = KvcHeader(quant_bits=(engine.quant_bits or 0) | QUANT_DS4TUI_MARK, reason_code=reason_code(reason),
+    # ds4tui's mark keeps ds4 away from its files; a file in ds4's own layout is meant for ds4
+    mark = 0 if engine.payload_abi == DS4_PAYLOAD_ABI else QUANT_DS4TUI_MARK
+    header = KvcHeader(quant_bits=(engine.quant_bits or 0) | mark, reason_code=reason_code(reason),
                        ext_flags=flags, model_id=engine.model_id, tokens=tokens, hits=0,
                        ctx_size=engine.ctx_size, payload_abi=engine.payload_abi,
                        created_at=created, last_used=now, payload_bytes=payload_bytes,

@@ -169,10 +169,15 @@ class Dsv4Config:
 
     @property
     def is_flash(self) -> bool:
+        return self.has_flash_shape and self.num_hidden_layers == FLASH_SHAPE["num_hidden_layers"]
+
+    @property
+    def has_flash_shape(self) -> bool:
+        """V4 Flash's shape with any layer count (and its ratios for that count): what a ds4
+        build runs when its layer-count enum is set to that count (a true-shape slice)."""
         mine = asdict(self)
-        return all(mine[k] == v for k, v in FLASH_SHAPE.items()) and self.compress_ratios == flash_compress_ratios(
-            self.num_hidden_layers
-        )
+        return all(mine[k] == v for k, v in FLASH_SHAPE.items() if k != "num_hidden_layers") and (
+            self.compress_ratios == flash_compress_ratios(self.num_hidden_layers))
 
     def canonical_json(self) -> bytes:
         """Every constructor field, sorted: the config part of the fingerprint."""

@@ -73,7 +73,8 @@ class Dsv4Model(Model):
                      chat: ChatTemplate, quant_bits: int, ds4_file: bool = False) -> "Dsv4Model":
         """A model over weights already bound (a GGUF's blocks: gguf.py), identified by `digest`.
         ds4_file: the weights are ds4's own GGUF, so a V4 Flash shape (any layer count, as a
-        ds4 build with that count runs it) keeps its sessions in ds4's payload (ABI 2)."""
+        ds4 build with that count runs it) is model id 0 and keeps its sessions in ds4's
+        payload (ABI 2)."""
         self = cls.__new__(cls)
         self._setup(name, cfg, weights, digest, tokenizer, chat, quant_bits, ds4_file)
         return self
@@ -88,11 +89,12 @@ class Dsv4Model(Model):
         self.info = ModelInfo(
             name=name,
             family="dsv4",
-            model_id=MODEL_ID_DS4_FLASH if cfg.is_flash else MODEL_ID_DSV4_CUSTOM,
+            # ds4 writes id 0 for whatever its build runs: a slice of ds4's file is id 0 too
+            model_id=MODEL_ID_DS4_FLASH if cfg.is_flash or (ds4_file and cfg.has_flash_shape) else MODEL_ID_DSV4_CUSTOM,
             quant_bits=quant_bits,
             fingerprint=fingerprint,
             n_ctx=cfg.max_position_embeddings,
-            payload_abi=DS4_PAYLOAD_ABI if ds4_file and cfg.is_flash else DS4TUI_PAYLOAD_ABI,
+            payload_abi=DS4_PAYLOAD_ABI if ds4_file and cfg.has_flash_shape else DS4TUI_PAYLOAD_ABI,
         )
 
     def describe(self) -> str:

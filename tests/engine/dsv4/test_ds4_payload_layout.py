@@ -149,3 +149,36 @@ def test_a_ds4tui_payload_is_not_read_as_ds4s():
     s.save_payload(buf)
     with pytest.raises(PayloadError, match="fingerprint"):
         load(tiny().new_session(CTX, chunk_size=CHUNK), buf.getvalue())
+
+
+def test_ds4_layout_files_go_through_the_store_without_the_ds4tui_mark(tmp_path):
+    """ds4 reads a file only when its quant byte is 2 or 4: a ds4-layout save leaves ds4tui's
+    mark off; the store loads it back, and also after a ds4 hit rewrote bytes 7 and 20 to 0."""
+    from ds4tui.cache.entry import Acceptor
+    from ds4tui.cache.store import KvStore
+    from ds4tui.format.kvc import OFFSET_PAYLOAD_ABI, read_kvc
+
+    s = ds4_session()
+    toks = tokens(40, seed=4)
+    s.prefill(toks)
+    ack = Acceptor(model_id=0, payload_abi=DS4_PAYLOAD_ABI, ctx_size=CTX, quant_bits=2)
+    text = "ds4-layout session"
+    assert KvStore(tmp_path).save(text, tokens=len(toks), reason="cold", engine=ack,
+                                  payload_bytes=s.payload_bytes(), write_payload=s.save_payload).ok
+    (path,) = tmp_path.glob("*.kv")
+    with open(path, "rb") as fp:
+        assert read_kvc(fp).header.quant_bits == 2
+    with open(path, "r+b") as fp:  # what a ds4 hit leaves: its own fields, ABI byte 0
+        fp.seek(OFFSET_PAYLOAD_ABI)
+        fp.write(b"\0")
+    b = ds4_session()
+    assert KvStore(tmp_path).load(text + " and more", ack, b.load_payload).hit is not None
+    assert b.tokens == toks and torch.equal(b.logits, s.logits)
+    mine = tiny().new_session(CTX, chunk_size=CHUNK)
+    mine.prefill(toks)
+    own = Acceptor(model_id=0x81, ctx_size=CTX, quant_bits=4)
+    assert KvStore(tmp_path / "own").save(text, tokens=len(toks), reason="cold", engine=own,
+                                          payload_bytes=mine.payload_bytes(), write_payload=mine.save_payload).ok
+    (path,) = (tmp_path / "own").glob("*.kv")
+    with open(path, "rb") as fp:
+        assert read_kvc(fp).header.quant_bits == 4 | 0x80
