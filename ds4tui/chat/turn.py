@@ -165,84 +165,100 @@ class TurnPipeline:
 
         Afterwards conv.session_text is the exact text of the session's tokens.
         """
-        tok = self.model.tokenizer
         session = conv.session
         if session is not None and session.tokens:
-            # The check below without encoding the whole transcript, when that is certain to
-            # give its answer (live_suffix.py); else the check itself.
-            quick = suffix_after_live(tok, session.tokens, conv.session_text, prompt_bytes)
-            if quick is not None and (quick or session.logits is not None):
-                return Prefix(quick, "live")
-            full = tok.encode(prompt)
-            n = len(session.tokens)
-            if full[:n] == session.tokens and (len(full) > n or session.logits is not None):
-                # Same tokens as a cold prefill would use: the answer is bit-identical.
-                return Prefix(full[n:], "live")
-            # The reply's sampled tokens need not match a re-tokenization of its text;
-            # the session's own tokens stay authoritative and only the new text is
-            # encoded. Compared as decoded text: a reply holding invalid UTF-8 is kept
-            # in the transcript with U+FFFD, exactly as this decode shows it.
-            have = conv.session_text.decode("utf-8", errors="replace")
-            if prompt.startswith(have) and (session.logits is not None or len(prompt) > len(have)):
-                return Prefix(tok.encode(prompt[len(have):]), "live")
-            rewound = self._rewind_live(conv, session, prompt)
-            if rewound is not None:
-                return rewound
+            live = self._from_live(conv, session, prompt, prompt_bytes)
+            if live is not None:
+                return live
         shared = self._share(conv, prompt, on_event)
         if shared is not None:
             return shared
         session = self.pool.ensure(conv, on_event)
-        reason = "no cached prefix"
-        if self.checkpoints is not None:
-            seen: list = []
-
-            def note(event: ChatEvent) -> None:
-                seen.append(event)
-                on_event(event)
-
-            # The rest of the prompt after a file's text, tokenized once the store has checked
-            # the file and before its payload: the session runs its first chunk while the
-            # rows are still coming from disk (LlamaSession.load_payload_ahead), and the
-            # prefill below takes that chunk as done. Kept per text: tokenized once.
-            suffixes: dict[bytes, list[int]] = {}
-
-            def suffix_after(text: bytes, rest: str | None) -> list[int] | None:
-                if rest is None:
-                    return None
-                if text not in suffixes:
-                    suffixes[text] = tok.encode(rest)
-                return suffixes[text]
-
-            if conv.saved_sha:  # a parked titled chat (a fork, a resumed one): its own file first
-                text = self.checkpoints.restore_titled(conv.saved_sha, prompt, session, note,
-                                                       lambda t: suffix_after(t, text_after(prompt, t)))
-                if text is not None:
-                    conv.session_text = text
-                    conv.stored_upto = len(session.tokens)
-                    hit = next((e for e in reversed(seen) if isinstance(e, Hit)), None)
-                    suffix = suffix_after(text, text_after(prompt, text))
-                    assert suffix is not None  # restore_titled checked that its text starts the prompt
-                    return Prefix(suffix, "disk", sha=conv.saved_sha, ms=hit.ms if hit else None)
-            covered = self.checkpoints.restore_longest(
-                prompt_bytes, session, note, lambda t: suffix_after(t, text_after_bytes(prompt_bytes, len(t))))
-            if covered:
-                suffix = suffix_after(prompt_bytes[:covered], text_after_bytes(prompt_bytes, covered))
-                if suffix is not None:
-                    conv.session_text = prompt_bytes[:covered]
-                    conv.stored_upto = len(session.tokens)
-                    hit = next((e for e in reversed(seen) if isinstance(e, Hit)), None)
-                    return Prefix(suffix, "disk", sha=hit.sha if hit else None, ms=hit.ms if hit else None)
-                reason = "cached prefix ends inside a character"
-            rejected = [e for e in seen if isinstance(e, Rejected)]
-            if rejected:
-                reason = f"file rejected: {rejected[-1].reason}"
-        else:
+        if self.checkpoints is None:
             on_event(Miss("disk cache off (--no-disk-cache)"))
             reason = "disk cache off"
+        else:
+            found = self._from_disk(conv, session, prompt, prompt_bytes, self.checkpoints, on_event)
+            if isinstance(found, Prefix):
+                return found
+            reason = found
         session.reset()
         conv.session_text = b""
         conv.stored_upto = 0
-        return Prefix(tok.encode(prompt), "cold", reason=reason)
+        return Prefix(self.model.tokenizer.encode(prompt), "cold", reason=reason)
+
+    def _from_live(self, conv: Conversation, session: Session, prompt: str, prompt_bytes: bytes) -> Prefix | None:
+        """The rest of the prompt after conv's live session (rewound where the prompt leaves its
+        text), or None when the session does not lead into the prompt."""
+        tok = self.model.tokenizer
+        # The check below without encoding the whole transcript, when that is certain to
+        # give its answer (live_suffix.py); else the check itself.
+        quick = suffix_after_live(tok, session.tokens, conv.session_text, prompt_bytes)
+        if quick is not None and (quick or session.logits is not None):
+            return Prefix(quick, "live")
+        full = tok.encode(prompt)
+        n = len(session.tokens)
+        if full[:n] == session.tokens and (len(full) > n or session.logits is not None):
+            # Same tokens as a cold prefill would use: the answer is bit-identical.
+            return Prefix(full[n:], "live")
+        # The reply's sampled tokens need not match a re-tokenization of its text;
+        # the session's own tokens stay authoritative and only the new text is
+        # encoded. Compared as decoded text: a reply holding invalid UTF-8 is kept
+        # in the transcript with U+FFFD, exactly as this decode shows it.
+        have = conv.session_text.decode("utf-8", errors="replace")
+        if prompt.startswith(have) and (session.logits is not None or len(prompt) > len(have)):
+            return Prefix(tok.encode(prompt[len(have):]), "live")
+        return self._rewind_live(conv, session, prompt)
+
+    def _from_disk(self, conv: Conversation, session: Session, prompt: str, prompt_bytes: bytes,
+                   checkpoints: Checkpoints, on_event: EventFn) -> Prefix | str:
+        """Restore the longest cached prefix into `session` (a parked titled chat's own file
+        first); the rest of the prompt, or why nothing was restored."""
+        tok = self.model.tokenizer
+        reason = "no cached prefix"
+        seen: list = []
+
+        def note(event: ChatEvent) -> None:
+            seen.append(event)
+            on_event(event)
+
+        # The rest of the prompt after a file's text, tokenized once the store has checked
+        # the file and before its payload: the session runs its first chunk while the
+        # rows are still coming from disk (LlamaSession.load_payload_ahead), and the
+        # prefill below takes that chunk as done. Kept per text: tokenized once.
+        suffixes: dict[bytes, list[int]] = {}
+
+        def suffix_after(text: bytes, rest: str | None) -> list[int] | None:
+            if rest is None:
+                return None
+            if text not in suffixes:
+                suffixes[text] = tok.encode(rest)
+            return suffixes[text]
+
+        if conv.saved_sha:  # a parked titled chat (a fork, a resumed one): its own file first
+            text = checkpoints.restore_titled(conv.saved_sha, prompt, session, note,
+                                                   lambda t: suffix_after(t, text_after(prompt, t)))
+            if text is not None:
+                conv.session_text = text
+                conv.stored_upto = len(session.tokens)
+                hit = next((e for e in reversed(seen) if isinstance(e, Hit)), None)
+                suffix = suffix_after(text, text_after(prompt, text))
+                assert suffix is not None  # restore_titled checked that its text starts the prompt
+                return Prefix(suffix, "disk", sha=conv.saved_sha, ms=hit.ms if hit else None)
+        covered = checkpoints.restore_longest(
+            prompt_bytes, session, note, lambda t: suffix_after(t, text_after_bytes(prompt_bytes, len(t))))
+        if covered:
+            suffix = suffix_after(prompt_bytes[:covered], text_after_bytes(prompt_bytes, covered))
+            if suffix is not None:
+                conv.session_text = prompt_bytes[:covered]
+                conv.stored_upto = len(session.tokens)
+                hit = next((e for e in reversed(seen) if isinstance(e, Hit)), None)
+                return Prefix(suffix, "disk", sha=hit.sha if hit else None, ms=hit.ms if hit else None)
+            reason = "cached prefix ends inside a character"
+        rejected = [e for e in seen if isinstance(e, Rejected)]
+        if rejected:
+            reason = f"file rejected: {rejected[-1].reason}"
+        return reason
 
     def _share(self, conv: Conversation, prompt: str, on_event: EventFn) -> Prefix | None:
         """Fork another chat's idle live session where it shares more of the prompt's tokens
