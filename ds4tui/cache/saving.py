@@ -67,13 +67,7 @@ def save(directory: CacheDirectory, text: bytes, *, tokens: int, reason: str, en
     flags = (ext_flags & ~(EXT_TRAILERS | EXT_PINNED)) | EXT_CHECKSUM
     flags |= (EXT_TOOL_MAP if tool_map is not None else 0) | (EXT_SESSION_TITLE if title is not None else 0)
     flags |= EXT_PINNED if pinned else 0
-    # ds4tui's mark keeps ds4 away from its files; a file in ds4's own layout is meant for ds4
-    mark = 0 if engine.payload_abi == DS4_PAYLOAD_ABI else QUANT_DS4TUI_MARK
-    header = KvcHeader(quant_bits=(engine.quant_bits or 0) | mark, reason_code=reason_code(reason),
-                       ext_flags=flags, model_id=engine.model_id, tokens=tokens, hits=0,
-                       ctx_size=engine.ctx_size, payload_abi=engine.payload_abi,
-                       created_at=created, last_used=now, payload_bytes=payload_bytes,
-                       text_bytes=len(text))
+    header = _new_header(engine, reason, flags, tokens, created, now, payload_bytes, len(text))
     file_bytes = header.body_bytes + len(tail) + CHECKSUM_TRAILER_BYTES
 
     def failed(why: str, *extra) -> SaveResult:
@@ -91,13 +85,9 @@ def save(directory: CacheDirectory, text: bytes, *, tokens: int, reason: str, en
     # Re-saving a session (the same name) keeps what belongs to the file, not to this
     # state: its pin and its hit counter (each resume counted one). files.write_atomic
     # carries them over from the file it replaces, read under that file's lock.
-    # Other saves in progress hold disk space too, and so does the header index: they count
-    # as if pinned.
-    pinned_bytes = sum(e.file_bytes for e in entries if e.pinned and e.sha != sha) + d.overhead_bytes()
-    if required + pinned_bytes > d.budget_bytes:
-        return failed(f"file of {human_bytes(file_bytes)} (+{d.policy.headroom_percent}% headroom)"
-                      f" does not fit the {human_bytes(d.budget_bytes)} budget"
-                      + (f" beside {human_bytes(pinned_bytes)} of pinned files" if pinned_bytes else ""))
+    too_big = _does_not_fit(d, entries, sha, required, file_bytes)
+    if too_big is not None:
+        return failed(too_big)
     # Make room before writing (ds4 does the same), so the directory stays
     # under budget while the new file grows; the file being replaced is not counted.
     others = [e for e in entries if e.sha != sha]
@@ -122,6 +112,30 @@ def save(directory: CacheDirectory, text: bytes, *, tokens: int, reason: str, en
     if post.files:
         evicted += (post,)
     return SaveResult(saved, (*evicted, saved))
+
+
+def _new_header(engine: Acceptor, reason: str, flags: int, tokens: int, created: int, now: int,
+                payload_bytes: int, text_bytes: int) -> KvcHeader:
+    # ds4tui's mark keeps ds4 away from its files; a file in ds4's own layout is meant for ds4
+    mark = 0 if engine.payload_abi == DS4_PAYLOAD_ABI else QUANT_DS4TUI_MARK
+    assert engine.model_id is not None and engine.ctx_size is not None  # save checked
+    return KvcHeader(quant_bits=(engine.quant_bits or 0) | mark, reason_code=reason_code(reason),
+                     ext_flags=flags, model_id=engine.model_id, tokens=tokens, hits=0,
+                     ctx_size=engine.ctx_size, payload_abi=engine.payload_abi,
+                     created_at=created, last_used=now, payload_bytes=payload_bytes,
+                     text_bytes=text_bytes)
+
+
+def _does_not_fit(d: CacheDirectory, entries, sha: str, required: int, file_bytes: int) -> str | None:
+    """Why a file of `file_bytes` (`required` with the headroom) cannot be saved however much is
+    evicted, or None. Pinned files stay, and so do the other saves in progress and the header
+    index (they count as if pinned); the file being replaced (`sha`) does not count."""
+    pinned_bytes = sum(e.file_bytes for e in entries if e.pinned and e.sha != sha) + d.overhead_bytes()
+    if required + pinned_bytes <= d.budget_bytes:
+        return None
+    return (f"file of {human_bytes(file_bytes)} (+{d.policy.headroom_percent}% headroom)"
+            f" does not fit the {human_bytes(d.budget_bytes)} budget"
+            + (f" beside {human_bytes(pinned_bytes)} of pinned files" if pinned_bytes else ""))
 
 
 def _reusable(d: CacheDirectory, sha: str, header: KvcHeader, text: bytes, engine: Acceptor) -> Saved | None:
