@@ -97,7 +97,7 @@ async def test_an_open_fence_and_a_table_render_while_they_stream():
         lines = _shown(tail)
         text = "\n".join(lines)
         assert "|---|" not in text and "| Paris |" not in text
-        assert any("city" in line and "people" in line for line in lines)
+        assert lines[0].startswith("┌") and any("city" in line and "people" in line for line in lines)
         assert any("Paris" in line and "2.1M" in line for line in lines) and "Lyon" in text
         reply.finish()
         await pilot.pause()

@@ -18,9 +18,10 @@ import time
 
 from rich import box
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
-from rich.markdown import CodeBlock, Markdown
+from rich.markdown import CodeBlock, Markdown, TableElement
 from rich.panel import Panel
 from rich.syntax import Syntax
+from rich.table import Table
 from rich.style import Style as RichStyle
 from rich.text import Text
 from textual.content import Content, Span
@@ -42,8 +43,23 @@ class _FramedCode(CodeBlock):
                     border_style="dim", padding=(0, 1))
 
 
+class _GridTable(TableElement):
+    """A table ruled as the finished reply's (Textual's MarkdownTable): every cell boxed, the
+    header bold, so a table does not change its look when it is done."""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        table = Table(box=box.SQUARE, show_lines=True, border_style="dim", header_style="bold")
+        if self.header is not None and self.header.row is not None:
+            for cell in self.header.row.cells:
+                table.add_column(cell.content.copy())
+        if self.body is not None:
+            for row in self.body.rows:
+                table.add_row(*(cell.content for cell in row.cells))
+        yield table
+
+
 class TailMarkdown(Markdown):
-    elements = {**Markdown.elements, "fence": _FramedCode, "code_block": _FramedCode}
+    elements = {**Markdown.elements, "fence": _FramedCode, "code_block": _FramedCode, "table_open": _GridTable}
 
 
 def tail_renderable(block: str) -> RenderableType:
@@ -142,6 +158,8 @@ def tail_text(block: str, width: int, highlight: FenceHighlight | None = None) -
         return _fence_text(*fence, width, highlight)
     console = _console(max(width, 8))
     lines = console.render_lines(tail_renderable(block), console.options.update(height=None), pad=False)
+    while lines and not "".join(segment.text for segment in lines[0]).strip():
+        lines.pop(0)  # Rich opens some blocks (a table) with a blank line
     out = Text(no_wrap=True, overflow="crop", end="")
     for i, line in enumerate(lines):
         if i:
