@@ -95,6 +95,9 @@ class Dsv4ChatTemplate:
     """The `ChatTemplate` protocol for DeepSeek V4, rendering what ds4-server renders."""
 
     stop_strings: tuple[str, ...] = (EOS,)
+    # What the reply parsers read a template's tool syntax from (reply_parts.syntax_of): this
+    # template is code, not jinja; its tools section is the text that names the syntax.
+    source = TOOLS_PREAMBLE
 
     def __init__(self, default_system_prompt: str | None = None, thinking: bool = False,
                  think_max: bool = False) -> None:

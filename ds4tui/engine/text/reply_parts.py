@@ -7,7 +7,9 @@ Owns:
   </tool_call>`: Qwen 2.5, Qwen 3 and the many templates that copied it), `llama3` (a reply
   that is one JSON object `{"name", "parameters"}`, optionally after `<|python_tag|>`:
   Llama 3.1 to 3.3), `deepseek` (`<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` and a
-  fenced JSON block: DeepSeek V3 and R1). None: the template renders no tools.
+  fenced JSON block: DeepSeek V3 and R1), `dsml` (`<｜DSML｜tool_calls>` with one `invoke` per
+  call and one `parameter` per argument: DeepSeek V4, as ds4 renders it). None: the template
+  renders no tools.
 - `ReplyParser`: the reply's text, fed as it streams, split into reasoning (a `<think>`
   block at its start, or from the start when the prompt opened one) and content, released
   as soon as it cannot be the start of a tool call, and the calls themselves, parsed when
@@ -26,10 +28,13 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from ds4tui.engine.text.dsv4_chat import CALLS_CLOSE, CALLS_OPEN, parse_dsml_calls
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 HERMES_OPEN = "<tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 DEEPSEEK_OPEN = "<｜tool▁calls▁begin｜>"
+DSML_OPEN, DSML_CLOSE = CALLS_OPEN, CALLS_CLOSE  # DeepSeek V4 (engine/text/dsv4_chat.py)
 
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _DEEPSEEK_CALL = re.compile(
@@ -41,6 +46,8 @@ def syntax_of(source: str | None) -> str | None:
     """The tool-call syntax of a chat template's source, None when it renders no tools."""
     if not source or "tools" not in source:
         return None
+    if DSML_OPEN in source:
+        return "dsml"
     if HERMES_OPEN in source:
         return "hermes"
     if "tool▁calls▁begin" in source:
@@ -120,6 +127,11 @@ def parse_calls(syntax: str, text: str) -> list[ToolCall] | None:
     elif syntax == "deepseek":
         for name, args in _DEEPSEEK_CALL.findall(text):
             calls.append(_call(name, args))
+    elif syntax == "dsml":
+        block = text.strip()
+        parsed = parse_dsml_calls(block) if block.endswith(DSML_CLOSE) else None
+        for c in parsed or ():
+            calls.append(_call(c["function"]["name"], c["function"]["arguments"]))
     if not calls or any(c is None for c in calls):
         return None
     return [c for c in calls if c is not None]
@@ -209,7 +221,7 @@ class ReplyParser:
                     if not final and PYTHON_TAG.startswith(head):
                         return out
                 self._content_started = bool(head) or final
-            marker = {"hermes": HERMES_OPEN, "deepseek": DEEPSEEK_OPEN}.get(self.syntax or "")
+            marker = {"hermes": HERMES_OPEN, "deepseek": DEEPSEEK_OPEN, "dsml": DSML_OPEN}.get(self.syntax or "")
             end = len(buf)
             if marker:
                 i = buf.find(marker, self._pos)

@@ -150,3 +150,28 @@ def test_renders_like_ds4_server(name, mode, chat):
     theirs = subprocess.run([str(RENDER), mode], input=_request(CHATS[name], tools), capture_output=True,
                             check=True, timeout=60).stdout.decode()
     assert ours == theirs
+
+
+def test_a_reply_with_dsml_calls_parses_into_content_and_calls():
+    """A reply written the way the template renders calls (what V4 was trained to write),
+    streamed in pieces of any size: the answer is content, the block is the calls."""
+    from ds4tui.engine.text.reply_parts import ReplyParser, syntax_of
+
+    assert syntax_of(OFF.source) == "dsml"
+    odd = {"function": {"name": "run", "arguments": {"cmd": "ls && echo '</｜DSML｜parameter>'", "n": 2.5}}}
+    reply = "Checking." + dsml_calls([CALL, odd])
+    for step in (1, 7, len(reply)):
+        parser = ReplyParser("dsml")
+        got = {"content": "", "reasoning": ""}
+        for i in range(0, len(reply), step):
+            for kind, t in parser.feed(reply[i:i + step]):
+                got[kind] += t
+        for kind, t in parser.finish():
+            got[kind] += t
+        assert got["content"].strip() == "Checking." and got["reasoning"] == ""
+        assert [(c.name, json.loads(c.arguments)) for c in parser.calls] == [
+            ("get_weather", json.loads(CALL["function"]["arguments"])), ("run", odd["function"]["arguments"])]
+    broken = "Checking.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"x\">\noops"
+    parser = ReplyParser("dsml")
+    text = "".join(t for _, t in parser.feed(broken) + parser.finish())
+    assert parser.calls == [] and text == broken  # not calls: nothing the model wrote is lost
