@@ -136,7 +136,6 @@ def convert_gguf(path: Path, sha: str, out: Path, progress: ConvertProgress | No
     """Read the GGUF once and write the converted cache directory (temp dir + rename).
     `progress` gets the share done after each step (most of the time goes to the layers'
     dequantization and to writing the copy)."""
-    import gguf
     from safetensors.torch import save_file
 
     def step(fraction: float) -> None:
@@ -144,15 +143,7 @@ def convert_gguf(path: Path, sha: str, out: Path, progress: ConvertProgress | No
             progress(path.name.split(".")[0], fraction)
 
     step(0.0)
-    if path.stat().st_size < 24:
-        raise WeightsError(f"{path}: not a GGUF file ({path.stat().st_size} bytes)")
-    with open(path, "rb") as fp, mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        layout = check_layout(buf, str(path))  # gguf's reader trusts the header's counts
-    check_extents(layout, path.stat().st_size, str(path), gguf.GGML_QUANT_SIZES)  # and maps past the end
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as exc:  # the gguf package raises ValueError/struct errors on bad files
-        raise WeightsError(f"{path}: not a readable GGUF ({exc})") from None
+    reader = _checked_reader(path)
     meta = GgufMeta(reader.fields, str(path))
     tensors_by_name = {t.name: t for t in reader.tensors}
     tokens = meta.strings("tokenizer.ggml.tokens", [])
@@ -167,22 +158,7 @@ def convert_gguf(path: Path, sha: str, out: Path, progress: ConvertProgress | No
     step(0.7)
     tensors.update(raw)
     vocab_kind = meta.text("tokenizer.ggml.model", "gpt2")
-    token_types = meta.integers("tokenizer.ggml.token_type", [])
-    scores = meta.numbers("tokenizer.ggml.scores", [])
-    for key, values in (("tokenizer.ggml.token_type", token_types), ("tokenizer.ggml.scores", scores)):
-        if values and len(values) != len(tokens):
-            raise WeightsError(f"{path}: {key} has {len(values)} entries for {len(tokens)} tokens")
-    tok = build_gguf_tokenizer(vocab_kind, tokens, token_types, merges=meta.strings("tokenizer.ggml.merges", []),
-                               scores=scores, pre=meta.text("tokenizer.ggml.pre", "default"),
-                               add_space_prefix=meta.flag("tokenizer.ggml.add_space_prefix", False), source=str(path))
-    wrapped = HFTokenizer(tok, [], byte_level=vocab_kind == "gpt2", spm=vocab_kind == "llama")
-    eos_id = meta.integer("tokenizer.ggml.eos_token_id", None, low=0, high=len(tokens) - 1)
-    bos_id = meta.integer("tokenizer.ggml.bos_token_id", None, low=0, high=len(tokens) - 1)
-    specials = {"bos": _piece(tokens, bos_id), "eos": _piece(tokens, eos_id)}
-    template = meta.text("tokenizer.chat_template", None)
-    chat, _ = _chat(template, wrapped, cfg.arch, specials, str(path))
-    # The declared EOS, and the turn end of the chat format (Gemma's <end_of_turn>).
-    eos = sorted(eos_ids_for(wrapped, [eos_id, wrapped.token_to_id(chat.stop_strings[0])]))
+    tok, specials, template, chat, eos = _tokenizer_and_chat(meta, vocab_kind, tokens, cfg.arch, path)
     bits = quant_bits(reader.tensors)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
@@ -208,18 +184,67 @@ def convert_gguf(path: Path, sha: str, out: Path, progress: ConvertProgress | No
             "quant_mix": gguf_quant_mix(reader.tensors).as_dict(),
         }
         (tmp / "meta.json").write_text(json.dumps(info, indent=1))
-        if _read_meta(out, sha) is None:  # else another process finished first: keep its copy
-            if out.exists():
-                shutil.rmtree(out, ignore_errors=True)  # an outdated or damaged copy
-            try:
-                os.rename(tmp, out)
-            except OSError:
-                if _read_meta(out, sha) is None:
-                    raise
+        _install(tmp, out, sha)
         step(1.0)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _checked_reader(path: Path):
+    """gguf's reader over `path`, once the file's layout is checked: the reader trusts the
+    header's counts and maps past the end of a short file."""
+    import gguf
+
+    if path.stat().st_size < 24:
+        raise WeightsError(f"{path}: not a GGUF file ({path.stat().st_size} bytes)")
+    with open(path, "rb") as fp, mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        layout = check_layout(buf, str(path))
+    check_extents(layout, path.stat().st_size, str(path), gguf.GGML_QUANT_SIZES)
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as exc:  # the gguf package raises ValueError/struct errors on bad files
+        raise WeightsError(f"{path}: not a readable GGUF ({exc})") from None
+
+
+def _tokenizer(meta: GgufMeta, vocab_kind: str, tokens: list[str], path: Path):
+    """The file's tokenizer (tokenizers' own object), its per-token arrays checked against the vocab."""
+    token_types = meta.integers("tokenizer.ggml.token_type", [])
+    scores = meta.numbers("tokenizer.ggml.scores", [])
+    for key, values in (("tokenizer.ggml.token_type", token_types), ("tokenizer.ggml.scores", scores)):
+        if values and len(values) != len(tokens):
+            raise WeightsError(f"{path}: {key} has {len(values)} entries for {len(tokens)} tokens")
+    return build_gguf_tokenizer(vocab_kind, tokens, token_types, merges=meta.strings("tokenizer.ggml.merges", []),
+                                scores=scores, pre=meta.text("tokenizer.ggml.pre", "default"),
+                                add_space_prefix=meta.flag("tokenizer.ggml.add_space_prefix", False), source=str(path))
+
+
+def _tokenizer_and_chat(meta: GgufMeta, vocab_kind: str, tokens: list[str], arch: str, path: Path):
+    """(tokenizer, {"bos", "eos"} pieces, the file's chat template or None, the chat template
+    used, the EOS ids: the declared one and the chat format's turn end, Gemma's <end_of_turn>)."""
+    tok = _tokenizer(meta, vocab_kind, tokens, path)
+    wrapped = HFTokenizer(tok, [], byte_level=vocab_kind == "gpt2", spm=vocab_kind == "llama")
+    eos_id = meta.integer("tokenizer.ggml.eos_token_id", None, low=0, high=len(tokens) - 1)
+    bos_id = meta.integer("tokenizer.ggml.bos_token_id", None, low=0, high=len(tokens) - 1)
+    specials = {"bos": _piece(tokens, bos_id), "eos": _piece(tokens, eos_id)}
+    template = meta.text("tokenizer.chat_template", None)
+    chat, _ = _chat(template, wrapped, arch, specials, str(path))
+    eos = sorted(eos_ids_for(wrapped, [eos_id, wrapped.token_to_id(chat.stop_strings[0])]))
+    return tok, specials, template, chat, eos
+
+
+def _install(tmp: Path, out: Path, sha: str) -> None:
+    """The finished copy `tmp` renamed to `out`, unless another process finished first (its
+    copy is kept); an outdated or damaged copy at `out` is replaced."""
+    if _read_meta(out, sha) is not None:
+        return
+    if out.exists():
+        shutil.rmtree(out, ignore_errors=True)
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        if _read_meta(out, sha) is None:
+            raise
 
 
 def _piece(tokens: list[str], token_id) -> str:
