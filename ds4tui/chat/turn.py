@@ -327,7 +327,7 @@ class TurnPipeline:
                  cancel: threading.Event, between: Callable[[], None] | None = None, anchor: int = 0) -> bool:
         """Prefill `suffix`, pausing at checkpoint points; False when cancelled (state stays consistent:
         whole chunks, `run` then rewinds to the start). A cancel is seen between chunks and, where
-        the engine can undo a half-run chunk (the llama family), between the layers of one: a
+        the engine can undo a half-run chunk (both families do), between the layers of one: a
         stop takes one layer's compute, not a chunk's. `between`: called before each chunk (a
         scheduler's yield point); `anchor`: a cold prompt's stable prefix in tokens
         (sharing.anchor_tokens), 0 when it has none."""

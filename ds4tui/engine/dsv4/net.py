@@ -10,6 +10,7 @@ Weights come in as `Dsv4Weights` (weights.py); state as the session's
 from __future__ import annotations
 
 import time
+from typing import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -65,9 +66,12 @@ class Dsv4Net:
         p0: int,
         want_logits: bool,
         trace: Dsv4Trace | None = None,
+        before_layer: Callable[[int], None] | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Run tokens at positions p0..; returns (float32 logits [V] of the last position
-        or None, the last position's HC streams [1, hc, D] for logits later)."""
+        or None, the last position's HC streams [1, hc, D] for logits later). before_layer(i),
+        when given, is called before layer i touches its cache (a prefill's cancel check: it
+        may raise, and the session puts the caches back)."""
         cfg = self.cfg
         ids = torch.tensor(tokens, dtype=torch.long)
         n, hc = ids.shape[0], cfg.hc_mult
@@ -77,6 +81,8 @@ class Dsv4Net:
         on_select = None if trace is None else trace.on_select
         observers = self.observers
         for li, lw in enumerate(self.w.layers):
+            if before_layer is not None:
+                before_layer(li)
             for o in observers:
                 o.layer_start(li, ids)
             t_layer = time.perf_counter()

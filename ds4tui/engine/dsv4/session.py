@@ -28,7 +28,7 @@ from ds4tui.engine.dsv4.payload import payload_size, read_payload, write_payload
 from ds4tui.engine.dsv4.state import SwaState
 from ds4tui.engine.dsv4.swa import after_forward, set_policy
 from ds4tui.engine.model import ModelInfo
-from ds4tui.engine.session import ProgressFn, RewindCost, Session
+from ds4tui.engine.session import ForwardInterrupted, ProgressFn, RewindCost, Session
 from ds4tui.format.swa_policy import PERIODIC, SwaPolicy
 
 
@@ -72,8 +72,19 @@ class Dsv4Session(Session):
         for tok in tokens:
             if not 0 <= tok < vocab:
                 raise ValueError(f"token id {tok} outside vocab of {vocab}")
-        with torch.no_grad():
-            logits, last = self.net.forward(self.layers, tokens, len(self.tokens), want_logits, self.trace)
+        # A chat's prefill may stop between two layers (Session.prefill's interrupt): the layers
+        # before have written window rows and compressor state, so what they hold now is kept
+        # as a mark would keep it, and put back if the chunk stops half-way.
+        check = self._layer_check() if len(tokens) > 1 and not self.swa.replaying else None
+        undo = self._capture_mark() if check is not None else None
+        try:
+            with torch.no_grad():
+                logits, last = self.net.forward(self.layers, tokens, len(self.tokens), want_logits, self.trace,
+                                                before_layer=check)
+        except ForwardInterrupted:
+            if undo is not None:
+                self._restore_mark(len(self.tokens), undo)
+            raise
         self._last_streams = last
         after_forward(self, len(self.tokens) + len(tokens))  # periodic SWA snapshots
         return logits

@@ -2,7 +2,8 @@
 chat's Escape / ctrl+c sets): it stops at the very next layer, the session keeps whole chunks
 only, and its state is exact: continuing gives the logits and payload bytes of a twin that was
 never interrupted. With sliding layers (Gemma 3) the half-run chunk has overwritten ring slots
-the earlier tokens still need; they are put back."""
+the earlier tokens still need; they are put back. DSV4's layers have written window rows and
+compressor state: put back as a mark keeps them."""
 
 from __future__ import annotations
 
@@ -16,11 +17,19 @@ from ds4tui.engine.llama.weights import load_llama_hf
 from ds4tui.engine.loader import load_model
 from tests.engine.llama.arch_models import VOCAB, hf_model, save_hf_dir
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 CHUNK = 8
 CTX = 256
 TOKENS = torch.randint(3, VOCAB, (CTX,), generator=torch.Generator().manual_seed(5)).tolist()
+DSV4_CHUNK = 128  # a multiple of tiny-dsv4's compression ratios
+DSV4_TOKENS = torch.randint(3, VOCAB, (4 * DSV4_CHUNK,), generator=torch.Generator().manual_seed(6)).tolist()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +44,11 @@ def gemma(tmp_path_factory):
 @pytest.fixture(scope="module")
 def llama():
     return load_model("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def dsv4():
+    return load_model("tiny-dsv4")
 
 
 class StopAt:
@@ -59,23 +73,26 @@ def payload(s) -> bytes:
 
 
 def sessions(model):
+    if model.info.name == "tiny-dsv4":
+        return model.new_session(4 * DSV4_CHUNK, DSV4_CHUNK), model.new_session(4 * DSV4_CHUNK, DSV4_CHUNK)
     return LlamaSession(model, CTX, CHUNK), LlamaSession(model, CTX, CHUNK)
 
 
-@pytest.mark.parametrize("which", ["llama", "gemma"])
+@pytest.mark.parametrize("which", ["llama", "gemma", "dsv4"])
 def test_an_interrupt_stops_at_the_next_layer_and_the_state_stays_exact(which, request):
     model = request.getfixturevalue(which)
-    layers = model.cfg.num_layers
+    layers = model.cfg.num_hidden_layers if which == "dsv4" else model.cfg.num_layers
     a, twin = sessions(model)
     chunk = a.chunk_size
-    first = TOKENS[: chunk + 3]  # ends inside a chunk: the interrupted one starts mid-chunk
+    tokens = DSV4_TOKENS if which == "dsv4" else TOKENS
+    first = tokens[: chunk + 3]  # ends inside a chunk: the interrupted one starts mid-chunk
     a.prefill(first)
     twin.prefill(first)
     assert layers >= 2
     mid = layers // 2  # stop before this layer: the ones before it have run, it and the rest not
     # Asked before the chunk (1), then before each of its layers (layer i: question 2 + i).
     stop = StopAt(2 + mid)
-    more = TOKENS[chunk + 3 : 3 * chunk + 5]
+    more = tokens[chunk + 3 : 3 * chunk + 5]
     assert not a.prefill(more, interrupt=stop)
     assert stop.after == 0  # not one layer ran once it said stop
     assert a.tokens == first  # the half-run chunk is not kept
@@ -94,7 +111,7 @@ def test_an_interrupt_stops_at_the_next_layer_and_the_state_stays_exact(which, r
     assert a.tokens == twin.tokens
     assert torch.equal(a.logits, twin.logits)
     assert payload(a) == payload(twin)
-    for token in TOKENS[100:104]:  # decode steps read every ring slot
+    for token in tokens[100:104]:  # decode steps read every ring slot
         assert torch.equal(a.decode(token), twin.decode(token))
 
 
