@@ -131,6 +131,8 @@ def _run_scale(args: argparse.Namespace) -> int:
 
 
 def _bench(model_spec: str, tokens: int, cache_dir: str, tmp: Path, *, runs: int = 1, moves: bool = True) -> dict:
+    """Long because it is one measurement read top to bottom: the setup, the timed runs, the figures, in the
+    order they happen."""
     from ds4tui.cli.errors import CliError
     from ds4tui.config import Config
     from ds4tui.chat.controller import ChatController
@@ -316,7 +318,10 @@ def _run_side(side: str, spec_path: Path, page_cache: str = "hot") -> dict:
 
 def _measure_side(side: str, spec: dict, page_cache: str = "hot") -> dict:
     """One fresh process: restore the transcript, send the follow-up, report TTFT (and, on a hit,
-    its phases and I/O). `page_cache`: the cache's files read just before the message, or evicted."""
+    its phases and I/O). `page_cache`: the cache's files read just before the message, or evicted.
+
+    Long because it is one measurement read top to bottom: the setup, the timed runs, the figures, in the
+    order they happen."""
     from ds4tui.bench import page_cache as pc
     from ds4tui.chat import events as ev
     from ds4tui.config import Config

@@ -43,6 +43,8 @@ def _strip_checksum(src: Path, dst_dir: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Long because it is one measurement read top to bottom: the setup, the timed runs, the figures, in the
+    order they happen."""
     import torch
 
     from ds4tui.cache.integrity import verify_file

@@ -124,6 +124,8 @@ def measure_engine(
     spec: str, prompt_tokens: int = 512, decode_tokens: int = 32, repeats: int = 3, ctx: int | None = None,
     chat_tokens: int = 0, kv_dtype: str | None = None, expert_budget: int | None = None,
 ) -> EngineBenchResult:
+    """Long because it is one measurement read top to bottom: the setup, the timed runs, the figures, in the
+    order they happen."""
     import torch
 
     from ds4tui.engine.loader import load_model

@@ -268,6 +268,7 @@ def _same_state(session, orig: Original) -> str | None:
 
 
 def run_mutant(model, orig: Original, kind: str, seed: int, root: Path, report: Report) -> None:
+    """Long because one mutant's trial is one sequence: mutate, load, compare with the oracle, classify."""
     from ds4tui.cache.policy import CachePolicy
     from ds4tui.cache.store import KvStore
     from ds4tui.chat.checkpoints import Checkpoints

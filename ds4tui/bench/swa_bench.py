@@ -87,6 +87,8 @@ def measure_swa(
     spec: str = "tiny-dsv4", lengths: tuple[int, ...] = (1000, 4000, 16000), period: int = 2048,
     suffix: int = 32, repeats: int = 3, window: int = 128, layers: int = 12, chunk: int | None = None,
 ) -> SwaBenchResult:
+    """Long because it is one measurement read top to bottom: the setup, the timed runs, the figures, in the
+    order they happen."""
     import torch
 
     from ds4tui.bench.engine_bench import bench_tokens

@@ -403,6 +403,8 @@ class TurnPipeline:
 
     def _generate(self, conv: Conversation, on_event: EventFn, t0: float, prompt_tokens: int,
                   prefill_s: float, options: TurnOptions, cancel: threading.Event, seed_offset: int = 0) -> Done:
+        """Long because the decode loop and what it measures (time to first token, sampling's CPU time, stops)
+        share its locals, step by step."""
         session = conv.session
         assert session is not None and session.logits is not None
         tok = self.model.tokenizer

@@ -256,6 +256,7 @@ def cmd_inspect(args) -> int:
 
 
 def _print_detail(e) -> None:
+    """Long because it is the table of a file's fields, one row each."""
     from ds4tui.format.kvc import model_name, payload_abi_name
 
     h = e.header

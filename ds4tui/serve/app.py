@@ -57,6 +57,8 @@ def error(status: int, message: str, *, kind: str = "invalid_request_error", cod
 
 def create_app(engine: EngineQueue, *, model_name: str, api_key: str | None, max_body_bytes: int,
                on_shutdown=None, cors_origins: Sequence[str] = ()) -> Starlette:
+    """Long because the routes are closures over the one app's state (the engine queue, the key, the model
+    name); each is a few lines."""
     created = int(time.time())
 
     def authorized(request: Request) -> JSONResponse | None:

@@ -227,7 +227,9 @@ def swa_pattern_types(n_layers: int, pattern) -> tuple[str, ...]:
 
 
 def parse_hf_config(cfg: Mapping) -> tuple[LlamaConfig, RopeScaling | None]:
-    """(config, the RoPE scaling of the global layers or None) from a config.json dict."""
+    """(config, the RoPE scaling of the global layers or None) from a config.json dict.
+
+    Long because it reads config.json's keys one after another, each with its own default and check."""
     model_type = str(cfg.get("model_type", "llama")).lower()
     arch = HF_MODEL_TYPES.get(model_type)
     if arch is None:

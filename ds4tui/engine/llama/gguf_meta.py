@@ -147,7 +147,10 @@ class GgufLayout:
 def check_layout(buf, source: str) -> GgufLayout:
     """Walk a GGUF's header (key/values and tensor infos) checking every count and length
     against the bytes that remain before anything loops over it or allocates by it: gguf's
-    reader trusts them (an array count flipped to 2^60 there loops and grows without end)."""
+    reader trusts them (an array count flipped to 2^60 there loops and grows without end).
+
+    Long because its readers (take, u32, value, ...) are closures over the one read position, and the
+    vocabulary's loop stays on locals (it runs before the chat's UI opens)."""
     size = len(buf)
     pos = 0
     alignment = 32  # GGUF's default; `general.alignment` may set another

@@ -77,7 +77,10 @@ class LlamaLayer:
         """This layer over a chunk's activations x [S, H] (the last layer: x [1, H] out, only
         the last position is used after it), writing the chunk's K/V rows into `buf`
         [2, Hkv, rows, D]; None from the last layer when no logits are wanted (its rows are
-        in, nothing else is computed)."""
+        in, nothing else is computed).
+
+        Long because it is one layer's math in the order transformers and llama.cpp write it; split, its
+        parts would pass a dozen tensors between them."""
         cfg, pos, end = chunk.cfg, chunk.pos, chunk.end
         s = x.shape[0]
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim

@@ -219,6 +219,8 @@ def _ring_runs(session: PayloadSession, layer: int, at: int) -> Iterator[tuple[i
 
 
 def load(session: PayloadSession, fp: BinaryIO, nbytes: int, ahead: list[int]) -> None:
+    """Long because every check of the header comes before a byte of rows is read, in the file's order, and
+    nothing is kept until the end."""
     session._check_live()
     cfg = session.model.cfg
     session.reset()
