@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ds4tui.engine.dsv4 import gguf_layout as L
+from ds4tui.engine.dsv4 import paging
 from ds4tui.engine.dsv4.attention import AttnWeights, IndexerWeights
 from ds4tui.engine.dsv4.compressor import CompressorWeights
 from ds4tui.engine.dsv4.config import Dsv4Config
@@ -344,4 +345,10 @@ def load_dsv4_gguf(path: str | Path, name: str, **config_overrides):
     model.use_blocks = qgemv.library() is not None
     model.source_file = str(path)
     model.reader = reader  # keeps the mapping open as long as the model lives
+    try:
+        budget = paging.budget_from_env()
+        if budget is not None:
+            model.net.observers.append(paging.ExpertPager(model, budget))
+    except ValueError as exc:
+        raise WeightsError(f"{source}: {exc}") from None
     return model

@@ -20,14 +20,32 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 import time
 from collections import OrderedDict
+from typing import Mapping
 
 import torch
 
 from ds4tui.engine.dsv4.linear import ExpertBank
 
 PAGE = mmap.PAGESIZE
+BUDGET_ENV = "DS4TUI_EXPERT_BUDGET"  # GB of routed experts a GGUF-loaded model keeps resident
+
+
+def budget_from_env(environ: Mapping[str, str] = os.environ) -> int | None:
+    """DS4TUI_EXPERT_BUDGET (GB, decimal) in bytes; None when unset or empty; ValueError
+    naming the variable for anything but a positive number."""
+    raw = environ.get(BUDGET_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        gb = float(raw)
+    except ValueError:
+        gb = -1.0
+    if not gb > 0 or gb != gb or gb == float("inf"):
+        raise ValueError(f"{BUDGET_ENV}={raw!r}: expected a positive number of GB, e.g. 12")
+    return int(gb * 1e9)
 
 
 class LayerObserver:
@@ -111,6 +129,7 @@ class ExpertPager(LayerObserver):
         self.lru: OrderedDict[tuple[int, int], None] = OrderedDict()
         self.last: dict[int, list[int]] = {}  # layer -> experts it chose for the latest token
         self.evicted = self.prefetched = 0
+        self._lock = threading.Lock()  # sessions of one model may run in different threads
         n = model.cfg.num_hidden_layers
         self.tid2eid = [model.net.w.layers[li].moe.tid2eid for li in range(n)]
         for li in range(n):  # no kernel read-ahead into other experts' rows
@@ -142,6 +161,10 @@ class ExpertPager(LayerObserver):
     def layer_start(self, layer: int, token_ids: torch.Tensor) -> None:
         if not self.readahead:
             return
+        with self._lock:
+            self._readahead(layer, token_ids)
+
+    def _readahead(self, layer: int, token_ids: torch.Tensor) -> None:
         for li in ((0, 1) if layer == 0 else (layer + 1,)):  # layer 0 has no layer before it
             if li >= len(self.tid2eid):
                 continue
@@ -152,7 +175,10 @@ class ExpertPager(LayerObserver):
                 self._prefetch(li, self.last[li])
 
     def routed(self, layer: int, ids: torch.Tensor) -> None:
-        used = sorted(set(ids.flatten().tolist()))
+        with self._lock:
+            self._use(layer, sorted(set(ids.flatten().tolist())))
+
+    def _use(self, layer: int, used: list[int]) -> None:
         self.last[layer] = used
         for e in used:
             self.lru[(layer, e)] = None

@@ -84,3 +84,24 @@ def test_bench_section_counts_what_a_token_reads(sliced):
     assert b.head_bytes > sizes["output.weight"] and b.rss_bytes > 0
     rows = dict(format_rows(b))
     assert "layer 0" in rows and "GB per decode token" in rows["reads"] and "RSS" in rows["memory"]
+
+
+def test_the_budget_comes_from_the_environment(sliced, monkeypatch):
+    from ds4tui.engine.dsv4.paging import BUDGET_ENV, budget_from_env
+    from ds4tui.engine.errors import WeightsError
+
+    assert budget_from_env({}) is None and budget_from_env({BUDGET_ENV: " "}) is None
+    assert budget_from_env({BUDGET_ENV: "12"}) == 12_000_000_000
+    assert budget_from_env({BUDGET_ENV: "0.5"}) == 500_000_000
+    for bad in ("abc", "0", "-3", "nan", "inf"):
+        with pytest.raises(ValueError, match=BUDGET_ENV):
+            budget_from_env({BUDGET_ENV: bad})
+    monkeypatch.setenv(BUDGET_ENV, "0.01")  # 10 MB: many tokens' experts at this width
+    model = load_dsv4_gguf(sliced, "slice")
+    pagers = [o for o in model.net.observers if isinstance(o, ExpertPager)]
+    assert len(pagers) == 1 and pagers[0].budget == 10_000_000
+    _decode(model, 2)
+    assert 0 < pagers[0].resident_bytes <= pagers[0].budget
+    monkeypatch.setenv(BUDGET_ENV, "lots")
+    with pytest.raises(WeightsError, match="DS4TUI_EXPERT_BUDGET='lots'"):
+        load_dsv4_gguf(sliced, "slice")
