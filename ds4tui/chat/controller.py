@@ -301,22 +301,12 @@ class ChatController(OpenChats):
         """Show the previous (-1) or next (+1) version of the last reply; returns its text.
         The next message continues from the shown one (the live session rewinds to the
         prompt and prefills that reply's text)."""
-        conv = self.get(key)
-        if conv.busy:
-            raise RuntimeError(f"conversation {key} is busy")
+        conv = self._idle(key)
         text = self.moves.show_alternative(conv, index, step)
         self.history.commit(conv)  # the version shown is the branch the chat continues on
         return text
 
-    def delete_version(self, key: str, index: int) -> str:
-        """Delete the shown version of the last reply (store included); returns the text now
-        shown. The next message continues from that one, as after ←/→."""
-        conv = self.get(key)
-        if conv.busy:
-            raise RuntimeError(f"conversation {key} is busy")
-        deleted, text = branches.delete_alternative(conv, index)
-        self.history.delete_version(conv, index, deleted)
-        return text
+    # delete_version: OpenChats (registry.py)
 
     def edit(self, key: str, index: int, text: str, on_event: EventFn = _ignore) -> tuple[Done | None, Conversation | None]:
         """Replace the user message at `index` (into conv.messages) and answer it again.
@@ -362,9 +352,7 @@ class ChatController(OpenChats):
     def drop_oldest(self, key: str, turns: int) -> None:
         """Drop the oldest `turns` user/assistant exchanges, keeping the system prompt (the
         caller's choice after check_fit). The next turn re-prefills what follows the system prompt."""
-        conv = self.get(key)
-        if conv.busy:
-            raise RuntimeError(f"conversation {key} is busy")
+        conv = self._idle(key)
         self.moves.drop_oldest(conv, turns)
         self.history.commit(conv)
 
@@ -396,9 +384,7 @@ class ChatController(OpenChats):
         """Change one chat's sampling (CHAT_KEYS) and system prompt; new chats keep the
         config's defaults. A new system prompt changes the first message: the next turn
         re-prefills from there (the live session rewinds to the start)."""
-        conv = self.get(key)
-        if conv.busy:
-            raise RuntimeError(f"conversation {key} is busy")
+        conv = self._idle(key)
         if "system_prompt" in changes:
             branches.set_system_prompt(conv, changes.pop("system_prompt"))
         unknown = set(changes) - set(CHAT_KEYS)

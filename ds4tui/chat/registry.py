@@ -11,6 +11,7 @@ import itertools
 import threading
 from typing import TYPE_CHECKING
 
+from ds4tui.chat import branches
 from ds4tui.chat.conversation import Conversation, default_title
 from ds4tui.chat.settings import CHAT_KEYS, Settings
 
@@ -92,6 +93,21 @@ class OpenChats:
 
     def list(self) -> list[Conversation]:
         return self.conversations.all()
+
+    def _idle(self, key: str) -> Conversation:
+        """The open chat `key`; RuntimeError while a turn runs on it."""
+        conv = self.get(key)
+        if conv.busy:
+            raise RuntimeError(f"conversation {key} is busy")
+        return conv
+
+    def delete_version(self, key: str, index: int) -> str:
+        """Delete the shown version of the last reply (store included); returns the text now
+        shown. The next message continues from that one, as after ←/→."""
+        conv = self._idle(key)
+        deleted, text = branches.delete_alternative(conv, index)
+        self.history.delete_version(conv, index, deleted)
+        return text
 
     def fresh_like(self, key: str) -> Conversation:
         """A new, empty chat carrying this chat's system prompt and settings."""

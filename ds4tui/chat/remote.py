@@ -171,9 +171,7 @@ class RemoteChatController(OpenChats):
     def set_chat_settings(self, key: str, **changes) -> None:
         """Change one chat's sampling (CHAT_KEYS, sent with each of its requests) and system
         prompt (its first message); new chats keep the config's defaults."""
-        conv = self.get(key)
-        if conv.busy:
-            raise RuntimeError(f"conversation {key} is busy")
+        conv = self._idle(key)
         unknown = set(changes) - set(CHAT_KEYS) - {"system_prompt"}
         if unknown:
             raise ValueError(f"not a chat setting: {', '.join(sorted(unknown))}")
@@ -374,9 +372,7 @@ class RemoteChatController(OpenChats):
     def drop_oldest(self, key: str, turns: int) -> None:
         """Drop the oldest `turns` user/assistant exchanges, keeping the system prompt (the
         caller's choice after check_fit); the next request sends what is left."""
-        conv = self.get(key)
-        if conv.busy:
-            raise RuntimeError(f"conversation {key} is busy")
+        conv = self._idle(key)
         branches.drop_oldest(conv, turns)
         if isinstance(conv, RemoteConversation):
             conv.remote_tokens = 0  # what the server counted was the longer chat
@@ -405,22 +401,12 @@ class RemoteChatController(OpenChats):
     def show_alternative(self, key: str, index: int, step: int) -> str:
         """Show the previous (-1) or next (+1) version of the last reply; returns its text. The
         next message continues from the shown one (it is the one sent)."""
-        conv = self.get(key)
-        if conv.busy:
-            raise RuntimeError(f"conversation {key} is busy")
+        conv = self._idle(key)
         text = branches.show_alternative(conv, index, step)
         self.history.commit(conv)  # the version shown is the branch the chat continues on
         return text
 
-    def delete_version(self, key: str, index: int) -> str:
-        """Delete the shown version of the last reply (store included); returns the text now
-        shown. The next message continues from that one, as after ←/→."""
-        conv = self.get(key)
-        if conv.busy:
-            raise RuntimeError(f"conversation {key} is busy")
-        deleted, text = branches.delete_alternative(conv, index)
-        self.history.delete_version(conv, index, deleted)
-        return text
+    # delete_version: OpenChats (registry.py)
 
     def edit(self, key: str, index: int, text: str,
              on_event: EventFn = _ignore) -> tuple[Done | None, Conversation | None]:
