@@ -75,3 +75,15 @@ def test_a_remote_servers_reasoning_and_streamed_calls_become_events():
     assert [e for e in out if isinstance(e, ReasoningText)] == [ReasoningText("Hmm, "), ReasoningText("weather.")]
     assert reader.text == "Sure."  # the reasoning is not part of the reply kept in the history
     assert out[-1] == ToolCallShown("get_weather", '{"city": "Bern"}')
+
+
+def test_deepseek_v4_with_thinking_on_starts_its_replies_in_reasoning():
+    """DeepSeek V4's generation prompt ends in `<think>` when thinking is on (ds4's own
+    rendering): the reply is reasoning up to `</think>`; thinking off, it is all answer."""
+    from ds4tui.engine.text.dsv4_chat import Dsv4ChatTemplate
+
+    on, off = ReplyFormat.of(Dsv4ChatTemplate(thinking=True)), ReplyFormat.of(Dsv4ChatTemplate(thinking=False))
+    assert on.in_think and not off.in_think
+    view = view_of("Compare both options.</think>Take the train.", on)
+    assert (view.reasoning, view.content) == ("Compare both options.", "Take the train.")
+    assert view_of("Take the train.", off) == view_of("Take the train.")
