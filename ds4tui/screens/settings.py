@@ -93,6 +93,7 @@ class SettingsScreen(ModalScreen[dict | None]):
                 with Horizontal(classes="field", id="preset-row"):
                     yield Select(self._preset_options(), prompt="Preset…", id="set-preset", compact=True)
                     yield Button("Save as preset", id="settings-save-preset", compact=True)
+                    yield Button("Delete", id="settings-delete-preset", compact=True)
             # Outside the scrolling form: in view at 80x24 with no scrolling.
             yield Checkbox("Also the default for new chats (config file)", id="set-persist", compact=True)
             yield Static("", id="settings-error")
@@ -148,6 +149,23 @@ class SettingsScreen(ModalScreen[dict | None]):
         self._error("")
         self.notify(f"Preset {name!r} saved in {path}; ctrl+p \"System prompt: {name}\" applies it.",
                     markup=False)
+
+    @on(Button.Pressed, "#settings-delete-preset")
+    def _delete_preset(self) -> None:
+        select = self.query_one("#set-preset", Select)
+        name = select.value
+        if not isinstance(name, str) or name not in self.presets:
+            self._error("Pick the preset to delete in the list first.")
+            return
+        try:
+            update_config_file(tables={"system_prompts": {name: None}})
+        except (ConfigError, OSError) as exc:
+            self._error(f"preset not deleted: {exc}")
+            return
+        del self.presets[name]
+        select.set_options(self._preset_options())  # the box keeps its text
+        self._error("")
+        self.notify(f"Preset {name!r} deleted from the config file.", markup=False)
 
     def _error(self, text: str) -> None:
         line = self.query_one("#settings-error", Static)

@@ -139,6 +139,17 @@ async def test_presets_in_the_palette_and_the_dialog(tiny_llama):
         select.value = "terse"
         await pilot.pause()
         assert area.text == "Answer in one sentence."  # picking a preset fills the box
+        # A preset can go again: "Delete" removes the one picked, from the file too.
+        dialog.presets["gone"] = "x"
+        select.set_options(dialog._preset_options())
+        from ds4tui.config_file import update_config_file
+
+        update_config_file(tables={"system_prompts": {"gone": "x"}})
+        select.value = "gone"
+        await pilot.pause()
+        await pilot.click("#settings-delete-preset")
+        await until(pilot, lambda: "gone" not in dialog.presets, "the preset deleted")
+        assert "gone" not in load_config().system_prompts
         await pilot.press("escape")
         await pilot.pause()
         assert app.chat.config.system_prompts["code review"] == "You review code: bugs first."
