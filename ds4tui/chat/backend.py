@@ -102,6 +102,10 @@ class ChatBackend(Protocol):
     def fresh_like(self, key: str) -> Conversation:
         """A new, empty chat with this chat's system prompt and settings."""
 
+    def keep_draft(self, key: str, text: str) -> None:
+        """A message never sent (queued when the app quit): stored as the chat's unanswered last
+        message, so that it comes back in the message box when the chat is opened again."""
+
     def import_messages(self, messages: list[dict], title: str | None = None,
                         created_at: int | None = None) -> Conversation:
         """A transcript (OpenAI messages) opened as a new, stored chat."""

@@ -116,6 +116,22 @@ class OpenChats:
         fresh.overrides = dict(conv.overrides)
         return fresh
 
+    def keep_draft(self, key: str, text: str) -> None:
+        """A message never sent (queued when the app quit): stored as the chat's last, unanswered
+        message, which the store gives back as the chat's draft (the message box) when it is
+        opened again, as after a crash mid-reply. The chat in memory is left as it was."""
+        conv = self.get(key)
+        conv.messages.append({"role": "user", "content": text})
+        untitled = conv.title is None
+        if untitled:
+            conv.title = default_title(text)
+        try:
+            self.history.commit(conv)
+        finally:
+            conv.messages.pop()
+            if untitled:
+                conv.title = None
+
     def import_messages(self, messages: list[dict], title: str | None = None,
                         created_at: int | None = None) -> Conversation:
         """Open a transcript (OpenAI messages) as a new chat, committed to the history; its next

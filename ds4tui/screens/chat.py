@@ -359,7 +359,8 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         live = self.controller.live_count()
         if live:
             self.query_one(StatusBar).set_activity(None, f"saving {live} session(s)…")
-        self._shutdown()
+        # Messages still queued behind another chat's reply: kept as their chats' drafts.
+        self._shutdown([(key, waiting.text) for key, waiting in self._send_queue.clear()])
 
     @on(SessionsSaved)
     def _sessions_saved(self) -> None:

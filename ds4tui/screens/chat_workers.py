@@ -119,13 +119,16 @@ class EngineWorkers:
             self.post_message(self.Resumed(conv.key))
 
     @work(thread=True, group="shutdown", description="save live sessions")
-    def _shutdown(self) -> None:
+    def _shutdown(self, drafts: list[tuple[str, str]] = ()) -> None:
+        """drafts: (chat, text) of messages still queued, stored as those chats' drafts."""
         assert self.controller is not None
         # A running turn stops at its next chunk or token (cancelled by save_and_exit); wait
         # for it to hand its session back. Bounded, so a stuck engine cannot hang the exit.
         self._idle.wait(timeout=SHUTDOWN_WAIT_S)
         sink = EventBatcher(lambda event: self.post_message(self.EngineEvent("", event)))
         try:
+            for key, text in drafts:
+                self.controller.keep_draft(key, text)
             self.controller.shutdown(sink)
         except Exception as exc:  # exiting anyway; say what was not saved
             sink(ev.ChatError("shutdown", str(exc) or type(exc).__name__))

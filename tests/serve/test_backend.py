@@ -163,6 +163,14 @@ def exercise(ctl, embedded: bool) -> tuple[set[str], dict]:
     fresh = c.fresh_like(key)
     assert fresh.messages == [{"role": "system", "content": "Answer briefly."}] and fresh.overrides == conv.overrides
 
+    # A message queued when the app quit: stored unanswered, it comes back as the chat's draft.
+    unsent = c.new_conversation()
+    c.keep_draft(unsent.key, "contract: never sent")
+    assert unsent.messages == [] and unsent.store_id is not None
+    assert c.open_stored(unsent.store_id) is unsent  # open already: the same chat
+    c.close(unsent.key)
+    assert c.open_stored(unsent.store_id).draft == "contract: never sent"
+
     # Stored chats: import, close, list, open, archive, resume, delete.
     imported = c.import_messages([{"role": "user", "content": "imported question"},
                                   {"role": "assistant", "content": "imported answer"}], title="Imported chat")

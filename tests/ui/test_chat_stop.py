@@ -146,3 +146,28 @@ async def test_escape_takes_a_queued_message_back_and_leaves_the_other_reply_run
         await app.wait_for(ChatScreen.TurnEnded, lambda m: m.key == first, after=mark)
         await pilot.pause()
         assert controller.get(second).messages == [] and not app.chat._engine_job
+
+
+async def test_a_message_still_queued_at_quit_comes_back_as_the_chats_draft(tiny_llama):
+    controller = GatedController(tiny_llama, chat_config(tiny_llama, no_disk_cache=True))
+    app = ChatHost(tiny_llama, controller=controller)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.wait_for(ChatScreen.ModelReady)
+        await _start_gated(app, pilot)
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        second = app.chat._active
+        app.chat.query_one("#prompt").insert("Capital of Spain?")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert "queued" in app.chat.query_one(StatusBar).activity
+        await pilot.press("ctrl+q")  # the running reply is cancelled; the queued message is not lost
+        for _ in range(400):
+            if controller.find(second) is not None and controller.get(second).store_id is not None:
+                break
+            await pilot.pause(0.05)
+    conv = controller.get(second)
+    stored = controller.history.store.load(conv.store_id)
+    assert stored.messages[-1] == {"role": "user", "content": "Capital of Spain?"}
+    reopened = controller.history.conversation(stored, "again")
+    assert reopened.draft == "Capital of Spain?" and reopened.messages == []
