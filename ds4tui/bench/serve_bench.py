@@ -1,4 +1,5 @@
 """`ds4tui bench serve [--model SPEC] [--clients 1,4,8] [--turns N] [--json]`: the server's cost.
+(`--shared-prefix`: clients sharing a long system prompt instead, shared_prefix_bench.py.)
 
 Throughput and time to first token (TTFT) of `ds4tui serve` with 1, 4 and 8
 concurrent clients, each holding a multi-turn conversation (every request
@@ -21,13 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
+
+from ds4tui.bench.server_process import start_server, stop_server
 
 
 def add_bench_command(subparsers) -> None:
@@ -41,50 +41,17 @@ def add_bench_command(subparsers) -> None:
     p.add_argument("--max-tokens", type=int, default=32, help="tokens per reply (default 32)")
     p.add_argument("--live-sessions", type=int, default=2, help="the server's live sessions (default 2)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--shared-prefix", action="store_true",
+                   help="instead: clients sharing a long system prompt (the largest --clients count of them;"
+                        " bench/shared_prefix_bench.py)")
+    p.add_argument("--prefix-tokens", type=int, default=2000,
+                   help="with --shared-prefix: the system prompt's tokens (default 2000)")
     p.set_defaults(func=run_bench_serve)
 
 
 def _question(client: int, turn: int) -> str:
     return (f"Client {client}, question {turn}: describe a small town by the sea, its harbour, its market "
             f"and the people who live there, in a few sentences. ") * 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_server(args, cache_dir: str, disk: bool) -> tuple[subprocess.Popen, str]:
-    import httpx
-
-    port = _free_port()
-    cmd = [sys.executable, "-m", "ds4tui", "serve", "--model", args.model, "--port", str(port),
-           "--cache-dir", cache_dir, "--live-sessions", str(args.live_sessions), "--log-level", "warning"]
-    if not disk:
-        cmd.append("--no-disk-cache")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    root = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"ds4tui serve exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{root}/health", timeout=1).status_code == 200:
-                return proc, root
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("ds4tui serve did not start within 300 s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def _client(root: str, c: int, args, ttfts: list, tokens: list, order: list, lock: threading.Lock) -> None:
@@ -170,12 +137,16 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     from ds4tui.config import Config
     from ds4tui.engine.loader import load_model
 
+    if args.shared_prefix:
+        from ds4tui.bench.shared_prefix_bench import run_shared_prefix
+
+        return run_shared_prefix(args)
     counts = [int(x) for x in args.clients.split(",") if x.strip()]
     model = load_model(args.model)
     rows = []
     for disk in (True, False):
         with tempfile.TemporaryDirectory(prefix="ds4tui-bench-serve-") as tmp:
-            proc, root = _start_server(args, os.path.join(tmp, "server"), disk)
+            proc, root = start_server(args, os.path.join(tmp, "server"), disk)
             try:
                 for n in counts:
                     server = _server_run(root, n, args)
@@ -187,7 +158,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
                     rows.append({"disk_cache": disk, "clients": n, "server": server, "embedded": embedded,
                                  "overhead": embedded["tok_s"] / server["tok_s"] if server["tok_s"] else None})
             finally:
-                _stop(proc)
+                stop_server(proc)
     if args.json:
         print(json.dumps({"model": args.model, "turns": args.turns, "max_tokens": args.max_tokens,
                           "live_sessions": args.live_sessions, "rows": rows}, indent=2))
