@@ -13,14 +13,13 @@ Loaded models are memoized per process: weights are loaded once and shared by ev
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from ds4tui.engine.errors import ModelNotFoundError, WeightsError
+from ds4tui.engine.errors import ModelNotFoundError
 from ds4tui.engine.model import Model
-from ds4tui.engine.model_check import DSV4_MODEL_TYPES, LLAMA_MODEL_TYPES, resolve
+from ds4tui.engine.model_check import DSV4_MODEL_TYPES, checkpoint_model_type, resolve
 
 _LOADED: dict[str, Model] = {}
 _LOCK = threading.Lock()
@@ -72,20 +71,10 @@ def _load_uncached(spec: str, progress: Callable[[str, float], None] | None = No
 
 
 def _load_dir(path: Path, name: str) -> Model:
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise WeightsError(f"{path}: no config.json")
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise WeightsError(f"{config_file}: unreadable config ({exc})") from None
-    model_type = str(config.get("model_type", "")).lower()
-    if model_type in DSV4_MODEL_TYPES:
+    if checkpoint_model_type(path) in DSV4_MODEL_TYPES:
         from ds4tui.engine.dsv4.model import load_dsv4
 
         return load_dsv4(path, name=name)
-    if model_type in LLAMA_MODEL_TYPES:
-        from ds4tui.engine.llama.weights import load_llama_hf
+    from ds4tui.engine.llama.weights import load_llama_hf
 
-        return load_llama_hf(path, name=name)
-    raise WeightsError(f"{config_file}: model_type {model_type!r} is not supported (llama family or deepseek_v4)")
+    return load_llama_hf(path, name=name)

@@ -63,7 +63,9 @@ def check_model(spec: str) -> None:
         raise ModelNotFoundError(f"{path}: not a regular file or a directory")
 
 
-def check_checkpoint_dir(path: Path) -> None:
+def checkpoint_model_type(path: Path) -> str:
+    """The model type (lower case) a checkpoint directory's config.json names; WeightsError when
+    there is no readable config.json or no engine here loads that type."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise WeightsError(f"{path}: not a checkpoint directory (no config.json)")
@@ -74,6 +76,11 @@ def check_checkpoint_dir(path: Path) -> None:
     model_type = str(config.get("model_type", "")).lower() if isinstance(config, dict) else ""
     if model_type not in DSV4_MODEL_TYPES | LLAMA_MODEL_TYPES:
         raise WeightsError(f"{config_file}: model_type {model_type!r} is not supported (llama family or deepseek_v4)")
+    return model_type
+
+
+def check_checkpoint_dir(path: Path) -> None:
+    checkpoint_model_type(path)
     if not any(path.glob("*.safetensors")):
         raise WeightsError(f"{path}: no *.safetensors weights")
 
