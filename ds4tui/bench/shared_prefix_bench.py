@@ -70,6 +70,8 @@ def _ask(http, root: str, messages: list[dict], max_tokens: int) -> dict:
 
 
 def run_shared_prefix(args: argparse.Namespace) -> int:
+    """Long because it is one measurement read top to bottom: the server started, the cold
+    client, the others at once, the figures, in the order they happen."""
     import httpx
 
     from ds4tui.bench.server_process import start_server, stop_server
