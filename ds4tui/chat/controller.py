@@ -272,7 +272,7 @@ class ChatController(OpenChats):
         try:
             open_next_turn(conv, self.model.chat, self.model.tokenizer, self.turns.text_of, self._stop.is_set)
         except Exception as exc:  # the session may be torn: the next turn starts from disk or cold
-            on_event(ChatError("generate", f"opening the next turn: {type(exc).__name__}: {exc}"))
+            on_event(ChatError("generate", f"opening the next turn: {error_line(exc)}"))
             conv.session, conv.session_text = None, b""
 
     # -- conversation moves (moves.py) ---------------------------------------------------------

@@ -45,6 +45,7 @@ from ds4tui.chat.reply_view import ReplyFormat, ReplySplitter, ReplyView, view_o
 from ds4tui.chat.settings import CHAT_KEYS, Settings
 from ds4tui.config import Config
 from ds4tui.engine.sampling import SamplingParams
+from ds4tui.errors import error_line
 from ds4tui.store import ConversationStore, StoredChat, StoreError, open_store
 
 EventFn = Callable[[ChatEvent], None]
@@ -226,11 +227,8 @@ class RemoteChatController(OpenChats):
                 self.history.record_model(conv)  # a chat of another engine continues here
             self.history.commit(conv, on_event)  # a crash while it streams loses only the reply
             done = self._stream(conv, on_event, seed_offset)
-        except RemoteError as exc:
-            on_event(ChatError("remote", str(exc)))
-            done = None
-        except Exception as exc:  # a bug must not take the app down
-            on_event(ChatError("remote", f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:  # RemoteError: its one line; a bug must not take the app down
+            on_event(ChatError("remote", error_line(exc)))
             done = None
         if done is not None and regenerated:
             done = dataclasses.replace(done, regenerated=True)
