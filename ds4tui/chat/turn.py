@@ -289,6 +289,13 @@ class TurnPipeline:
         if (self.checkpoints is not None and not share.whole and point - on_disk >= self.policy.min_tokens
                 and self.policy.cold_allowed(point)):
             at, keep = point, True  # a few tokens back, to a point other prompts can reuse
+        # What the fork gets without computing: a family that rewinds from its nearest mark
+        # (DeepSeek V4) re-runs the tokens after it; a full-KV layer only lacks the logits,
+        # which the prefill after the fork computes anyway.
+        cost = share.donor.session.rewind_cost(at)
+        free = at if cost.how in ("recompute", "none", "kept") else at - cost.replay
+        if free <= 0 or on_disk > free:
+            return None
         session = self.pool.share(conv, share.donor, at, on_event, logits=share.whole and not keep)
         conv.session_text = self.text_of(session.tokens)
         conv.stored_upto = 0

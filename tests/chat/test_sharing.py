@@ -178,3 +178,20 @@ def test_chat_with_a_long_system_prompt_shares_it_with_the_next_chat(tiny_llama,
     report = rec.of(ev.Done)[0].cache
     assert report.source == "fork" and report.reused >= len(tiny_llama.tokenizer.encode(
         tiny_llama.chat.render([{"role": "system", "content": SYSTEM}], add_generation_prompt=False)))
+
+
+def test_a_fork_that_would_recompute_from_the_start_is_not_taken():
+    """DeepSeek V4 rewinds from its nearest mark: a donor whose only mark is past the shared point
+    would re-run the whole shared part, so the turn prefills cold instead (same work, no copy)."""
+    from ds4tui.engine.loader import load_model
+
+    model = load_model("tiny-dsv4")
+    chats = StatelessChats(make_controller(model, None, no_disk_cache=True, live_sessions=4))
+    # Short prompts: no cold checkpoint split (the disk cache is off), so the first session's
+    # only mark is at its prompt's end, past the point the second prompt leaves it.
+    first, _ = _ask(chats, [{"role": "user", "content": "The harbour log: what is the tide?"}])
+    second, _ = _ask(chats, [{"role": "user", "content": "The harbour log: who keeps it?"}])
+    assert first.source == second.source == "cold"
+    # The same prompt again is at that mark: forked whole, nothing recomputed.
+    again, _ = _ask(chats, [{"role": "user", "content": "The harbour log: who keeps it?"}])
+    assert again.source == "fork" and again.cached_tokens == again.prompt_tokens
