@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from textual import on
 from textual.app import App
 from textual.binding import Binding
+from textual.widgets import Input, TextArea
 
 from ds4tui.config import Config
 from ds4tui.screens.chat import ChatScreen
@@ -41,11 +42,17 @@ class Ds4TuiApp(App[None]):
     CSS_PATH = Path(__file__).with_name("app.tcss")
     TITLE = "ds4tui"
     COMMANDS = App.COMMANDS | {ChatCommands}
-    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
+    BINDINGS = [
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+        # Priority: over every screen, dialogs included (Textual's own ctrl+c only said "press
+        # ctrl+q"), and before the message box, whose ctrl+c copies: a selection still does.
+        Binding("ctrl+c", "interrupt", "Stop", show=False, priority=True),
+    ]
     """
     | Key | Description |
     | :- | :- |
     | ctrl+q | Save live sessions, then quit. |
+    | ctrl+c | Copy the selected text; else stop the running prefill or reply (any chat); twice within a second quits. |
     """
 
     def __init__(self, config: Config | None = None, *, model: Model | None = None,
@@ -125,6 +132,19 @@ class Ds4TuiApp(App[None]):
         if len(self.screen_stack) > 1:
             self.pop_screen()
         self.chat.open_file(message.sha)
+
+    def action_interrupt(self) -> None:
+        """ctrl+c: copy what is selected (in a text box, or on the screen by mouse), as Textual's
+        widgets do; else the chat's stop (ChatTurns.interrupt), whichever screen is on top."""
+        screen = self.screen
+        focused = screen.focused
+        if isinstance(focused, (Input, TextArea)) and focused.selected_text:
+            focused.action_copy()
+            return
+        if screen.get_selected_text():
+            screen.action_copy_text()
+            return
+        self.chat.interrupt()
 
     async def action_quit(self) -> None:
         """Save every live session (reason `shutdown`) before exiting."""

@@ -87,8 +87,6 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         Binding("ctrl+n", "new_chat", "New"),
         Binding("f2", "rename", "Rename", show=False),  # in the palette; the footer is full at 80
         Binding("escape", "cancel", "Cancel"),
-        # Priority: the message box would take it (copy); with a selection it still copies.
-        Binding("ctrl+c", "interrupt", "Stop", show=False, priority=True),
         Binding("f3", "settings", "Settings"),
         Binding("f4", "cache_browser", "Cache"),
         # ctrl+b and ctrl+f are in the palette; with them the footer no longer fits 80 columns.
@@ -108,7 +106,6 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
     | ctrl+n | Start a new chat. |
     | f2 | Rename the active chat. |
     | escape | Stop this chat's prefill or reply, or take back its queued message. |
-    | ctrl+c | Stop the running prefill or reply (any chat); twice within a second quits. |
     | f3 | Sampling settings and system prompt. |
     | f4 | Open the cache browser. |
     | ctrl+b | Show or hide the chat list. |

@@ -14,8 +14,6 @@ Leaves the work itself to the workers (chat_workers.py), and to `ChatScreen` the
 
 from __future__ import annotations
 
-from textual.widgets import TextArea
-
 from ds4tui.chat import events as ev
 from ds4tui.screens.chat_moves import version_note
 from ds4tui.screens.chat_notices import stats_line, stop_note
@@ -162,19 +160,12 @@ class ChatTurns:
         self.controller.cancel()
         self.query_one(StatusBar).set_activity(self._busy, "cancelling…")
 
-    def action_interrupt(self) -> None:
-        """ctrl+c: copy a selection if there is one; else stop what runs (this chat's queued
-        message first, else the running reply or prefill, whichever chat it is in); a second
-        ctrl+c within a second quits (save first, as ctrl+q)."""
+    def interrupt(self) -> None:
+        """ctrl+c, on any screen, with no text selected (app.py copies a selection first): stop
+        what runs (this chat's queued message first, else the running reply or prefill,
+        whichever chat it is in); a second ctrl+c within a second quits (save first, as ctrl+q)."""
         import time
 
-        focused = self.focused
-        if isinstance(focused, TextArea) and focused.selected_text:
-            focused.action_copy()
-            return
-        if self.get_selected_text():
-            self.action_copy_text()
-            return
         now = time.monotonic()
         again = now - self._last_interrupt <= QUIT_WINDOW_S
         self._last_interrupt = now

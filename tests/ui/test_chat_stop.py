@@ -171,3 +171,21 @@ async def test_a_message_still_queued_at_quit_comes_back_as_the_chats_draft(tiny
     assert stored.messages[-1] == {"role": "user", "content": "Capital of Spain?"}
     reopened = controller.history.conversation(stored, "again")
     assert reopened.draft == "Capital of Spain?" and reopened.messages == []
+
+
+async def test_ctrl_c_over_another_screen_stops_the_reply_too(tiny_llama):
+    """In F1's keys, a dialog or the cache browser, ctrl+c no longer says "press ctrl+q"."""
+    from ds4tui.screens.keys_help import KeysHelpScreen
+
+    controller = GatedController(tiny_llama, chat_config(tiny_llama, no_disk_cache=True))
+    app = ChatHost(tiny_llama, controller=controller)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.wait_for(ChatScreen.ModelReady)
+        mark = await _start_gated(app, pilot)
+        await pilot.press("f1")
+        await pilot.pause()
+        assert isinstance(app.screen, KeysHelpScreen)
+        await pilot.press("ctrl+c")
+        assert controller._stop.is_set()
+        assert (await app.wait_for(ChatScreen.TurnEnded, after=mark)).done is None
+        assert not any(n.title == "Do you want to quit?" for n in app.toasts)
