@@ -22,8 +22,6 @@ LONG_CLASSES = {
                                                 "is one method a contract member",
     "ds4tui/chat/remote.py:RemoteChatController": "the same contract over an OpenAI server; to split like "
                                                   "ChatController (the request and its stream first)",
-    "ds4tui/chat/turn.py:TurnPipeline": "one turn's steps, in the order they run; the prefix search "
-                                        "(_prepare) is the part to move out next",
     # The screens are being rebuilt from widgets that own their state (issue 36, the UI part).
     "ds4tui/screens/chat_moves.py:ChatMoves": "a screen mixin: goes with the widgets rewrite",
     "ds4tui/screens/chat.py:ChatScreen": "the screen: goes with the widgets rewrite",

@@ -1,7 +1,7 @@
 """The tokens a live session still needs for a prompt, without encoding the whole transcript.
 
-Owns: `suffix_after_live`, the fast form of the turn's live-session check (turn.py,
-`_prepare`). That check encodes the whole prompt and keeps the session when its tokens start
+Owns: `suffix_after_live`, the fast form of the turn's live-session check (prefix_search.py,
+`PrefixSearch.prepare`). That check encodes the whole prompt and keeps the session when its tokens start
 the result: the suffix is then what a cold prefill would run after them (bit-identical
 answers); otherwise only the text after the session's is encoded. In a 4K-token chat the
 whole-prompt encode is ~4 ms of every message's first-token time, growing with the chat.

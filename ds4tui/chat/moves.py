@@ -25,7 +25,8 @@ from ds4tui.chat.pool import SessionPool
 from ds4tui.chat.registry import Conversations
 from ds4tui.chat.saved import SavedSessions
 from ds4tui.chat.settings import Settings
-from ds4tui.chat.turn import TurnPipeline, shared_tokens
+from ds4tui.chat.prefix_search import shared_tokens
+from ds4tui.chat.turn import TurnPipeline
 from ds4tui.engine.model import Model
 
 EventFn = Callable[[ChatEvent], None]
@@ -139,8 +140,8 @@ class Moves:
         return held if held is not None else len(self.model.tokenizer.encode(prompt))
 
     def _held(self, conv: Conversation, prompt: str) -> int | None:
-        """What the turn will hold for `prompt` when it starts from state it has (turn.py,
-        _prepare): the live session's tokens when its text starts the prompt, or, with no live
+        """What the turn will hold for `prompt` when it starts from state it has (prefix_search.py,
+        PrefixSearch.prepare): the live session's tokens when its text starts the prompt, or, with no live
         session, those of the cached file it restores first; plus the rest, encoded. None: the
         turn prefills the whole prompt (or rewinds the live session), so count all of it."""
         session = conv.session

@@ -120,5 +120,5 @@ class StatelessChats:
 def _whole_characters(text: bytes) -> str:
     """`text` decoded up to its last whole character: a reply cut inside a character (the token
     limit) comes back from the client without it, and the turn rewinds the session to the
-    token boundary before it (turn.py, _rewind_live)."""
+    token boundary before it (prefix_search.py, _rewind_live)."""
     return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(text)
