@@ -126,22 +126,21 @@ def test_tiny_budget_evicts_and_holds(tiny_llama, tmp_path):
     assert evicted
 
 
-def test_shutdown_saves_only_states_not_already_on_disk(tiny_llama, tmp_path, recorder):
+def test_shutdown_saves_only_states_not_already_on_disk(tiny_llama, tmp_path, recorder, monkeypatch):
     """One copy of a state on disk: a chat whose titled file holds its session is freed
-    without a write; one whose session went further (a prefill cancelled after its last
-    reply) gets a `shutdown` file of exactly that state."""
+    without a write; one whose session went further (its last titled save failed: a full
+    disk, say) gets a `shutdown` file of exactly that state. (A cancelled prefill no longer
+    moves a session past its file: it rewinds to where the turn found it.)"""
     ctl = make_controller(tiny_llama, tmp_path, policy=CachePolicy(min_tokens=10**6))
     saved_chat, unsaved_chat = ctl.new_conversation(), ctl.new_conversation()
     for conv in (saved_chat, unsaved_chat):
         ctl.send(conv.key, f"Hello from {conv.key}.", Recorder())
-
-    def cancel_mid_prefill(event):
-        if isinstance(event, ev.PrefillProgress) and event.done < event.total:
-            ctl.cancel()
-
-    assert ctl.send(unsaved_chat.key, LONG_PROMPT * 4, cancel_mid_prefill) is None
+    with monkeypatch.context() as failing:
+        failing.setattr(ctl.checkpoints, "save_titled", lambda *args, **kwargs: None)
+        assert ctl.send(unsaved_chat.key, "And once more.", Recorder()) is not None
     unsaved_tokens = len(unsaved_chat.session.tokens)
     assert unsaved_tokens > unsaved_chat.saved_upto
+    assert len(saved_chat.session.tokens) == saved_chat.saved_upto
     files_before = set(os.listdir(tmp_path))
     ctl.shutdown(recorder)
     saved = [s for s in recorder.of(ev.Saved) if s.reason == "shutdown"]
