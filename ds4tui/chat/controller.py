@@ -210,12 +210,16 @@ class ChatController(OpenChats):
         if conv.model_spec and conv.model_spec != self.config.model:
             self.history.record_model(conv)  # a chat of another model continues on this one
         conv.messages.append({"role": "user", "content": text})
-        if conv.title is None:
+        untitled = conv.title is None
+        if untitled:
             conv.title = default_title(text)
         # Committed before the reply: a crash while it streams loses only the reply (the
         # message comes back as the chat's draft).
         self.history.commit(conv, on_event)
-        return self._turn(conv, on_event)
+        done = self._turn(conv, on_event)
+        if done is None and untitled:
+            self._forget_unsent(conv)
+        return done
 
     def _claim(self, key: str) -> Conversation:
         conv = self.get(key)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from ds4tui.chat import branches
 from ds4tui.chat.conversation import Conversation, default_title
 from ds4tui.chat.settings import CHAT_KEYS, Settings
+from ds4tui.store import StoreError
 
 if TYPE_CHECKING:
     from ds4tui.chat.history import History
@@ -115,6 +116,20 @@ class OpenChats:
         fresh = self.new_conversation(conv.system_prompt or "")
         fresh.overrides = dict(conv.overrides)
         return fresh
+
+    def _forget_unsent(self, conv: Conversation) -> None:
+        """A chat's first message withdrawn (its prefill cancelled, or it failed) leaves no
+        message of the user's: the chat is "New chat" again and its row leaves the store (it
+        listed an empty chat under the withdrawn message's title). The text is in the box."""
+        if any(m.get("role") == "user" for m in conv.messages):
+            return
+        conv.title = None
+        if conv.store_id is not None:
+            try:
+                self.history.forget(conv.store_id)
+            except (StoreError, LookupError):
+                return  # the empty row stays; nothing is lost
+            conv.store_id = None
 
     def keep_draft(self, key: str, text: str) -> None:
         """A message never sent (queued when the app quit): stored as the chat's last, unanswered

@@ -202,9 +202,13 @@ class RemoteChatController(OpenChats):
                 on_event(ContextWontFit(check))
                 return None
             conv.messages.append({"role": "user", "content": text})
-            if conv.title is None:
+            untitled = conv.title is None
+            if untitled:
                 conv.title = default_title(text)
-            return self._turn(conv, on_event)
+            done = self._turn(conv, on_event)
+            if done is None and untitled:
+                self._forget_unsent(conv)
+            return done
         finally:
             conv.busy = False
 

@@ -235,3 +235,24 @@ def test_a_reply_that_reaches_a_continued_frontier_is_checkpointed_there(tiny_ll
     again = make_controller(tiny_llama, tmp_path, policy=policy, max_tokens=2)
     hits = again.checkpoints.store.lookup(session_text, again.checkpoints.acceptor())
     assert hits and (hits[0].header.tokens, hits[0].header.reason) == (256, "continued")
+
+
+def test_a_cancelled_first_message_leaves_no_chat_behind(tiny_llama, tmp_path):
+    """A new chat whose first message is withdrawn (its prefill cancelled) is "New chat" again and
+    not in the store: it was listed (after a restart) as an empty chat titled with that message."""
+    ctl = make_controller(tiny_llama, tmp_path, no_disk_cache=True)
+    conv = ctl.new_conversation()
+    before = {c.id for c in ctl.history.store.list()}
+
+    def cancel_at_progress(event):
+        if isinstance(event, ev.PrefillProgress):
+            ctl.cancel()
+
+    assert ctl.send(conv.key, "word " * 420, cancel_at_progress) is None
+    assert conv.title is None and conv.display_title == "New chat" and conv.store_id is None
+    assert {c.id for c in ctl.history.store.list()} == before
+    assert ctl.send(conv.key, "Hello there.") is not None  # the chat goes on as new
+    assert conv.title == "Hello there." and conv.store_id in {c.id for c in ctl.history.store.list()}
+    # A later message withdrawn leaves the chat and its title alone.
+    assert ctl.send(conv.key, "word " * 420, cancel_at_progress) is None
+    assert conv.title == "Hello there." and conv.store_id in {c.id for c in ctl.history.store.list()}
