@@ -23,15 +23,18 @@ async def until(pilot, condition, what: str, timeout: float = HANG_S) -> None:
         await pilot.pause(0.02)
 
 
-async def until_settled(pilot, probe, condition, what: str, timeout: float = HANG_S) -> None:
-    """Until `condition()` holds and `probe()` (layout state) is the same across a pause:
-    a state a screenshot can take, not a frame in the middle of a layout."""
+async def until_settled(pilot, probe, condition, what: str, timeout: float = HANG_S, *, calm: int = 3) -> None:
+    """Until `condition()` holds and `probe()` (layout state) stays the same over `calm`
+    pauses in a row: a state a screenshot can take, not a frame in the middle of a layout (on
+    a busy machine one pause was not enough: a later reflow moved the log after it)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    steady = 0
     while True:
         before = probe()
         await pilot.pause(0.05)
-        if condition() and probe() == before:
+        steady = steady + 1 if condition() and probe() == before else 0
+        if steady >= calm:
             return
         if loop.time() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what} to settle")
