@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 
-from ds4tui.bench.server_process import start_server, stop_server
+from ds4tui.bench.server_process import ask, start_server, stop_server
 
 
 def add_bench_command(subparsers) -> None:
@@ -61,27 +61,12 @@ def _client(root: str, c: int, args, ttfts: list, tokens: list, order: list, loc
     with httpx.Client(timeout=600) as http:
         for t in range(args.turns):
             messages.append({"role": "user", "content": _question(c, t)})
-            body = {"model": "bench", "messages": messages, "max_tokens": args.max_tokens, "temperature": 0,
-                    "stream": True, "stream_options": {"include_usage": True}}
-            sent = time.perf_counter()
-            first, text, usage = None, [], {}
-            with http.stream("POST", f"{root}/v1/chat/completions", json=body) as r:
-                r.raise_for_status()
-                for line in r.iter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    chunk = json.loads(line[6:])
-                    usage = chunk.get("usage") or usage
-                    for choice in chunk.get("choices") or []:
-                        piece = (choice.get("delta") or {}).get("content")
-                        if piece:
-                            first = first or time.perf_counter()
-                            text.append(piece)
+            got = ask(http, root, messages, args.max_tokens)
             with lock:
-                ttfts.append(((first or time.perf_counter()) - sent) * 1000.0)
-                tokens.append(usage.get("completion_tokens", 0))
+                ttfts.append(got["ttft_ms"])
+                tokens.append(got["completion_tokens"])
                 order.append((c, [dict(m) for m in messages]))
-            messages.append({"role": "assistant", "content": "".join(text)})
+            messages.append({"role": "assistant", "content": got["text"]})
 
 
 def _server_run(root: str, clients: int, args) -> dict:

@@ -1,11 +1,12 @@
 """A `ds4tui serve` subprocess for the benches: a free loopback port, started, waited for, stopped.
 
-Owns only the process: the benches (serve_bench.py, shared_prefix_bench.py,
-bench/serve_restart.py) send the requests.
+Owns the process and `ask`, one streamed request timed from its send; the benches
+(serve_bench.py, shared_prefix_bench.py, bench/serve_restart.py) decide what to send.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -48,3 +49,30 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+def ask(http, root: str, messages: list[dict], max_tokens: int) -> dict:
+    """One streamed chat completion (greedy, usage included) timed from the send: {ttft_ms,
+    total_ms, prompt_tokens, cached_tokens, completion_tokens, text}."""
+    body = {"model": "bench", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    sent = time.perf_counter()
+    first, usage, text = None, {}, []
+    with http.stream("POST", f"{root}/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    first = first or time.perf_counter()
+                    text.append(piece)
+    done = time.perf_counter()
+    return {"ttft_ms": ((first or done) - sent) * 1000.0, "total_ms": (done - sent) * 1000.0,
+            "prompt_tokens": usage.get("prompt_tokens", 0),
+            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+            "completion_tokens": usage.get("completion_tokens", 0),
+            "text": "".join(text)}

@@ -20,7 +20,6 @@ import json
 import os
 import tempfile
 import threading
-import time
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -45,36 +44,12 @@ def system_prompt(tokenizer, tokens: int) -> str:
             return " ".join(rules)
 
 
-def _ask(http, root: str, messages: list[dict], max_tokens: int) -> dict:
-    body = {"model": "bench", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
-    sent = time.perf_counter()
-    first, usage, text = None, {}, []
-    with http.stream("POST", f"{root}/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    first = first or time.perf_counter()
-                    text.append(piece)
-    done = time.perf_counter()
-    return {"ttft_ms": ((first or done) - sent) * 1000.0, "total_ms": (done - sent) * 1000.0,
-            "prompt_tokens": usage.get("prompt_tokens", 0),
-            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-            "text": "".join(text)}
-
-
 def run_shared_prefix(args: argparse.Namespace) -> int:
     """Long because it is one measurement read top to bottom: the server started, the cold
     client, the others at once, the figures, in the order they happen."""
     import httpx
 
-    from ds4tui.bench.server_process import start_server, stop_server
+    from ds4tui.bench.server_process import ask, start_server, stop_server
     from ds4tui.engine.loader import load_model
 
     clients = max(int(x) for x in args.clients.split(",") if x.strip())
@@ -96,12 +71,12 @@ def run_shared_prefix(args: argparse.Namespace) -> int:
         proc, root = start_server(args, cache, disk=True)
         try:
             with httpx.Client(timeout=1800) as http:
-                rows.append({"what": "first (cold)", **_ask(http, root, chat(questions[0]), args.max_tokens)})
+                rows.append({"what": "first (cold)", **ask(http, root, chat(questions[0]), args.max_tokens)})
                 results: list[dict | None] = [None] * (clients - 1)
 
                 def client(i: int) -> None:
                     with httpx.Client(timeout=1800) as own:
-                        results[i] = _ask(own, root, chat(questions[i + 1]), args.max_tokens)
+                        results[i] = ask(own, root, chat(questions[i + 1]), args.max_tokens)
 
                 threads = [threading.Thread(target=client, args=(i,)) for i in range(clients - 1)]
                 for th in threads:
@@ -109,13 +84,13 @@ def run_shared_prefix(args: argparse.Namespace) -> int:
                 for th in threads:
                     th.join()
                 rows += [{"what": f"client {i + 2} (at once)", **r} for i, r in enumerate(results) if r]
-                rows.append({"what": "client 2's prompt again", **_ask(http, root, chat(questions[1]), args.max_tokens)})
+                rows.append({"what": "client 2's prompt again", **ask(http, root, chat(questions[1]), args.max_tokens)})
         finally:
             stop_server(proc)
         proc, root = start_server(args, cache, disk=True)
         try:
             with httpx.Client(timeout=1800) as http:
-                rows.append({"what": "after a restart", **_ask(http, root, chat(questions[clients]), args.max_tokens)})
+                rows.append({"what": "after a restart", **ask(http, root, chat(questions[clients]), args.max_tokens)})
         finally:
             stop_server(proc)
 
