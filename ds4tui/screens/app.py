@@ -138,11 +138,16 @@ class Ds4TuiApp(App[None]):
         widgets do; else the chat's stop (ChatTurns.interrupt), whichever screen is on top."""
         screen = self.screen
         focused = screen.focused
-        if isinstance(focused, (Input, TextArea)) and focused.selected_text:
-            focused.action_copy()
-            return
-        if screen.get_selected_text():
-            screen.action_copy_text()
+        selected = focused.selected_text if isinstance(focused, (Input, TextArea)) else None
+        selected = selected or screen.get_selected_text()
+        if selected:
+            # The chat's copy route (screens/clipboard.py): says where the text went, with a
+            # file fallback where OSC 52 cannot be trusted (tmux by default).
+            from ds4tui.screens.clipboard import copy_text
+
+            done = copy_text(selected, "the selection", self.copy_to_clipboard)
+            self.notify(done.message, title="Clipboard", severity="information" if done.route != "file" else "warning",
+                        markup=False)
             return
         self.chat.interrupt()
 

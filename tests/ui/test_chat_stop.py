@@ -69,6 +69,8 @@ async def test_ctrl_c_with_a_selection_in_the_box_copies(tiny_llama):
         app.copy_to_clipboard = copied.append
         await pilot.press("ctrl+c")
         assert copied == ["copy me"] and not app.chat._quitting
+        # The chat's copy route says where it went (a file where OSC 52 may not arrive).
+        assert any(n.title == "Clipboard" and "the selection" in n.message for n in app.toasts)
 
 
 async def test_a_new_chat_shows_its_own_status_not_the_other_chats_reply(tiny_llama):
