@@ -20,8 +20,9 @@ LONG_CLASSES = {
     "ds4tui/chat/controller.py:ChatController": "the facade every screen drives (chat/backend.py's contract); "
                                                 "its moves, saves and history are split out already, the rest "
                                                 "is one method a contract member",
-    "ds4tui/chat/remote.py:RemoteChatController": "the same contract over an OpenAI server; to split like "
-                                                  "ChatController (the request and its stream first)",
+    "ds4tui/chat/remote.py:RemoteChatController": "the same contract over an OpenAI server; its HTTP side (the "
+                                                  "model, the stream, cancel) is chat/remote_server.py, the rest "
+                                                  "is one method a contract member",
     # The screens are being rebuilt from widgets that own their state (issue 36, the UI part).
     "ds4tui/screens/chat_moves.py:ChatMoves": "a screen mixin: goes with the widgets rewrite",
     "ds4tui/screens/chat.py:ChatScreen": "the screen: goes with the widgets rewrite",

@@ -25,8 +25,6 @@ may come from any thread, the listings and lookups from the UI thread.
 from __future__ import annotations
 
 import dataclasses
-import json
-import threading
 import time
 from typing import Callable
 
@@ -36,11 +34,12 @@ from ds4tui import paths
 from ds4tui.chat import branches
 from ds4tui.chat.conversation import MAX_TITLE_CHARS, Conversation, default_title
 from ds4tui.chat.events import (Cancelled, ChatError, ChatEvent, ContextWontFit, Done, FitCheck, Forked,
-                                HistoryOpened, Waiting)
+                                HistoryOpened)
 from ds4tui.chat.history import ChatHit, History
 from ds4tui.chat.history_import import ImportReport, import_existing
 from ds4tui.chat.registry import Conversations, OpenChats
-from ds4tui.chat.remote_stream import ReplyReader, RemoteError, sse_data
+from ds4tui.chat.remote_server import RemoteServer
+from ds4tui.chat.remote_stream import ReplyReader, RemoteError
 from ds4tui.chat.reply_view import ReplyFormat, ReplySplitter, ReplyView, view_of
 from ds4tui.chat.settings import CHAT_KEYS, Settings
 from ds4tui.config import Config
@@ -49,13 +48,8 @@ from ds4tui.errors import error_line
 from ds4tui.store import ConversationStore, StoredChat, StoreError, open_store
 
 EventFn = Callable[[ChatEvent], None]
-CONNECT_S = 10.0
-READ_S = 600.0  # a long prompt on a slow server may take minutes before its first byte
-WAITING_TICK_S = 0.5  # how often the "waiting for the server" line updates
 # Tokens a message must leave for its reply (as the embedded chat: moves.REPLY_RESERVE).
 REPLY_RESERVE = 256
-# What /v1/models may say a model's context is: vLLM and ds4tui serve, LM Studio, OpenRouter.
-CONTEXT_FIELDS = ("max_model_len", "context_length", "max_context_length")
 
 
 def _ignore(_: ChatEvent) -> None:
@@ -80,24 +74,15 @@ class RemoteChatController(OpenChats):
                  transport: httpx.BaseTransport | None = None, models: list[dict] | None = None) -> None:
         """models: the server's /models entries when already asked (remote_probe.py, before the
         UI opens): the model to use and its context are known before the first message."""
-        self.endpoint = endpoint.rstrip("/")
+        # The HTTP side (the model, its context, one streamed reply, cancel): chat/remote_server.py.
+        self.server = RemoteServer(endpoint, api_key=api_key, model=model, transport=transport, models=models)
+        self.endpoint = self.server.endpoint
         self.settings = Settings(config)
         self.conversations = Conversations()
         # The record of every chat, shared with the embedded chat: this engine is the URL.
         self.history = History(store or open_store(paths.store_path(self.settings.config.data_dir)),
-                               model_spec=model or "", engine=self.endpoint)
-        self._model_id = model
-        self._context: int | None = None  # the server's context, when /v1/models says it
-        self._models_asked = False
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(headers=headers, transport=transport,
-                                  timeout=httpx.Timeout(READ_S, connect=CONNECT_S))
-        self._cancel = threading.Event()
-        self._lock = threading.Lock()
+                               model_spec=self.server.model_id or "", engine=self.endpoint)
         self.disk_cache_notice: str | None = None  # the KV cache is the server's own
-        self._response: httpx.Response | None = None
-        if models:
-            self._take_models(models)
 
     # -- what the screen shows ----------------------------------------------------------------
 
@@ -108,14 +93,14 @@ class RemoteChatController(OpenChats):
     @property
     def model_name(self) -> str:
         host = httpx.URL(self.endpoint).host
-        return f"{self._model_id or 'remote'} @ {host}"
+        return f"{self.server.model_id or 'remote'} @ {host}"
 
     @property
     def model_info(self):
         return None  # no local model: the cache browser marks nothing as resumable
 
     def model_description(self) -> str:
-        return f"{self._model_id or 'the server default model'} on the OpenAI-compatible server {self.endpoint}"
+        return f"{self.server.model_id or 'the server default model'} on the OpenAI-compatible server {self.endpoint}"
 
     @property
     def cache_store(self):
@@ -123,7 +108,7 @@ class RemoteChatController(OpenChats):
 
     def ctx_size(self) -> int:
         """The server's context when its /v1/models said it (after the first turn), else 0."""
-        return self._context or 0
+        return self.server.context or 0
 
     def has_sliding_window(self) -> bool:
         return False  # the server's sessions: no storage policy to set from here
@@ -185,11 +170,7 @@ class RemoteChatController(OpenChats):
 
     def cancel(self) -> None:
         """Close the running stream (any thread); the server stops generating."""
-        self._cancel.set()
-        with self._lock:
-            response = self._response
-        if response is not None:
-            response.close()
+        self.server.cancel()
 
     def send(self, key: str, text: str, on_event: EventFn = _ignore) -> Done | None:
         """Add a user message and stream the reply. Returns Done, or None when cancelled before
@@ -216,7 +197,7 @@ class RemoteChatController(OpenChats):
         conv = self.get(key)
         if conv.busy:
             raise RuntimeError(f"conversation {key} is already generating")
-        self._cancel.clear()
+        self.server.clear_cancel()
         conv.busy = True
         conv.touch()
         return conv
@@ -226,7 +207,7 @@ class RemoteChatController(OpenChats):
         """One request on conv's messages (they end with the user message), committed before
         (the message) and after (the reply, or as much of it as a cancel left)."""
         try:
-            self._model()  # the server's model names the chat in the store
+            self.history.model_spec = self.server.model()  # the server's model names the chat in the store
             if conv.model_spec != self.history.model_spec:
                 self.history.record_model(conv)  # a chat of another engine continues here
             self.history.commit(conv, on_event)  # a crash while it streams loses only the reply
@@ -248,40 +229,8 @@ class RemoteChatController(OpenChats):
         # split here as the embedded chat does.
         on_event = ReplySplitter(on_event, ReplyFormat())
         reader = ReplyReader(on_event, started)
-        ticker = _WaitingTicker(on_event, started)
-        finished = False
-        try:
-            with self._http.stream("POST", f"{self.endpoint}/chat/completions", json=body) as response:
-                with self._lock:
-                    self._response = response
-                if self._cancel.is_set():
-                    response.close()
-                if response.status_code != 200:
-                    response.read()
-                    raise RemoteError(describe_status(response, self.endpoint))
-                for data in sse_data(response.iter_lines()):
-                    if data.strip() == "[DONE]":
-                        finished = True
-                        break
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        raise RemoteError("the server sent an event that is not JSON") from None
-                    if ticker.running and _has_signal(chunk):
-                        ticker.stop()  # joined before the reader emits: one thread sends events
-                    reader.feed(chunk)
-                finished = finished or reader.finish is not None
-        except (httpx.HTTPError, httpx.StreamError) as exc:
-            if not self._cancel.is_set():
-                raise RemoteError(describe_transport(exc, self.endpoint, reader.tokens)) from None
-        except Exception:
-            if not self._cancel.is_set():  # closing a stream mid-read may surface as anything
-                raise
-        finally:
-            ticker.stop()
-            with self._lock:
-                self._response = None
-        if self._cancel.is_set() and not finished:
+        finished = self.server.stream(body, reader, on_event, started)
+        if self.server.cancelled and not finished:
             if not reader.tokens:
                 on_event(Cancelled(prefilled=0))
                 return None
@@ -302,7 +251,7 @@ class RemoteChatController(OpenChats):
         """The request: the whole history and this chat's sampling (its F3 settings, else the config's)."""
         value = lambda k: self.settings.value(k, conv)  # noqa: E731
         body = {
-            "model": self._model(),
+            "model": self.server.model(),
             "messages": conv.messages,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -316,38 +265,6 @@ class RemoteChatController(OpenChats):
         if value("seed") is not None:
             body["seed"] = value("seed") + seed_offset  # a regenerate with a fixed seed still differs
         return body
-
-    def _model(self) -> str:
-        """--remote-model, else the first model the server lists. /v1/models is asked until it
-        answers once, also for the model's context where the server says it."""
-        if self._models_asked:
-            assert self._model_id is not None
-            return self._model_id
-        try:
-            r = self._http.get(f"{self.endpoint}/models", timeout=CONNECT_S)
-        except httpx.HTTPError as exc:
-            if self._model_id is None:
-                raise RemoteError(describe_transport(exc, self.endpoint, 0)) from None
-            return self._model_id  # named: the context is asked for again next turn
-        if r.status_code != 200 and self._model_id is None:
-            raise RemoteError(describe_status(r, self.endpoint))
-        try:
-            entries = [m for m in r.json()["data"] if isinstance(m, dict)] if r.status_code == 200 else []
-        except (ValueError, KeyError, TypeError):
-            entries = []
-        if self._model_id is None and (not entries or "id" not in entries[0]):
-            raise RemoteError(f"{self.endpoint}/models lists no model: pass --remote-model NAME")
-        return self._take_models(entries)
-
-    def _take_models(self, entries: list[dict]) -> str:
-        """/models' entries: the model (--remote-model, else the first listed) and its context."""
-        if self._model_id is None:
-            self._model_id = str(entries[0]["id"])
-        self._models_asked = True
-        mine = next((m for m in entries if str(m.get("id")) == self._model_id), None)
-        self._context = context_of(mine) if mine is not None else None
-        self.history.model_spec = self._model_id
-        return self._model_id
 
     # -- the context ---------------------------------------------------------------------------------
 
@@ -565,77 +482,3 @@ def _chars(messages: list[dict]) -> int:
     return sum(len(m.get("content", "")) for m in messages)
 
 
-def context_of(entry: dict) -> int | None:
-    """What a /models entry says the model's context is (CONTEXT_FIELDS), or None."""
-    for key in CONTEXT_FIELDS:
-        value = entry.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
-def _has_signal(chunk: object) -> bool:
-    """Progress, text, an end or an error: anything after which elapsed time is not the news."""
-    if not isinstance(chunk, dict):
-        return True
-    if "prompt_progress" in chunk or "error" in chunk:
-        return True
-    for choice in chunk.get("choices") or []:
-        if isinstance(choice, dict) and (choice.get("finish_reason")
-                                         or (isinstance(choice.get("delta"), dict) and choice["delta"].get("content"))):
-            return True
-    return False
-
-
-class _WaitingTicker:
-    """Emits Waiting(elapsed) every tick until stopped: the screen's clock while a server that
-    sends no progress reads the prompt. Stopped (and joined) before the first real event."""
-
-    def __init__(self, emit: EventFn, started: float) -> None:
-        self._emit = emit
-        self._started = started
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ds4tui-waiting", daemon=True)
-        self._thread.start()
-
-    @property
-    def running(self) -> bool:
-        return not self._stop.is_set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(WAITING_TICK_S):
-            self._emit(Waiting(elapsed_s=time.perf_counter() - self._started))
-
-    def stop(self) -> None:
-        if not self._stop.is_set():
-            self._stop.set()
-            self._thread.join()
-
-
-def describe_status(response: httpx.Response, endpoint: str) -> str:
-    """One line for a non-200 answer, with the server's own message when it sent one."""
-    code = response.status_code
-    try:
-        err = response.json().get("error")
-        detail = err.get("message") if isinstance(err, dict) else err
-    except (ValueError, AttributeError):
-        detail = None
-    detail = f": {str(detail)[:200]}" if detail else ""
-    if code in (401, 403):
-        return f"the server refused the API key (HTTP {code}){detail}. Set it with --api-key-env VAR"
-    if code == 429:
-        wait = response.headers.get("retry-after")
-        return f"the server is busy (HTTP 429){detail}" + (f"; retry in {wait} s" if wait else "; retry later")
-    if code == 404:
-        return f"{endpoint} has no such route (HTTP 404){detail}. --engine should end in /v1"
-    return f"the server answered HTTP {code}{detail}"
-
-
-def describe_transport(exc: Exception, endpoint: str, tokens: int) -> str:
-    if isinstance(exc, httpx.ConnectError):
-        return f"cannot connect to {endpoint}: connection refused or no route (is the server running?)"
-    if isinstance(exc, httpx.ConnectTimeout):
-        return f"cannot connect to {endpoint}: timed out"
-    if isinstance(exc, httpx.ReadTimeout):
-        return f"the server sent nothing for {READ_S:.0f} s"
-    return f"the stream dropped after {tokens} token(s) ({type(exc).__name__})"

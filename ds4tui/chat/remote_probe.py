@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from ds4tui.chat.remote import CONNECT_S, context_of, describe_status, describe_transport
+from ds4tui.chat.remote_server import CONNECT_S, context_of, describe_status, describe_transport
 from ds4tui.chat.remote_stream import RemoteError
 
 

@@ -130,7 +130,7 @@ def test_a_dropped_stream_and_http_errors_are_clear(tmp_path):
     ]
     for reply, expected in cases:
         ctl = remote(_one_shot_server(reply), tmp_path)
-        ctl._model_id, ctl._models_asked = "m", True  # no /models lookup: the socket answers one request
+        ctl.server.model_id, ctl.server.models_asked = "m", True  # no /models lookup: the socket answers one request
         conv = ctl.new_conversation()
         events = Recorder()
         assert ctl.send(conv.key, "hi", events) is None
