@@ -15,6 +15,10 @@ to disk and come back: that is where the disk cache shows. TTFT is measured by
 the client, from sending the request to the first text chunk, queueing
 included; the embedded TTFT has no queue (one request at a time), so compare
 throughputs for the overhead and TTFT only between server rows.
+
+Memory: after each row the server's resident set (VmRSS) and its peak so far (VmHWM) are
+read from /proc/PID/status of the server process; the rows run in order on one server
+per disk setting, so the last row's peak is the peak of the whole workload.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import tempfile
 import threading
 import time
 
-from ds4tui.bench.server_process import ask, start_server, stop_server
+from ds4tui.bench.server_process import ask, process_memory, start_server, stop_server
 
 
 def add_bench_command(subparsers) -> None:
@@ -135,6 +139,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
             try:
                 for n in counts:
                     server = _server_run(root, n, args)
+                    server["memory"] = process_memory(proc.pid)
                     ctl = ChatController(model, Config(model=args.model, cache_dir=os.path.join(tmp, f"emb{n}"),
                                                        no_disk_cache=not disk, live_sessions=args.live_sessions))
                     ctl.warm_up()
@@ -151,9 +156,10 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     print(f"ds4tui bench serve: {args.model}, {args.turns} turns per client, {args.max_tokens} tokens per reply,"
           f" {args.live_sessions} live sessions")
     print(f"{'disk':>5} {'clients':>7} {'server tok/s':>12} {'TTFT p50':>9} {'TTFT p90':>9}"
-          f" {'embedded tok/s':>14} {'emb TTFT':>9} {'server/emb time':>15}")
+          f" {'embedded tok/s':>14} {'emb TTFT':>9} {'server/emb time':>15} {'RSS MB':>7} {'peak MB':>7}")
     for r in rows:
         s, e = r["server"], r["embedded"]
         print(f"{'on' if r['disk_cache'] else 'off':>5} {r['clients']:>7} {s['tok_s']:>12.1f} {s['ttft_ms']:>7.0f}ms"
-              f" {s['ttft_p90_ms']:>7.0f}ms {e['tok_s']:>14.1f} {e['ttft_ms']:>7.0f}ms {s['wall_s'] / e['wall_s']:>14.2f}x")
+              f" {s['ttft_p90_ms']:>7.0f}ms {e['tok_s']:>14.1f} {e['ttft_ms']:>7.0f}ms {s['wall_s'] / e['wall_s']:>14.2f}x"
+              f" {s['memory']['VmRSS'] / 1e6:>7.0f} {s['memory']['VmHWM'] / 1e6:>7.0f}")
     return 0

@@ -1,7 +1,8 @@
 """A `ds4tui serve` subprocess for the benches: a free loopback port, started, waited for, stopped.
 
-Owns the process and `ask`, one streamed request timed from its send; the benches
-(serve_bench.py, shared_prefix_bench.py, bench/serve_restart.py) decide what to send.
+Owns the process, `ask` (one streamed request timed from its send) and `process_memory`
+(the server's resident set from /proc); the benches (serve_bench.py, shared_prefix_bench.py,
+bench/serve_restart.py) decide what to send.
 """
 
 from __future__ import annotations
@@ -41,6 +42,24 @@ def start_server(args, cache_dir: str, disk: bool) -> tuple[subprocess.Popen, st
         time.sleep(0.2)
     proc.kill()
     raise SystemExit("ds4tui serve did not start within 300 s")
+
+
+MEMORY_FIELDS = ("VmHWM", "VmRSS", "RssAnon", "RssFile")
+
+
+def process_memory(pid: int) -> dict[str, int]:
+    """Peak (VmHWM) and current (VmRSS, its anonymous and file-backed parts) resident set of
+    process `pid` in bytes, from /proc/PID/status; zeros where /proc is missing (not Linux)."""
+    out = dict.fromkeys(MEMORY_FIELDS, 0)
+    try:
+        with open(f"/proc/{pid}/status") as fp:
+            for line in fp:
+                key, _, rest = line.partition(":")
+                if key in out:
+                    out[key] = int(rest.split()[0]) * 1024  # the kernel writes kB
+    except OSError:
+        pass
+    return out
 
 
 def stop_server(proc: subprocess.Popen) -> None:
