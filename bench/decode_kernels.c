@@ -70,13 +70,10 @@ static int bench_head(int stride) {
 static int bench_attention(int hq, int hkv, int d, int64_t n, int layers, int nth) {
     wall_clock = nth > 1;
     if (nth < 1 || hkv <= 0 || hq % hkv || hq / hkv > MAX_GROUP || d > MAX_HEAD_DIM || n <= 0 || layers <= 0) return 1;
-    const int64_t ctx = n + 64, nblk = (ctx + ATT_BLOCK - 1) / ATT_BLOCK, plane = (int64_t)hkv * ctx * d;
-    ds4k_llama m = {0};
-    m.n_heads = hq, m.n_kv_heads = hkv, m.head_dim = d;
+    const int64_t ctx = n + 64, plane = (int64_t)hkv * ctx * d;
     uint16_t **kv = malloc(sizeof(uint16_t *) * layers);
     float *q = malloc(sizeof(float) * hq * d), *att = malloc(sizeof(float) * hq * d);
-    float *part = malloc(sizeof(float) * hkv * nblk * (hq / hkv) * (d + 2));
-    if (!kv || !q || !att || !part) return 1;
+    if (!kv || !q || !att) return 1;
     for (int l = 0; l < layers; l++) {
         if (!(kv[l] = malloc(sizeof(uint16_t) * 2 * plane))) return 1;
         for (int64_t i = 0; i < 2 * plane; i++) kv[l][i] = (uint16_t)(0x3000 + (next_u32() & 0x7ff)); /* 0.125..1 */
@@ -85,7 +82,8 @@ static int bench_attention(int hq, int hkv, int d, int64_t n, int layers, int nt
     double best = 1e9;
     for (int it = 0; it < 10; it++) {
         const double t0 = cpu_s();
-        for (int l = 0; l < layers; l++) attention(&m, att, q, kv[l], kv[l] + plane, 1, ctx, n, part, nth);
+        for (int l = 0; l < layers; l++)
+            if (attn_decode(q, att, kv[l], kv[l] + plane, ctx * d, 1, n, hq, hkv, d, 1.0f, nth)) return 1;
         const double t = cpu_s() - t0;
         if (t < best) best = t;
     }

@@ -1,6 +1,8 @@
-/* attn.c: causal grouped-query attention of a chunk of S query positions over a session's
- * KV rows (the llama forward's prefill chunks; decode steps of a plain llama go through
- * llama_step.c).
+/* attn.c: causal grouped-query attention of S query positions over a session's KV rows, the
+ * one attention of the C kernels: the llama forward's prefill chunks (chunk.c, attn.py) and
+ * the fused decode step (llama_step.c) call attn(), which picks the kernel by shape: one
+ * query whose keys are all in the buffer takes the decode kernel (attn_decode, below), every
+ * other call the chunk kernel described here.
  *
  * Owns: attn, softmax(q k^T * scale) v for every query head of S consecutive positions
  * qpos0..qpos0+S-1, reading the K/V rows where they live: rows of positions below `kbase`
@@ -804,6 +806,404 @@ static void attn_merge(const attn_job *j, int hkv) {
         }
 }
 
+/* ---------------------------------------------------------------- one query: the decode kernel
+ *
+ * A decode step's query (S = 1, every key in the buffer) is a different problem from a
+ * chunk's: G query heads against up to a whole context of rows, memory-bound. attn() hands
+ * it to attn_decode, which splits each KV head's positions into blocks of ATT_BLOCK
+ * positions, doubled up to ATT_BLOCK_MAX while a layer keeps ATT_MIN_CHUNKS of them (one
+ * pool chunk each), then merges the blocks' (max, sum, output) with the usual log-sum-exp
+ * rescaling. Inside a block, K and V are read in tiles of ATT_TILE rows, converted to f32
+ * once for all G query heads of the group (AVX-512 FMAs in the AVX-512 build, AVX2 in the
+ * other); the AVX-512 build reads V instead once per row for all G heads, converting in
+ * registers (weighted_sums). Block bounds depend only on n and the head count, so results do
+ * not depend on the thread count. Against the chunk kernel on the same query
+ * (bench/attn_decode_ab.c, AVX2, f16 rows, one thread's CPU time): Gemma 3's 4 heads of 256
+ * 1.04x (4,096 rows) to 1.3x (512) faster, SmolLM2's 9/3 heads of 64 0.87x (4,096) to 0.94x
+ * (512) as fast; the decode step keeps this kernel for every shape (its results and speed as
+ * before; the AVX-512 build's V path is unmeasured against the chunk kernel): docs/perf-archive.md,
+ * "One C attention". */
+
+#define ATT_BLOCK 256      /* positions per block: the smallest, and the workspace's sizing */
+#define ATT_BLOCK_MAX 1024 /* blocks double while the layer keeps >= ATT_MIN_CHUNKS of them */
+#define ATT_MIN_CHUNKS 16
+#define MAX_GROUP 16
+#define MAX_HEAD_DIM 256
+#define ATT_INLINE_WORK 32768 /* query x key multiply-adds below which attention runs on the caller */
+
+
+static float dot(const float *a, const float *b, int n) {
+    int i = 0;
+    float s = 0.0f;
+#if DS4K_AVX2
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    s = hsum8(_mm256_add_ps(acc0, acc1));
+#endif
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* p[i] = exp(p[i] - m); returns the sum. */
+static float exp_shift_sum(float *p, int n, float m) {
+    int i = 0;
+    float s = 0.0f;
+#if DS4K_AVX2
+    __m256 acc = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
+#if DS4K_ISA >= 2
+    __m512 acc16 = _mm512_setzero_ps(), mv16 = _mm512_set1_ps(m);
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p + i), mv16));
+        _mm512_storeu_ps(p + i, e);
+        acc16 = _mm512_add_ps(acc16, e);
+    }
+    acc = _mm256_add_ps(_mm512_castps512_ps256(acc16),
+                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc16), 1)));
+#endif
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i), mv));
+        _mm256_storeu_ps(p + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    s = hsum8(acc);
+#endif
+    for (; i < n; i++) s += (p[i] = expf(p[i] - m));
+    return s;
+}
+
+/* y += a * x */
+static void axpy(float *y, float a, const float *x, int n) {
+    int i = 0;
+#if DS4K_AVX2
+    __m256 a8 = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a8, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+#if DS4K_AVX2
+static inline __m256 load8_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+#endif
+
+#define ATT_TILE 32 /* K rows converted to f32 at once (32 x 256 floats at most: L1-sized); 16 ran ~10% slower at D 64 */
+
+typedef struct {
+    const float *q;        /* [Hq, D], roped and scaled */
+    const void *k, *v;     /* [Hkv] heads hs elements apart of rows D apart, float or f16 (uint16_t) */
+    int64_t hs, n, nblk, block; /* hs: elements between heads; rows 0..n-1 are live, nblk blocks of `block` */
+    int g, d, f16;
+    float *part;           /* [Hkv, nblk, G, D + 2]: max, sum, unnormalized output */
+} att_job;
+
+#if DS4K_AVX2
+/* [sum(a0), ..., sum(a7)]: eight dot products finished with one hadd tree instead of
+ * eight horizontal sums. */
+static inline __m256 reduce8(const __m256 *a) {
+    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20),
+                         _mm256_permute2f128_ps(h0123, h4567, 0x31));
+}
+#endif
+
+#if DS4K_ISA >= 2
+/* Lane j = sum of a[j]'s 16 lanes, for 16 rows at once: four levels of shuffle-and-add
+ * (512 -> 256 -> 128 -> 64 -> 32-bit halves) instead of 16 separate reductions. The levels
+ * leave row r in lane PERM16[r] (PERM16 is its own inverse), so callers pass accumulators
+ * in that order and get the sums in row order. */
+static const int PERM16[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+static inline __m512 reduce16(const __m512 *a) {
+    __m512 b[8], c[4], d[2];
+    for (int i = 0; i < 8; i++)
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[i], a[i + 8], 0x44), _mm512_shuffle_f32x4(a[i], a[i + 8], 0xEE));
+    for (int i = 0; i < 4; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[i], b[i + 4], 0x88), _mm512_shuffle_f32x4(b[i], b[i + 4], 0xDD));
+    for (int i = 0; i < 2; i++)
+        d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[i], c[i + 2], 0x44), _mm512_shuffle_ps(c[i], c[i + 2], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+}
+#endif
+
+/* s[t] = q . k_t for nt rows of k (f32, row stride d). */
+static void scores(float *s, const float *q, const float *k, int nt, int d) {
+    int t = 0;
+#if DS4K_ISA >= 2
+    if (d % 16 == 0) {
+        for (; t + 16 <= nt; t += 16) {
+            __m512 a[16];
+            for (int j = 0; j < 16; j++) a[j] = _mm512_setzero_ps();
+            for (int i = 0; i < d; i += 16) {
+                __m512 qv = _mm512_loadu_ps(q + i);
+                for (int j = 0; j < 16; j++)
+                    a[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + (int64_t)(t + PERM16[j]) * d + i), a[j]);
+            }
+            _mm512_storeu_ps(s + t, reduce16(a));
+        }
+    }
+#endif
+#if DS4K_AVX2
+    if (d % 8 == 0) {
+        for (; t + 8 <= nt; t += 8) {
+            __m256 a[8];
+            for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+            for (int i = 0; i < d; i += 8) {
+                __m256 qv = _mm256_loadu_ps(q + i);
+                for (int j = 0; j < 8; j++)
+                    a[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (int64_t)(t + j) * d + i), a[j]);
+            }
+            _mm256_storeu_ps(s + t, reduce8(a));
+        }
+    }
+#endif
+    for (; t < nt; t++) s[t] = dot(q, k + (int64_t)t * d, d);
+}
+
+/* out[d] += sum_t p[t] v_t for nt rows of v (f32). Even and odd rows go to two sets of
+ * accumulators, kept in registers across the rows: one set alone is a chain of dependent
+ * FMAs, which runs at half the FMA units' rate. */
+static void weighted_sum(float *out, const float *p, const float *v, int nt, int d) {
+    int i0 = 0;
+#if DS4K_ISA >= 2
+    for (; i0 + 64 <= d; i0 += 64) {
+        __m512 a[4], b[4];
+        for (int j = 0; j < 4; j++) a[j] = _mm512_loadu_ps(out + i0 + 16 * j), b[j] = _mm512_setzero_ps();
+        int t = 0;
+        for (; t + 2 <= nt; t += 2) {
+            const __m512 pa = _mm512_set1_ps(p[t]), pb = _mm512_set1_ps(p[t + 1]);
+            const float *va = v + (int64_t)t * d + i0, *vb = va + d;
+            for (int j = 0; j < 4; j++) {
+                a[j] = _mm512_fmadd_ps(pa, _mm512_loadu_ps(va + 16 * j), a[j]);
+                b[j] = _mm512_fmadd_ps(pb, _mm512_loadu_ps(vb + 16 * j), b[j]);
+            }
+        }
+        if (t < nt) {
+            const __m512 pa = _mm512_set1_ps(p[t]);
+            for (int j = 0; j < 4; j++) a[j] = _mm512_fmadd_ps(pa, _mm512_loadu_ps(v + (int64_t)t * d + i0 + 16 * j), a[j]);
+        }
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + i0 + 16 * j, _mm512_add_ps(a[j], b[j]));
+    }
+#endif
+#if DS4K_AVX2
+    for (; i0 + 32 <= d; i0 += 32) {
+        __m256 a[4], b[4];
+        for (int j = 0; j < 4; j++) a[j] = _mm256_loadu_ps(out + i0 + 8 * j), b[j] = _mm256_setzero_ps();
+        int t = 0;
+        for (; t + 2 <= nt; t += 2) {
+            const __m256 pa = _mm256_broadcast_ss(p + t), pb = _mm256_broadcast_ss(p + t + 1);
+            const float *va = v + (int64_t)t * d + i0, *vb = va + d;
+            for (int j = 0; j < 4; j++) {
+                a[j] = _mm256_fmadd_ps(pa, _mm256_loadu_ps(va + 8 * j), a[j]);
+                b[j] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(vb + 8 * j), b[j]);
+            }
+        }
+        if (t < nt) {
+            const __m256 pa = _mm256_broadcast_ss(p + t);
+            for (int j = 0; j < 4; j++) a[j] = _mm256_fmadd_ps(pa, _mm256_loadu_ps(v + (int64_t)t * d + i0 + 8 * j), a[j]);
+        }
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + i0 + 8 * j, _mm256_add_ps(a[j], b[j]));
+    }
+#endif
+    for (int t = 0; t < nt; t++)
+        for (int i = i0; i < d; i++) out[i] += p[t] * v[(int64_t)t * d + i];
+}
+
+/* max(p[0..n-1]); a serial compare chain here took as long as a block's scores. */
+static float max_of(const float *p, int n) {
+    int i = 0;
+    float m = -INFINITY;
+#if DS4K_AVX2
+    if (n >= 8) {
+        __m256 a = _mm256_loadu_ps(p), b = a;
+        for (i = 8; i + 16 <= n; i += 16) {
+            a = _mm256_max_ps(a, _mm256_loadu_ps(p + i));
+            b = _mm256_max_ps(b, _mm256_loadu_ps(p + i + 8));
+        }
+        a = _mm256_max_ps(a, b);
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        m = _mm_cvtss_f32(h);
+    }
+#endif
+    for (; i < n; i++) m = p[i] > m ? p[i] : m;
+    return m;
+}
+
+/* f32 copies of n f16 values (F16C in the vector builds). */
+static void load_f16(float *dst, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+#if DS4K_ISA >= 2
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+#endif
+#if DS4K_AVX2
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8_f16(src + i));
+#endif
+    for (; i < n; i++) dst[i] = ds4k_f16_to_f32(src[i]);
+}
+
+/* Rows t0..t0+nt-1 of one K or V plane as f32: the rows themselves, or (f16) converted into
+ * tile. Converting a tile once for all G query heads of the group, rather than once per
+ * head, is what keeps attention at depth near the memory's speed. */
+static const float *rows_f32(const att_job *j, const void *plane, int64_t off, int nt, float *tile) {
+    if (!j->f16) return (const float *)plane + off;
+    load_f16(tile, (const uint16_t *)plane + off, (int64_t)nt * j->d);
+    return tile;
+}
+
+/* Ask for rows [t, t + ATT_TILE) of a plane ahead of use: the hardware prefetcher alone left
+ * the tile conversion waiting on memory about as long as all of the block's arithmetic. */
+#define ATT_PREFETCH_TILES 2
+static void prefetch_tile(const att_job *j, const void *plane, int64_t h, int64_t t, int64_t t_end) {
+    if (t >= t_end) return;
+    const int64_t nt = t_end - t < ATT_TILE ? t_end - t : ATT_TILE, elem = j->f16 ? 2 : 4;
+    const char *p = (const char *)plane + (h * j->hs + t * j->d) * elem;
+    for (int64_t b = 0; b < nt * j->d * elem; b += 64) __builtin_prefetch(p + b, 0, 3);
+}
+
+#if DS4K_ISA >= 2
+/* out[g][0..d) = sum_t p[g][t] v_t for GN heads at once over 64 dims from dc: each V vector
+ * is loaded (and converted from f16) once for all the heads, in registers, with no f32 tile.
+ * One or two heads alternate two accumulator sets over even and odd rows (one set alone would
+ * be a chain of dependent FMAs). */
+static inline __attribute__((always_inline)) void wsum_heads(float *const *out, const float *const *p, const void *v,
+                                                             int f16, int nt, int d, int dc, const int GN, int pf) {
+    const int NS = GN <= 2 ? 2 : 1;
+    __m512 acc[2][4][4];
+    for (int s = 0; s < NS; s++)
+        for (int g = 0; g < GN; g++)
+            for (int k = 0; k < 4; k++) acc[s][g][k] = _mm512_setzero_ps();
+    const int64_t rowb = (int64_t)d * (f16 ? 2 : 4);
+    const char *base = (const char *)v + (int64_t)dc * (f16 ? 2 : 4);
+    for (int t = 0; t < nt; t += NS) {
+        for (int s = 0; s < NS && t + s < nt; s++) {
+            const char *row = base + (int64_t)(t + s) * rowb;
+            if (pf) /* the first pass over the block fetches whole rows ahead of use */
+                for (int64_t b = 0; b < rowb; b += 64) __builtin_prefetch(row + pf * rowb + b, 0, 3);
+            __m512 vv[4];
+            for (int k = 0; k < 4; k++)
+                vv[k] = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 32 * k)))
+                            : _mm512_loadu_ps((const float *)row + 16 * k);
+            for (int g = 0; g < GN; g++) {
+                const __m512 pb = _mm512_set1_ps(p[g][t + s]);
+                for (int k = 0; k < 4; k++) acc[s][g][k] = _mm512_fmadd_ps(pb, vv[k], acc[s][g][k]);
+            }
+        }
+    }
+    for (int g = 0; g < GN; g++)
+        for (int k = 0; k < 4; k++)
+            _mm512_storeu_ps(out[g] + dc + 16 * k, NS == 2 ? _mm512_add_ps(acc[0][g][k], acc[1][g][k]) : acc[0][g][k]);
+}
+
+static void weighted_sums(float *const *out, float (*p)[ATT_BLOCK_MAX], const void *v, int f16, int nt, int d, int G, int pf) {
+    for (int dc = 0; dc < d; dc += 64)
+        for (int g0 = 0; g0 < G; g0 += 4) {
+            const float *pg[4] = {p[g0], p[g0 + 1 < G ? g0 + 1 : g0], p[g0 + 2 < G ? g0 + 2 : g0], p[g0 + 3 < G ? g0 + 3 : g0]};
+            const int first = dc == 0 && g0 == 0 ? pf : 0;
+            switch (G - g0 < 4 ? G - g0 : 4) {
+            case 1: wsum_heads(out + g0, pg, v, f16, nt, d, dc, 1, first); break;
+            case 2: wsum_heads(out + g0, pg, v, f16, nt, d, dc, 2, first); break;
+            case 3: wsum_heads(out + g0, pg, v, f16, nt, d, dc, 3, first); break;
+            default: wsum_heads(out + g0, pg, v, f16, nt, d, dc, 4, first); break;
+            }
+        }
+}
+#endif
+
+static void att_chunk(void *vctx, int64_t c) {
+    const att_job *j = (const att_job *)vctx;
+    const int64_t h = c / j->nblk, blk = c % j->nblk;
+    const int64_t t0 = blk * j->block, t1 = t0 + j->block < j->n ? t0 + j->block : j->n;
+    const int nt = (int)(t1 - t0), d = j->d, G = j->g;
+    float p[MAX_GROUP][ATT_BLOCK_MAX];
+    float tile[ATT_TILE * MAX_HEAD_DIM];
+    float *out[MAX_GROUP];
+    for (int g = 0; g < G; g++) out[g] = j->part + ((h * j->nblk + blk) * G + g) * (d + 2);
+    /* scores of every query head of the group, one K tile at a time */
+    for (int r = 0; r < ATT_PREFETCH_TILES * ATT_TILE; r += ATT_TILE) prefetch_tile(j, j->k, h, t0 + r, t1);
+    for (int r = 0; r < nt; r += ATT_TILE) {
+        const int m = nt - r < ATT_TILE ? nt - r : ATT_TILE;
+        /* the tile after next: K rows, then the first V rows once K runs out */
+        const int64_t ahead = t0 + r + ATT_PREFETCH_TILES * ATT_TILE;
+        if (ahead < t1) prefetch_tile(j, j->k, h, ahead, t1);
+        else prefetch_tile(j, j->v, h, ahead - nt, t1);
+        const float *k = rows_f32(j, j->k, h * j->hs + (t0 + r) * d, m, tile);
+        for (int g = 0; g < G; g++) scores(p[g] + r, j->q + (h * G + g) * d, k, m, d);
+    }
+    for (int g = 0; g < G; g++) {
+        const float mx = max_of(p[g], nt);
+        out[g][0] = mx;
+        out[g][1] = exp_shift_sum(p[g], nt, mx);
+        memset(out[g] + 2, 0, sizeof(float) * (size_t)d);
+    }
+#if DS4K_ISA >= 2
+    if (d % 64 == 0 && G >= 2) { /* one head alone gains nothing from sharing its V loads */
+        float *o2[MAX_GROUP];
+        for (int g = 0; g < G; g++) o2[g] = out[g] + 2;
+        weighted_sums(o2, p, (const char *)j->v + (h * j->hs + t0 * d) * (j->f16 ? 2 : 4), j->f16, nt, d, G,
+                      ATT_PREFETCH_TILES * ATT_TILE);
+        return;
+    }
+#endif
+    /* outputs, one V tile at a time */
+    for (int r = 0; r < nt; r += ATT_TILE) {
+        const int m = nt - r < ATT_TILE ? nt - r : ATT_TILE;
+        prefetch_tile(j, j->v, h, t0 + r + ATT_PREFETCH_TILES * ATT_TILE, t1);
+        const float *v = rows_f32(j, j->v, h * j->hs + (t0 + r) * d, m, tile);
+        for (int g = 0; g < G; g++) weighted_sum(out[g] + 2, p[g] + r, v, m, d);
+    }
+}
+
+/* o[Hq, D] = softmax(q k^T * scale) v of one query over rows 0..n-1 of each KV head (a ring's
+ * live rows in slot order: softmax does not mind), grouped: query head h*G+g uses KV head h
+ * (llama.py's q.reshape(S, Hkv, G, D) order). 0, or -1 without memory for the blocks' parts. */
+static int attn_decode(const float *q, float *o, const void *k, const void *v, int64_t hs, int f16, int64_t n, int hq,
+                       int hkv, int d, float scale, int nth) {
+    const int g = hq / hkv;
+    float qs[hq * d];
+    for (int e = 0; e < hq * d; e++) qs[e] = q[e] * scale; /* llama.py scales q, not scores */
+    /* Longer blocks where there are plenty: each block is a chunk whose K and V streams
+     * start cold, and with 2 threads a thread's blocks are not adjacent (SmolLM2 at 4K, 2
+     * threads: attention alone 3.1 -> 2.4 ms, the step 6.0 -> 5.6 ms with 512-row blocks).
+     * The size depends on n and the head count only, never on the thread count. */
+    int64_t block = ATT_BLOCK;
+    while (2 * block <= ATT_BLOCK_MAX && hkv * ((n + 2 * block - 1) / (2 * block)) >= ATT_MIN_CHUNKS) block *= 2;
+    const int64_t nblk = (n + block - 1) / block;
+    float *part = (float *)malloc(sizeof(float) * (size_t)(hkv * nblk * g * (d + 2)));
+    if (part == NULL) return -1;
+    att_job j = {qs, k, v, hs, n, nblk, block, g, d, f16, part};
+    /* At a short context the whole attention is a few microseconds: waking the pool for it
+     * costs more than it saves (the chunks, hence the results, are the same either way). */
+    const int small = n * hkv * d * g < ATT_INLINE_WORK;
+    ds4k_run_chunks(att_chunk, &j, hkv * j.nblk, small ? 1 : nth);
+    for (int h = 0; h < hkv; h++) {
+        for (int gi = 0; gi < g; gi++) {
+            float *out = o + (h * g + gi) * d;
+            float mx = -INFINITY, sum = 0.0f;
+            for (int64_t b = 0; b < j.nblk; b++) {
+                float bm = part[((h * j.nblk + b) * g + gi) * (d + 2)];
+                if (bm > mx) mx = bm;
+            }
+            memset(out, 0, sizeof(float) * (size_t)d);
+            for (int64_t b = 0; b < j.nblk; b++) {
+                const float *pb = part + ((h * j.nblk + b) * g + gi) * (d + 2);
+                float w = expf(pb[0] - mx);
+                sum += pb[1] * w;
+                axpy(out, w, pb + 2, d);
+            }
+            float inv = 1.0f / sum;
+            for (int i = 0; i < d; i++) out[i] *= inv;
+        }
+    }
+    free(part);
+    return 0;
+}
+
 /* o[s][hq][d] (row stride ldo) = attention of the queries q[s][hq][d] (row stride ldq) at
  * positions qpos0 + s, s < S, grouped: query head h*G + g uses KV head h. Keys are positions
  * 0..qpos0+S-1 (from qpos0+s-window+1 for a window > 0): position p < kbase is row p % cap of
@@ -815,9 +1215,16 @@ static int attn(const float *q, int64_t ldq, float *o, int64_t ldo, const void *
                 int64_t cap, const void *kn, int64_t hsn, int64_t rsn, const void *vn, int64_t hsv, int64_t rsv,
                 int kv_f16, int64_t s,
                 int64_t qpos0, int64_t kbase, int64_t window, int hq, int hkv, int d, float scale, int bf16, int nth) {
-    if (s <= 0 || hkv <= 0 || hq % hkv || d <= 0 || d % 8 || d > ATTN_MAX_D || qpos0 < 0 || kbase < 0 ||
+    if (s <= 0 || hkv <= 0 || hq % hkv || d <= 0 || d > ATTN_MAX_D || qpos0 < 0 || kbase < 0 ||
         kbase > qpos0 + s || (kbase > 0 && cap <= 0) || window < 0)
         return -1;
+    /* One query whose keys are all in the buffer and fill its first slots (a decode step: a
+     * global layer's positions 0..qpos0, or a ring holding exactly its window): the decode
+     * kernel above, over those slots. */
+    if (s == 1 && kbase == qpos0 + 1 && hq / hkv <= MAX_GROUP &&
+        (qpos0 < cap ? window == 0 || qpos0 < window : window == cap))
+        return attn_decode(q, o, k, v, hs, kv_f16, qpos0 < cap ? qpos0 + 1 : cap, hq, hkv, d, scale, nth);
+    if (d % 8) return -1;
     attn_job j = {.q = q, .o = o, .k = k, .v = v, .kn = kn, .vn = vn, .ldq = ldq, .ldo = ldo, .hs = hs,
                   .cap = cap, .hsn = hsn, .rsn = rsn, .hsv = hsv, .rsv = rsv, .s = s, .qpos0 = qpos0, .kbase = kbase,
                   .window = window, .g = hq / hkv, .d = d, .dp = (d + ATTN_DC - 1) / ATTN_DC * ATTN_DC, .f16 = kv_f16,

@@ -4,7 +4,7 @@
  * is row-major [rows, cols]; quant types pack 32 (or 256 for K-quants) weights per block
  * along a row, so a block never spans two rows.
  *
- * Build layout: isa.c (which includes dequant.c, qgemv.c, qgemm.c, llama_step.c, attn.c, rows.c, chunk.c, finite.c
+ * Build layout: isa.c (which includes dequant.c, qgemv.c, qgemm.c, attn.c, llama_step.c, rows.c, chunk.c, finite.c
  * and qdot.c) is
  * compiled once per instruction set, with DS4K_ISA = 0 (portable C), 1 (AVX2+FMA+F16C) or
  * 2 (AVX-512 F/BW/VL on top), each into its own ds4k_ops table; pool.c and dispatch.c are

@@ -2,7 +2,7 @@
  *
  * qgemv.py compiles this file three times: -DDS4K_ISA=0 (no vector flags), 1 (-mavx2 -mfma
  * -mf16c) and 2 (adding -mavx512f -mavx512bw -mavx512vl), each defining its own table
- * (DS4K_OPS_NAME). dispatch.c chooses one at run time, so one library runs on any x86-64
+ * (DS4K_OPS_NAME). dispatch.c chooses one per call, so one library runs on any x86-64
  * CPU at the widest vector width it has, and tests can force each variant in turn.
  */
 
@@ -17,8 +17,8 @@
 #include "dequant.c"
 #include "qgemv.c"
 #include "qgemm.c"
-#include "llama_step.c"
 #include "attn.c"
+#include "llama_step.c"
 #include "rows.c"
 #include "chunk.c"
 #include "finite.c"

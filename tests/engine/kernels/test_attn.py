@@ -100,6 +100,40 @@ def test_last_query_alone_matches_its_row_of_the_chunk():
     assert torch.allclose(last[0], whole[-1], atol=1e-6, rtol=0)
 
 
+# One query with every key in the buffer (a decode step's call; the chunk's last row): (Hq,
+# Hkv, D, position, window = the ring's rows, 0: a global layer). Past 1,024 keys (blocks
+# double), a ring whose slots have wrapped, a ring not yet full, 16 heads per KV head, and a
+# head size that is not a multiple of 8 (the chunk kernel refuses it; the decode kernel,
+# which the step runs for every architecture, takes it).
+DECODE_CASES = [
+    (9, 3, 64, 5000, 0),
+    (4, 1, 256, 777, 100),
+    (4, 1, 256, 50, 100),
+    (16, 1, 64, 300, 0),
+    (4, 2, 12, 400, 0),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", DECODE_CASES)
+def test_one_query_over_the_buffer_equals_sdpa_in_every_variant(case, dtype):
+    hq, hkv, d, pos, window = case
+    g = torch.Generator().manual_seed(7)
+    k, v = (torch.randn(hkv, pos + 1, d, generator=g).to(dtype) for _ in range(2))
+    q = torch.randn(1, hq, d, generator=g)
+    if window:  # the ring: position p at slot p % window, the query's own row included
+        buf_k, buf_v = (torch.full((hkv, window, d), float("nan"), dtype=dtype) for _ in range(2))
+        for p in range(max(0, pos - window + 1), pos + 1):
+            buf_k[:, p % window], buf_v[:, p % window] = k[:, p], v[:, p]
+    else:
+        buf_k, buf_v = k, v
+    want = reference(q, k, v, pos, window, d ** -0.5)
+    for name in qgemv.variants():
+        with qgemv.use_variant(name):
+            got = attn.attend(q, buf_k, buf_v, qpos=pos, kbase=pos + 1, window=window, scale=d ** -0.5)
+        assert (got - want).abs().max().item() < 2e-6, name
+
+
 def test_results_do_not_depend_on_the_thread_count():
     before = torch.get_num_threads()
     try:
