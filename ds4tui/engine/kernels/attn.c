@@ -51,132 +51,10 @@
 #define ATTN_PF_TILES 4    /* fewer row tiles per key block: the next block's rows prefetched during its conversion */
 #define ATTN_SLACK 8.0f    /* a row's running max (base 2) moves when a score passes it by this much */
 
-/* 2^f on [-0.5, 0.5]: 1 + f (C1 + f (C2 + ...)), a least-squares fit at Chebyshev nodes,
- * within 1.7 ulp in float (Horner rounding included). Scores are kept in base 2 (q is
- * scaled by log2 e), so the softmax's exponential is a round, a subtraction, this
- * polynomial and a scale by 2^n. */
-#define ATTN_C1 6.93147182e-01f
-#define ATTN_C2 2.40226477e-01f
-#define ATTN_C3 5.55032901e-02f
-#define ATTN_C4 9.61837359e-03f
-#define ATTN_C5 1.33998482e-03f
-#define ATTN_C6 1.53707049e-04f
 #define ATTN_LOG2E 1.44269504088896341
 
-/* ---------------------------------------------------------------- native vectors (av) */
-#if DS4K_ISA >= 2
-typedef __m512 av;
-#define AW 16  /* lanes */
-#define AR 6   /* rows per tile: AR x AKV (or ADV) accumulators of 32 registers */
-#define AKV 4  /* key vectors per score tile */
-#define ADV 4  /* dim vectors per output tile */
-static inline av av_load(const float *p) { return _mm512_loadu_ps(p); }
-static inline void av_store(float *p, av v) { _mm512_storeu_ps(p, v); }
-static inline av av_set1(float a) { return _mm512_set1_ps(a); }
-static inline av av_fma(av a, av b, av c) { return _mm512_fmadd_ps(a, b, c); }
-static inline av av_mul(av a, av b) { return _mm512_mul_ps(a, b); }
-static inline av av_add(av a, av b) { return _mm512_add_ps(a, b); }
-static inline av av_sub(av a, av b) { return _mm512_sub_ps(a, b); }
-static inline av av_max(av a, av b) { return _mm512_max_ps(a, b); }
-static inline av av_div(av a, av b) { return _mm512_div_ps(a, b); }
-static inline float av_hmax(av a) { return _mm512_reduce_max_ps(a); }
-static inline int av_any_gt(av a, av b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0; }
-static inline float av_hsum(av a) { return _mm512_reduce_add_ps(a); }
-static inline float av_first(av a) { return _mm512_cvtss_f32(a); }
-/* a where lane t0 + l lies in [lo, hi), else -inf */
-static inline av av_keep(av a, int t0, int lo, int hi) {
-    const int a0 = lo - t0 > 0 ? lo - t0 : 0, a1 = hi - t0 < AW ? hi - t0 : AW;
-    const __mmask16 k = a1 > a0 ? (__mmask16)(((1u << a1) - 1) & ~((1u << a0) - 1)) : 0;
-    return _mm512_mask_blend_ps(k, _mm512_set1_ps(-INFINITY), a);
-}
-/* exp16 (simd.h), but exactly 0 below -87.3, so -inf gives 0 */
-static inline av av_exp(av x) {
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_NLT_UQ), exp16(x));
-}
-/* 2^x for x <= 0; -inf (a masked key) gives exactly 0 (2^-200 underflows). */
-static inline av av_exp2(av x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
-    const av n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(x, n);
-    av p = _mm512_fmadd_ps(_mm512_set1_ps(ATTN_C6), f, _mm512_set1_ps(ATTN_C5));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ATTN_C4));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ATTN_C3));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ATTN_C2));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ATTN_C1));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-#elif DS4K_ISA == 1
-typedef __m256 av;
-#define AW 8
-#define AR 3   /* 16 registers: 12 accumulators, the rest loads and a broadcast */
-#define AKV 4
-#define ADV 4
-static inline av av_load(const float *p) { return _mm256_loadu_ps(p); }
-static inline void av_store(float *p, av v) { _mm256_storeu_ps(p, v); }
-static inline av av_set1(float a) { return _mm256_set1_ps(a); }
-static inline av av_fma(av a, av b, av c) { return _mm256_fmadd_ps(a, b, c); }
-static inline av av_mul(av a, av b) { return _mm256_mul_ps(a, b); }
-static inline av av_add(av a, av b) { return _mm256_add_ps(a, b); }
-static inline av av_sub(av a, av b) { return _mm256_sub_ps(a, b); }
-static inline av av_max(av a, av b) { return _mm256_max_ps(a, b); }
-static inline av av_div(av a, av b) { return _mm256_div_ps(a, b); }
-static inline float av_hmax(av a) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-static inline float av_hsum(av a) { return hsum8(a); }
-static inline int av_any_gt(av a, av b) { return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)) != 0; }
-static inline float av_first(av a) { return _mm256_cvtss_f32(a); }
-static inline av av_keep(av a, int t0, int lo, int hi) {
-    const __m256 t = _mm256_add_ps(_mm256_set1_ps((float)t0), _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256 k = _mm256_and_ps(_mm256_cmp_ps(t, _mm256_set1_ps((float)lo), _CMP_GE_OQ),
-                                   _mm256_cmp_ps(t, _mm256_set1_ps((float)hi), _CMP_LT_OQ));
-    return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), a, k);
-}
-/* exp8 (simd.h), but exactly 0 below -87.3, so -inf gives 0 */
-static inline av av_exp(av x) {
-    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ), exp8(x));
-}
-/* 2^x for x <= 0; exactly 0 below -126 (so -inf, a masked key, gives 0). */
-static inline av av_exp2(av x) {
-    const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-126.0f));
-    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm256_sub_ps(x, n);
-    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(ATTN_C6), f, _mm256_set1_ps(ATTN_C5));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ATTN_C4));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ATTN_C3));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ATTN_C2));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ATTN_C1));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-#else
-typedef float av;
-#define AW 1
-#define AR 4
-#define AKV 4
-#define ADV 4
-static inline av av_load(const float *p) { return *p; }
-static inline void av_store(float *p, av v) { *p = v; }
-static inline av av_set1(float a) { return a; }
-static inline av av_fma(av a, av b, av c) { return a * b + c; }
-static inline av av_mul(av a, av b) { return a * b; }
-static inline av av_add(av a, av b) { return a + b; }
-static inline av av_sub(av a, av b) { return a - b; }
-static inline av av_max(av a, av b) { return a > b ? a : b; }
-static inline av av_div(av a, av b) { return a / b; }
-static inline float av_hmax(av a) { return a; }
-static inline float av_hsum(av a) { return a; }
-static inline int av_any_gt(av a, av b) { return a > b; }
-static inline float av_first(av a) { return a; }
-static inline av av_keep(av a, int t0, int lo, int hi) { return t0 >= lo && t0 < hi ? a : -INFINITY; }
-static inline av av_exp(av x) { return expf(x); }
-static inline av av_exp2(av x) { return exp2f(x); }
-#endif
-
+/* The native vector av (AW lanes) and the register tiles' shape (AR rows of AKV key or ADV
+ * dim vectors) are each ISA's (simd_*.h). */
 #define ATTN_KC (AKV * AW) /* keys per score tile */
 #define ATTN_DC (ADV * AW) /* dims per output tile */
 _Static_assert(ATTN_NK % ATTN_KC == 0 && ATTN_NK % 8 == 0, "key blocks must be whole score tiles");
@@ -247,14 +125,7 @@ static inline void attn_vrow(const attn_job *j, const void *src, float *dst) {
         return;
     }
     const uint16_t *h = (const uint16_t *)src;
-    int i = 0;
-#if DS4K_ISA >= 2
-    for (; i + 16 <= d; i += 16) _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
-#endif
-#if DS4K_ISA >= 1
-    for (; i + 8 <= d; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-#endif
-    for (; i < d; i++) dst[i] = ds4k_f16_to_f32(h[i]);
+    for (int64_t i = f16_to_f32_vec(dst, h, d); i < d; i++) dst[i] = ds4k_f16_to_f32(h[i]);
 }
 
 #if DS4K_ISA >= 1
@@ -824,71 +695,32 @@ static void attn_merge(const attn_job *j, int hkv) {
  * before; the AVX-512 build's V path is unmeasured against the chunk kernel): docs/perf-archive.md,
  * "One C attention". */
 
-#define ATT_BLOCK 256      /* positions per block: the smallest, and the workspace's sizing */
-#define ATT_BLOCK_MAX 1024 /* blocks double while the layer keeps >= ATT_MIN_CHUNKS of them */
+#define ATT_BLOCK 256      /* positions per block: the smallest (up to ATT_BLOCK_MAX: vec.h) */
 #define ATT_MIN_CHUNKS 16
-#define MAX_GROUP 16
-#define MAX_HEAD_DIM 256
+#define MAX_HEAD_DIM 256   /* (and MAX_GROUP heads per KV head: vec.h) */
 #define ATT_INLINE_WORK 32768 /* query x key multiply-adds below which attention runs on the caller */
 
 
 static float dot(const float *a, const float *b, int n) {
-    int i = 0;
-    float s = 0.0f;
-#if DS4K_AVX2
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    }
-    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    s = hsum8(_mm256_add_ps(acc0, acc1));
-#endif
+    float s;
+    int i = dot_vec(a, b, n, &s);
     for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
 /* p[i] = exp(p[i] - m); returns the sum. */
 static float exp_shift_sum(float *p, int n, float m) {
-    int i = 0;
-    float s = 0.0f;
-#if DS4K_AVX2
-    __m256 acc = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
-#if DS4K_ISA >= 2
-    __m512 acc16 = _mm512_setzero_ps(), mv16 = _mm512_set1_ps(m);
-    for (; i + 16 <= n; i += 16) {
-        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p + i), mv16));
-        _mm512_storeu_ps(p + i, e);
-        acc16 = _mm512_add_ps(acc16, e);
-    }
-    acc = _mm256_add_ps(_mm512_castps512_ps256(acc16),
-                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc16), 1)));
-#endif
-    for (; i + 8 <= n; i += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i), mv));
-        _mm256_storeu_ps(p + i, e);
-        acc = _mm256_add_ps(acc, e);
-    }
-    s = hsum8(acc);
-#endif
+    float s;
+    int i = exp_shift_sum_vec(p, n, m, &s);
     for (; i < n; i++) s += (p[i] = expf(p[i] - m));
     return s;
 }
 
 /* y += a * x */
 static void axpy(float *y, float a, const float *x, int n) {
-    int i = 0;
-#if DS4K_AVX2
-    __m256 a8 = _mm256_set1_ps(a);
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a8, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-#endif
-    for (; i < n; i++) y[i] += a * x[i];
+    for (int i = axpy_vec(y, a, x, n); i < n; i++) y[i] += a * x[i];
 }
 
-#if DS4K_AVX2
-static inline __m256 load8_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-#endif
 
 #define ATT_TILE 32 /* K rows converted to f32 at once (32 x 256 floats at most: L1-sized); 16 ran ~10% slower at D 64 */
 
@@ -900,151 +732,32 @@ typedef struct {
     float *part;           /* [Hkv, nblk, G, D + 2]: max, sum, unnormalized output */
 } att_job;
 
-#if DS4K_AVX2
-/* [sum(a0), ..., sum(a7)]: eight dot products finished with one hadd tree instead of
- * eight horizontal sums. */
-static inline __m256 reduce8(const __m256 *a) {
-    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
-    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
-    __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
-    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20),
-                         _mm256_permute2f128_ps(h0123, h4567, 0x31));
-}
-#endif
-
-#if DS4K_ISA >= 2
-/* Lane j = sum of a[j]'s 16 lanes, for 16 rows at once: four levels of shuffle-and-add
- * (512 -> 256 -> 128 -> 64 -> 32-bit halves) instead of 16 separate reductions. The levels
- * leave row r in lane PERM16[r] (PERM16 is its own inverse), so callers pass accumulators
- * in that order and get the sums in row order. */
-static const int PERM16[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
-static inline __m512 reduce16(const __m512 *a) {
-    __m512 b[8], c[4], d[2];
-    for (int i = 0; i < 8; i++)
-        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[i], a[i + 8], 0x44), _mm512_shuffle_f32x4(a[i], a[i + 8], 0xEE));
-    for (int i = 0; i < 4; i++)
-        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[i], b[i + 4], 0x88), _mm512_shuffle_f32x4(b[i], b[i + 4], 0xDD));
-    for (int i = 0; i < 2; i++)
-        d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[i], c[i + 2], 0x44), _mm512_shuffle_ps(c[i], c[i + 2], 0xEE));
-    return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
-}
-#endif
+/* reduce8, reduce16 and the AVX-512 build's weighted_sums: vec_x86.h, vec_avx512.h. */
 
 /* s[t] = q . k_t for nt rows of k (f32, row stride d). */
 static void scores(float *s, const float *q, const float *k, int nt, int d) {
-    int t = 0;
-#if DS4K_ISA >= 2
-    if (d % 16 == 0) {
-        for (; t + 16 <= nt; t += 16) {
-            __m512 a[16];
-            for (int j = 0; j < 16; j++) a[j] = _mm512_setzero_ps();
-            for (int i = 0; i < d; i += 16) {
-                __m512 qv = _mm512_loadu_ps(q + i);
-                for (int j = 0; j < 16; j++)
-                    a[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + (int64_t)(t + PERM16[j]) * d + i), a[j]);
-            }
-            _mm512_storeu_ps(s + t, reduce16(a));
-        }
-    }
-#endif
-#if DS4K_AVX2
-    if (d % 8 == 0) {
-        for (; t + 8 <= nt; t += 8) {
-            __m256 a[8];
-            for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
-            for (int i = 0; i < d; i += 8) {
-                __m256 qv = _mm256_loadu_ps(q + i);
-                for (int j = 0; j < 8; j++)
-                    a[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (int64_t)(t + j) * d + i), a[j]);
-            }
-            _mm256_storeu_ps(s + t, reduce8(a));
-        }
-    }
-#endif
-    for (; t < nt; t++) s[t] = dot(q, k + (int64_t)t * d, d);
+    for (int t = scores_vec(s, q, k, nt, d); t < nt; t++) s[t] = dot(q, k + (int64_t)t * d, d);
 }
 
 /* out[d] += sum_t p[t] v_t for nt rows of v (f32). Even and odd rows go to two sets of
  * accumulators, kept in registers across the rows: one set alone is a chain of dependent
  * FMAs, which runs at half the FMA units' rate. */
 static void weighted_sum(float *out, const float *p, const float *v, int nt, int d) {
-    int i0 = 0;
-#if DS4K_ISA >= 2
-    for (; i0 + 64 <= d; i0 += 64) {
-        __m512 a[4], b[4];
-        for (int j = 0; j < 4; j++) a[j] = _mm512_loadu_ps(out + i0 + 16 * j), b[j] = _mm512_setzero_ps();
-        int t = 0;
-        for (; t + 2 <= nt; t += 2) {
-            const __m512 pa = _mm512_set1_ps(p[t]), pb = _mm512_set1_ps(p[t + 1]);
-            const float *va = v + (int64_t)t * d + i0, *vb = va + d;
-            for (int j = 0; j < 4; j++) {
-                a[j] = _mm512_fmadd_ps(pa, _mm512_loadu_ps(va + 16 * j), a[j]);
-                b[j] = _mm512_fmadd_ps(pb, _mm512_loadu_ps(vb + 16 * j), b[j]);
-            }
-        }
-        if (t < nt) {
-            const __m512 pa = _mm512_set1_ps(p[t]);
-            for (int j = 0; j < 4; j++) a[j] = _mm512_fmadd_ps(pa, _mm512_loadu_ps(v + (int64_t)t * d + i0 + 16 * j), a[j]);
-        }
-        for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + i0 + 16 * j, _mm512_add_ps(a[j], b[j]));
-    }
-#endif
-#if DS4K_AVX2
-    for (; i0 + 32 <= d; i0 += 32) {
-        __m256 a[4], b[4];
-        for (int j = 0; j < 4; j++) a[j] = _mm256_loadu_ps(out + i0 + 8 * j), b[j] = _mm256_setzero_ps();
-        int t = 0;
-        for (; t + 2 <= nt; t += 2) {
-            const __m256 pa = _mm256_broadcast_ss(p + t), pb = _mm256_broadcast_ss(p + t + 1);
-            const float *va = v + (int64_t)t * d + i0, *vb = va + d;
-            for (int j = 0; j < 4; j++) {
-                a[j] = _mm256_fmadd_ps(pa, _mm256_loadu_ps(va + 8 * j), a[j]);
-                b[j] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(vb + 8 * j), b[j]);
-            }
-        }
-        if (t < nt) {
-            const __m256 pa = _mm256_broadcast_ss(p + t);
-            for (int j = 0; j < 4; j++) a[j] = _mm256_fmadd_ps(pa, _mm256_loadu_ps(v + (int64_t)t * d + i0 + 8 * j), a[j]);
-        }
-        for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + i0 + 8 * j, _mm256_add_ps(a[j], b[j]));
-    }
-#endif
+    const int i0 = weighted_sum_vec(out, p, v, nt, d);
     for (int t = 0; t < nt; t++)
         for (int i = i0; i < d; i++) out[i] += p[t] * v[(int64_t)t * d + i];
 }
 
 /* max(p[0..n-1]); a serial compare chain here took as long as a block's scores. */
 static float max_of(const float *p, int n) {
-    int i = 0;
-    float m = -INFINITY;
-#if DS4K_AVX2
-    if (n >= 8) {
-        __m256 a = _mm256_loadu_ps(p), b = a;
-        for (i = 8; i + 16 <= n; i += 16) {
-            a = _mm256_max_ps(a, _mm256_loadu_ps(p + i));
-            b = _mm256_max_ps(b, _mm256_loadu_ps(p + i + 8));
-        }
-        a = _mm256_max_ps(a, b);
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_max_ss(h, _mm_movehdup_ps(h));
-        m = _mm_cvtss_f32(h);
-    }
-#endif
-    for (; i < n; i++) m = p[i] > m ? p[i] : m;
+    float m;
+    for (int i = max_of_vec(p, n, &m); i < n; i++) m = p[i] > m ? p[i] : m;
     return m;
 }
 
 /* f32 copies of n f16 values (F16C in the vector builds). */
 static void load_f16(float *dst, const uint16_t *src, int64_t n) {
-    int64_t i = 0;
-#if DS4K_ISA >= 2
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
-#endif
-#if DS4K_AVX2
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8_f16(src + i));
-#endif
-    for (; i < n; i++) dst[i] = ds4k_f16_to_f32(src[i]);
+    for (int64_t i = f16_to_f32_vec(dst, src, n); i < n; i++) dst[i] = ds4k_f16_to_f32(src[i]);
 }
 
 /* Rows t0..t0+nt-1 of one K or V plane as f32: the rows themselves, or (f16) converted into
@@ -1065,55 +778,6 @@ static void prefetch_tile(const att_job *j, const void *plane, int64_t h, int64_
     const char *p = (const char *)plane + (h * j->hs + t * j->d) * elem;
     for (int64_t b = 0; b < nt * j->d * elem; b += 64) __builtin_prefetch(p + b, 0, 3);
 }
-
-#if DS4K_ISA >= 2
-/* out[g][0..d) = sum_t p[g][t] v_t for GN heads at once over 64 dims from dc: each V vector
- * is loaded (and converted from f16) once for all the heads, in registers, with no f32 tile.
- * One or two heads alternate two accumulator sets over even and odd rows (one set alone would
- * be a chain of dependent FMAs). */
-static inline __attribute__((always_inline)) void wsum_heads(float *const *out, const float *const *p, const void *v,
-                                                             int f16, int nt, int d, int dc, const int GN, int pf) {
-    const int NS = GN <= 2 ? 2 : 1;
-    __m512 acc[2][4][4];
-    for (int s = 0; s < NS; s++)
-        for (int g = 0; g < GN; g++)
-            for (int k = 0; k < 4; k++) acc[s][g][k] = _mm512_setzero_ps();
-    const int64_t rowb = (int64_t)d * (f16 ? 2 : 4);
-    const char *base = (const char *)v + (int64_t)dc * (f16 ? 2 : 4);
-    for (int t = 0; t < nt; t += NS) {
-        for (int s = 0; s < NS && t + s < nt; s++) {
-            const char *row = base + (int64_t)(t + s) * rowb;
-            if (pf) /* the first pass over the block fetches whole rows ahead of use */
-                for (int64_t b = 0; b < rowb; b += 64) __builtin_prefetch(row + pf * rowb + b, 0, 3);
-            __m512 vv[4];
-            for (int k = 0; k < 4; k++)
-                vv[k] = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 32 * k)))
-                            : _mm512_loadu_ps((const float *)row + 16 * k);
-            for (int g = 0; g < GN; g++) {
-                const __m512 pb = _mm512_set1_ps(p[g][t + s]);
-                for (int k = 0; k < 4; k++) acc[s][g][k] = _mm512_fmadd_ps(pb, vv[k], acc[s][g][k]);
-            }
-        }
-    }
-    for (int g = 0; g < GN; g++)
-        for (int k = 0; k < 4; k++)
-            _mm512_storeu_ps(out[g] + dc + 16 * k, NS == 2 ? _mm512_add_ps(acc[0][g][k], acc[1][g][k]) : acc[0][g][k]);
-}
-
-static void weighted_sums(float *const *out, float (*p)[ATT_BLOCK_MAX], const void *v, int f16, int nt, int d, int G, int pf) {
-    for (int dc = 0; dc < d; dc += 64)
-        for (int g0 = 0; g0 < G; g0 += 4) {
-            const float *pg[4] = {p[g0], p[g0 + 1 < G ? g0 + 1 : g0], p[g0 + 2 < G ? g0 + 2 : g0], p[g0 + 3 < G ? g0 + 3 : g0]};
-            const int first = dc == 0 && g0 == 0 ? pf : 0;
-            switch (G - g0 < 4 ? G - g0 : 4) {
-            case 1: wsum_heads(out + g0, pg, v, f16, nt, d, dc, 1, first); break;
-            case 2: wsum_heads(out + g0, pg, v, f16, nt, d, dc, 2, first); break;
-            case 3: wsum_heads(out + g0, pg, v, f16, nt, d, dc, 3, first); break;
-            default: wsum_heads(out + g0, pg, v, f16, nt, d, dc, 4, first); break;
-            }
-        }
-}
-#endif
 
 static void att_chunk(void *vctx, int64_t c) {
     const att_job *j = (const att_job *)vctx;
@@ -1141,15 +805,10 @@ static void att_chunk(void *vctx, int64_t c) {
         out[g][1] = exp_shift_sum(p[g], nt, mx);
         memset(out[g] + 2, 0, sizeof(float) * (size_t)d);
     }
-#if DS4K_ISA >= 2
-    if (d % 64 == 0 && G >= 2) { /* one head alone gains nothing from sharing its V loads */
-        float *o2[MAX_GROUP];
-        for (int g = 0; g < G; g++) o2[g] = out[g] + 2;
-        weighted_sums(o2, p, (const char *)j->v + (h * j->hs + t0 * d) * (j->f16 ? 2 : 4), j->f16, nt, d, G,
-                      ATT_PREFETCH_TILES * ATT_TILE);
+    /* The AVX-512 build reads V once per row for all the heads (vec_avx512.h), where the shape allows. */
+    if (weighted_sums_vec(out, 2, p, (const char *)j->v + (h * j->hs + t0 * d) * (j->f16 ? 2 : 4), j->f16, nt, d, G,
+                          ATT_PREFETCH_TILES * ATT_TILE))
         return;
-    }
-#endif
     /* outputs, one V tile at a time */
     for (int r = 0; r < nt; r += ATT_TILE) {
         const int m = nt - r < ATT_TILE ? nt - r : ATT_TILE;

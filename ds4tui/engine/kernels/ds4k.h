@@ -8,7 +8,9 @@
  * and qdot.c) is
  * compiled once per instruction set, with DS4K_ISA = 0 (portable C), 1 (AVX2+FMA+F16C) or
  * 2 (AVX-512 F/BW/VL on top), each into its own ds4k_ops table; pool.c and dispatch.c are
- * compiled once without vector flags, and dispatch.c picks a table at run time.
+ * compiled once without vector flags, and dispatch.c picks a table per call. Each ISA's
+ * intrinsics are in its own files: simd_<isa>.h (types and small helpers, through simd.h) and
+ * vec_<isa>.h (the vector parts of shared loops, through vec.h).
  */
 #ifndef DS4K_H
 #define DS4K_H

@@ -13,6 +13,7 @@
 
 #include "ds4k.h"
 #include "simd.h"
+#include "vec.h"
 
 #include "dequant.c"
 #include "qgemv.c"

@@ -52,49 +52,21 @@ static void rope(float *x, const float *cos_row, const float *sin_row, int d) {
 
 /* a[i] = silu(g[i]) * u[i] */
 static void swiglu(float *a, const float *g, const float *u, int n) {
-    int i = 0;
-#if DS4K_AVX2
-    for (; i + 8 <= n; i += 8) {
-        __m256 gv = _mm256_loadu_ps(g + i);
-        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-        _mm256_storeu_ps(a + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
-    }
-#endif
-    for (; i < n; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    for (int i = swiglu_vec(a, g, u, n); i < n; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 /* a[i] = gelu_tanh(g[i]) * u[i], through 0.5 (1 + tanh(z)) = 1 / (1 + exp(-2z)):
  * gelu_tanh(g) = g / (1 + exp(-2 sqrt(2/pi) (g + 0.044715 g^3))). */
 static void geglu(float *a, const float *g, const float *u, int n) {
     const float c = -2.0f * 0.7978845608028654f, c3 = 0.044715f;
-    int i = 0;
-#if DS4K_AVX2
-    const __m256 cv = _mm256_set1_ps(c), c3v = _mm256_set1_ps(c3), one = _mm256_set1_ps(1.0f);
-    for (; i + 8 <= n; i += 8) {
-        __m256 gv = _mm256_loadu_ps(g + i);
-        __m256 z = _mm256_mul_ps(cv, _mm256_fmadd_ps(_mm256_mul_ps(c3v, gv), _mm256_mul_ps(gv, gv), gv));
-        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(z)));
-        _mm256_storeu_ps(a + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
-    }
-#endif
-    for (; i < n; i++) a[i] = g[i] / (1.0f + expf(c * (g[i] + c3 * g[i] * g[i] * g[i]))) * u[i];
+    for (int i = geglu_vec(a, g, u, n, c, c3); i < n; i++)
+        a[i] = g[i] / (1.0f + expf(c * (g[i] + c3 * g[i] * g[i] * g[i]))) * u[i];
 }
 
 /* x[i] = cap * tanh(x[i] / cap), tanh(y) = 1 - 2 / (1 + exp(2y)) (exp8 clamps: +-1 at the ends). */
 static void softcap(float *x, int64_t n, float cap) {
     const float inv = 1.0f / cap;
-    int64_t i = 0;
-#if DS4K_AVX2
-    const __m256 two_inv = _mm256_set1_ps(2.0f * inv), one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f);
-    const __m256 capv = _mm256_set1_ps(cap);
-    for (; i + 8 <= n; i += 8) {
-        __m256 e = exp8(_mm256_mul_ps(_mm256_loadu_ps(x + i), two_inv));
-        __m256 t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(one, e)));
-        _mm256_storeu_ps(x + i, _mm256_mul_ps(capv, t));
-    }
-#endif
-    for (; i < n; i++) x[i] = cap * tanhf(x[i] * inv);
+    for (int64_t i = softcap_vec(x, n, cap, inv); i < n; i++) x[i] = cap * tanhf(x[i] * inv);
 }
 
 /* ---------------------------------------------------------------- f16 K/V rows */
@@ -119,13 +91,7 @@ static inline uint16_t f32_to_f16(float f) {
 }
 
 static void store_f16(uint16_t *dst, const float *src, int n) {
-    int i = 0;
-#if DS4K_AVX2
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(dst + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#endif
-    for (; i < n; i++) dst[i] = f32_to_f16(src[i]);
+    for (int i = f32_to_f16_vec(dst, src, n); i < n; i++) dst[i] = f32_to_f16(src[i]);
 }
 
 /* ---------------------------------------------------------------- the step */
