@@ -151,12 +151,23 @@ class HeaderIndex:
             finally:
                 db.close()
 
-    def load(self, *, with_text: bool = True, with_extra: bool = True) -> dict[str, FileRecord]:
-        """Every row (name -> record; `text` None unless `with_text`, `extra` unless `with_extra`);
-        empty when the index is unusable."""
-        rows: list[tuple] = self._read(lambda db: db.execute(
-            "SELECT name, ino, size, mtime_ns, read_at, head, entry, fingerprint, text_sha,"
-            f" {'extra' if with_extra else 'NULL'}, {'text' if with_text else 'NULL'} FROM files").fetchall(), [])
+    def load(self, *, with_text: bool = True, with_extra: bool = True,
+             names: list[str] | None = None) -> dict[str, FileRecord]:
+        """Every row, or those of `names` (name -> record; `text` None unless `with_text`,
+        `extra` unless `with_extra`); empty when the index is unusable."""
+        select = ("SELECT name, ino, size, mtime_ns, read_at, head, entry, fingerprint, text_sha,"
+                  f" {'extra' if with_extra else 'NULL'}, {'text' if with_text else 'NULL'} FROM files")
+
+        def query(db: sqlite3.Connection) -> list[tuple]:
+            if names is None:
+                return db.execute(select).fetchall()
+            rows: list[tuple] = []
+            for i in range(0, len(names), 500):  # under SQLite's bound-parameter limit
+                chunk = names[i:i + 500]
+                rows += db.execute(f"{select} WHERE name IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+            return rows
+
+        rows: list[tuple] = self._read(query, [])
         out = {}
         for name, ino, size, mtime_ns, read_at, head, entry, fingerprint, text_sha, extra, text in rows:
             try:
@@ -167,6 +178,15 @@ class HeaderIndex:
             except (ValueError, TypeError):
                 continue  # a damaged row: the file is read again
         return out
+
+    def prefix_rows(self) -> dict[str, tuple[StatKey, float, bytes, str | None]]:
+        """name -> (stat key, read_at, head, text_sha) of every row: what the lookup needs to
+        rule a file out without building its entry (no JSON decoded, no text read)."""
+        rows: list[tuple] = self._read(lambda db: db.execute(
+            "SELECT name, ino, size, mtime_ns, read_at, head, text_sha FROM files").fetchall(), [])
+        return {name: ((ino, size, mtime_ns), read_at, bytes(head), text_sha)
+                for name, ino, size, mtime_ns, read_at, head, text_sha in rows
+                if isinstance(head, bytes) and isinstance(read_at, (int, float))}
 
     def _column(self, column: str, name: str, key: StatKey):
         """One column of `name`'s row if the row is for version `key`, else None."""

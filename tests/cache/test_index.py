@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import random
 
-from ds4tui.cache import KvStore, entry as entry_mod
+from ds4tui.cache import Acceptor, KvStore, entry as entry_mod
 from ds4tui.cache.index import INDEX_NAME
 from ds4tui.cache.prefixes import PrefixTree
 from tests.cache.kvc_builders import dsv4_payload, title_trailer, titled_name, write_kv
@@ -136,3 +136,42 @@ def test_a_checksum_read_once_is_not_read_again_by_the_next_browser(tmp_path, mo
     monkeypatch.setattr(cache_scan, "inspect_file", lambda *a, **kw: reads.append(a) or real(*a, **kw))
     assert KvStore(d).set_pinned(res.event.sha, True)  # a header write: the checksum still holds
     assert browse() == ["ok"] and reads == []          # a new browser: the verdict from the index
+
+
+def _lookup_paths(d, prompt):
+    acceptor = Acceptor(model_id=0x80, ctx_size=32768, quant_bits=4)
+    return [os.path.basename(e.path) for e in KvStore(d).lookup(prompt, acceptor)]
+
+
+def test_a_lookup_builds_only_the_files_whose_indexed_text_can_match(tmp_path, monkeypatch):
+    from ds4tui.cache import lookup as lookup_mod
+
+    d = _dir(tmp_path)
+    prompt = b"<|im_start|>user\nquestion 0<|im_end|>\nmore and more"
+    KvStore(d).entries()  # builds the index
+    built = []
+    real = lookup_mod.entry_from_record
+
+    def counting(path, *a, **kw):
+        built.append(os.path.basename(path))
+        return real(path, *a, **kw)
+    monkeypatch.setattr(lookup_mod, "entry_from_record", counting)
+    found = _lookup_paths(d, prompt)
+    assert len(found) == 2  # the titled chat ("... more"), then "question 0" itself
+    assert sorted(built) == sorted(found)  # the five other files were ruled out from their rows
+    os.unlink(d / INDEX_NAME)
+    assert _lookup_paths(d, prompt) == found  # what reading every file finds
+
+
+def test_a_lookup_does_not_rule_out_a_file_its_index_row_no_longer_describes(tmp_path):
+    d = _dir(tmp_path)
+    title = b"a titled chat"
+    KvStore(d).entries()
+    titled = next(p for p in d.iterdir() if p.name == titled_name(title, PAST))
+    prompt = b"<|im_start|>user\nquestion 5<|im_end|>\nand now something else"
+    assert titled.name not in _lookup_paths(d, prompt)
+    # The same titled session re-saved with another text: its row is stale, the file is read.
+    write_kv(d, b"<|im_start|>user\nquestion 5<|im_end|>\nand now", dsv4_payload(5), tokens=5, model=0x80,
+             abi=128, ext=1 << 3, trailers=title_trailer(title), name=titled.name, created=PAST)
+    os.utime(titled, (PAST + 10, PAST + 10))
+    assert _lookup_paths(d, prompt)[0] == titled.name
