@@ -100,7 +100,7 @@ class ChatMoves:
         from ds4tui.screens.widgets.message_menu import MessageMenu
 
         for old in self.query(MessageMenu):
-            old.remove()
+            old.discard()
         self.mount(MessageMenu(widget, items, title=title))
 
     def _copy(self, text: str, what: str) -> None:

@@ -50,8 +50,8 @@ class MessageMenu(OptionList):
     BINDINGS = [Binding("escape", "close", "Close menu", show=False)]
 
     def __init__(self, target: Widget, items: list[tuple[str, str, str]], *, title: str = "") -> None:
-        super().__init__(*(Option(item_prompt(label, key), id=action) for action, label, key in items),
-                         id="message-menu")
+        # No fixed id: a menu opened while the last one is still being removed would clash.
+        super().__init__(*(Option(item_prompt(label, key), id=action) for action, label, key in items))
         self.target = target
         # A one-key hint is also the item's accelerator inside the menu ("y" copies).
         self._keys = {key: action for action, _label, key in items if len(key) == 1}
@@ -96,6 +96,12 @@ class MessageMenu(OptionList):
             self._dismissed = True
             self.target.remove_class("-menu-open")
             self.remove()
+
+    def discard(self) -> None:
+        """Go without a word or a focus move: another menu is taking this one's place."""
+        self._dismissed = True
+        self.target.remove_class("-menu-open")
+        self.remove()
 
     def _close(self) -> None:
         self._dismissed = True

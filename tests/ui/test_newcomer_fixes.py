@@ -1,0 +1,30 @@
+"""What a newcomer's hour with the real app broke (crashes found by hand in tmux)."""
+
+from __future__ import annotations
+
+from ds4tui.screens.widgets.chat_log import AssistantMessage, UserMessage
+from ds4tui.screens.widgets.message_menu import MessageMenu
+from tests.ui.chat_app import SIZE, ChatHost, chat_config, send
+
+
+async def test_a_menu_opened_twice_in_a_row_replaces_the_first_and_does_not_crash(tiny_llama, tmp_path):
+    """Two "menu" asks before the first menu is gone (Enter then a right-click, keys arriving in
+    one burst) crashed the app with DuplicateIds: the old menu's remove() had not run yet when
+    the new one, with the same id, was mounted."""
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, cache_dir=str(tmp_path / "kv")))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "Hello.")
+        log = app.chat._pane(app.chat._active).log
+        question, reply = log.query(UserMessage).last(), log.query(AssistantMessage).last()
+        reply.focus()
+        reply.action_ask("menu")
+        reply.action_ask("menu")  # at once, the first menu still mounted
+        question.action_ask("menu")  # and one for another message
+        await pilot.pause()
+        await pilot.pause()
+        menus = list(app.chat.query(MessageMenu))
+        assert len(menus) == 1 and menus[0].target is question
+        assert question.has_class("-menu-open") and not reply.has_class("-menu-open")
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not app.chat.query(MessageMenu) and app.focused is question
