@@ -67,8 +67,10 @@ def model():
 
 @pytest.fixture(scope="module")
 def prompt(model) -> list[int]:
-    text = model.chat.render([{"role": "user", "content": "Hello ds4, this is ds4tui speaking."}])
-    return model.tokenizer.encode(text)
+    words = "Hello ds4, this is ds4tui speaking."
+    if N_LAYERS >= 4:  # past 128 tokens, so the ratio-128 layer emits a row and its frontier wraps
+        words += " Tell me about the sea, the ships and the harbour lights." * 12
+    return model.tokenizer.encode(model.chat.render([{"role": "user", "content": words}]))
 
 
 def ds4(*args: str) -> str:
