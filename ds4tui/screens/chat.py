@@ -250,6 +250,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
             await self.action_new_chat()
         if self._queued is not None and self._active is not None:
             text, self._queued = self._queued, None
+            status.set_activity(None, "")  # "message queued: sent when the model is ready" is done
             self._send(self._active, text)
 
     @on(Starting)

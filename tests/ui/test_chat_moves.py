@@ -168,6 +168,8 @@ async def test_a_message_sent_while_loading_is_queued(tiny_llama, tmp_path, monk
         assert ended.done is not None
         conv = app.chat.controller.get(app.chat._active)
         assert conv.messages[0] == {"role": "user", "content": "Early message."}
+        # Sent and answered: the status bar no longer says it waits (it did, for ever).
+        assert "queued" not in app.chat.query_one(StatusBar).activity_of(None)
 
 
 def test_context_meter():
