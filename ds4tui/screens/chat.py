@@ -111,7 +111,7 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
     | ctrl+b | Show or hide the chat list. |
     | ctrl+r | Regenerate the last reply (the old one stays: ←/→ on it). |
     | ctrl+f | Find a chat: titles and messages of every stored chat. |
-    | tab, then enter / y / c / e / f / ← → | On a selected message: its menu, copy, copy a code block, edit and resend, fork, versions. |
+    | shift+tab, then enter / y / c / e / f / ← → | On a selected message: its menu, copy, copy a code block, edit and resend, fork, versions. |
     | ctrl+pageup / ctrl+pagedown | Previous / next open chat. |
     | pageup / pagedown | Scroll the transcript, from the message box too. |
     """

@@ -29,7 +29,7 @@ EDITING = "editing: Enter resends, Esc cancels"  # the status bar while a messag
 
 def version_note(shown: int, count: int) -> str:
     """Where a reply stands among its versions, and how to switch (select it, then ←/→)."""
-    return f"version {shown + 1}/{count} · tab, then ←/→ switches"
+    return f"version {shown + 1}/{count} · shift+tab, then ←/→ switches"
 
 
 class ChatMoves:

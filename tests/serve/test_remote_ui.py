@@ -91,7 +91,7 @@ async def test_regenerate_edit_and_fork_keys_on_the_remote_chat(server, tiny_lla
         log = app.chat._pane(key).log
         assert len(log.query(AssistantMessage)) == 1  # replaced, not added
         reply = log.last_assistant
-        assert str(reply.query_one(".stats").render()).endswith("version 2/2 · tab, then ←/→ switches")
+        assert str(reply.query_one(".stats").render()).endswith("version 2/2 · shift+tab, then ←/→ switches")
         reply.focus()
         await pilot.press("left")
         assert reply.text == first and ctl.alternatives(key, 1) == (0, 2)

@@ -27,7 +27,7 @@ async def test_regenerate_and_versions(tiny_llama, tmp_path):
         assert len(log.query(AssistantMessage)) == 1  # replaced, not added
         stats = str(log.last_assistant.query_one(".stats").render())
         assert "reused" in stats and "(live) · prefilled 0" in stats and "from kept logits" in stats
-        assert stats.endswith("version 2/2 · tab, then ←/→ switches")  # the old reply is not lost
+        assert stats.endswith("version 2/2 · shift+tab, then ←/→ switches")  # the old reply is not lost
         reply = log.last_assistant
         reply.focus()
         await pilot.press("left")

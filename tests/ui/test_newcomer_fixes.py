@@ -28,3 +28,20 @@ async def test_a_menu_opened_twice_in_a_row_replaces_the_first_and_does_not_cras
         await pilot.press("escape")
         await pilot.pause()
         assert not app.chat.query(MessageMenu) and app.focused is question
+
+
+async def test_shift_tab_from_the_box_selects_the_last_reply_as_the_keys_say(tiny_llama, tmp_path):
+    """F1, the README and a reply's version hint say how to select a message; plain tab from the
+    box goes to the chat list first (three presses to reach a message), shift+tab is one."""
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, cache_dir=str(tmp_path / "kv")))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "Hello.")
+        log = app.chat._pane(app.chat._active).log
+        await pilot.press("shift+tab")
+        assert app.focused is log.query(AssistantMessage).last()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.chat.query_one(MessageMenu).target is log.query(AssistantMessage).last()
+    from ds4tui.screens.keys_help import keys_table
+
+    assert "shift+tab" in "".join(str(c) for c in keys_table().columns[0]._cells)
