@@ -49,7 +49,8 @@ class FileActions:
             return
         name = self.name_of(e)
         if name.kind == "title":
-            what = Text("Delete the chat ")
+            # Only the file goes: a chat in the store keeps its messages (listed ◌, re-prefilled).
+            what = Text("Delete the .kv file of the chat ")
             what.append_text(safe_cell(e.title, 60, "bold"))
         elif name.kind == "chat":
             what = Text(f"Delete this {reason_label(e.header.reason) if e.header else ''} checkpoint of the chat ")

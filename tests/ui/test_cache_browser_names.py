@@ -89,7 +89,7 @@ async def test_delete_names_the_chat(tmp_path):
     app, titled, part, *_ = await _names(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: len(app.shown) == 5, "five rows")
-        for sha, words in ((titled, "Delete the chat Trip to Lisbon"),
+        for sha, words in ((titled, "Delete the .kv file of the chat Trip to Lisbon"),
                            (part, "checkpoint of the chat Trip to Lisbon")):
             await select(pilot, sha)
             await pilot.press("d")
