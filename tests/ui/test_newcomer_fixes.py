@@ -45,3 +45,50 @@ async def test_shift_tab_from_the_box_selects_the_last_reply_as_the_keys_say(tin
     from ds4tui.screens.keys_help import keys_table
 
     assert "shift+tab" in "".join(str(c) for c in keys_table().columns[0]._cells)
+
+
+async def test_the_arrows_move_between_a_confirmation_s_buttons():
+    """Focus starts on "No"; Right then Enter chose No before (only Tab reached "Delete")."""
+    from textual.app import App
+
+    from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
+
+    answers: list[bool] = []
+
+    class Host(App):
+        def on_mount(self) -> None:
+            self.push_screen(ConfirmDialog("Delete it?", yes_label="Delete"), answers.append)
+
+    app = Host()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.focused is not None and app.focused.id == "no"
+        await pilot.press("right")
+        assert app.focused.id == "yes"
+        await pilot.press("left")
+        assert app.focused.id == "no"
+        await pilot.press("right", "enter")
+        await pilot.pause()
+    assert answers == [True]
+
+
+async def test_a_start_step_s_detail_ends_in_an_ellipsis_when_cut_at_80_columns():
+    from textual.app import App
+
+    from ds4tui.chat.startup import StartStep
+    from ds4tui.screens.widgets.start_progress import StartProgress, StepRow
+
+    class Host(App):
+        def compose(self):
+            yield StartProgress("smollm2-135m-instruct")
+
+    app = Host()
+    async with app.run_test(size=(56, 24)) as pilot:
+        panel = app.query_one(StartProgress)
+        panel.show_step(StartStep("kernels", "Compile the C kernels (once for this install, about a minute)", 0.33,
+                                  "cc, each instruction set, then the dispatch table"))
+        await pilot.pause()
+        await pilot.pause()
+        detail = app.query_one(StepRow).query_one(".step-detail")
+        line = "".join(segment.text for segment in detail.render_line(0)).rstrip()
+        assert line.endswith("…") and "cc, each" in line

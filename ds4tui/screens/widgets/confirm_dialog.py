@@ -23,12 +23,16 @@ class ConfirmDialog(ModalScreen[bool]):
     BINDINGS = [
         Binding("y", "answer(True)", "Yes", show=False),
         Binding("n,escape", "answer(False)", "No", show=False),
+        # The buttons sit side by side: the arrows move between them as Tab does.
+        Binding("left", "app.focus_previous", "Previous button", show=False),
+        Binding("right", "app.focus_next", "Next button", show=False),
     ]
     """
     | Key | Description |
     | :- | :- |
     | y | Answer yes. |
     | n, escape | Answer no. |
+    | left / right | Move between the buttons. |
     """
 
     DEFAULT_CSS = """

@@ -43,8 +43,11 @@ class StepRow(Vertical):
     }
     StepRow .step-detail {
         width: 1fr;
+        height: 1;
         padding-left: 1;
         color: $text-muted;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
     }
     StepRow.-done > .step-label {
         color: $text-success;
