@@ -141,7 +141,10 @@ class PrefixLookup:
 
         A header written in place within the filesystem's timestamp tick may go unseen until
         the next change; the load re-reads and checks the header of the file it picks, so a
-        stale view can cost a hit, never load a wrong file."""
+        stale view can cost a hit, never load a wrong file.
+
+        Long because the index rows' ruling-out (text length and SHA-1 before any entry is
+        built) and the per-file-version memo share the stat results, file by file, in one pass."""
         d = self.directory
         found = self._stat_keys()
         files.remove_stale_tmp(d.dir, d.policy.stale_tmp_s)

@@ -22,7 +22,7 @@ CHAT_KEYS: tuple[tuple[str, str], ...] = (
     ("Escape", "stop this chat's reply or take back its queued message"),
     ("ctrl+c", "stop the reply of any chat; twice within 1 s: quit"),
     ("ctrl+r", "regenerate the last reply (the old one is kept)"),
-    ("shift+tab", "select the last message (↑/↓ the others), then Enter: its actions and keys"),
+    ("shift+tab", "select the last message (↑/↓ others), Enter: actions"),
     ("ctrl+n", "new chat"),
     ("ctrl+pageup/down", "previous / next open chat"),
     ("ctrl+b", "show / hide the chat list"),
