@@ -76,7 +76,6 @@ class RemoteChatController(OpenChats):
         UI opens): the model to use and its context are known before the first message."""
         # The HTTP side (the model, its context, one streamed reply, cancel): chat/remote_server.py.
         self.server = RemoteServer(endpoint, api_key=api_key, model=model, transport=transport, models=models)
-        self.endpoint = self.server.endpoint
         self.settings = Settings(config)
         self.conversations = Conversations()
         # The record of every chat, shared with the embedded chat: this engine is the URL.
@@ -85,6 +84,11 @@ class RemoteChatController(OpenChats):
         self.disk_cache_notice: str | None = None  # the KV cache is the server's own
 
     # -- what the screen shows ----------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        """The server's /v1 base URL (the store records it as the chats' engine)."""
+        return self.server.endpoint
 
     @property
     def config(self) -> Config:

@@ -146,8 +146,7 @@ class Ds4TuiApp(App[None]):
             from ds4tui.screens.clipboard import copy_text
 
             done = copy_text(selected, "the selection", self.copy_to_clipboard)
-            self.notify(done.message, title="Clipboard", severity="information" if done.route != "file" else "warning",
-                        markup=False)
+            self.notify(done.message, title="Clipboard", severity=done.severity, markup=False)
             return
         self.chat.interrupt()
 

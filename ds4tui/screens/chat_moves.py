@@ -107,7 +107,7 @@ class ChatMoves:
         from ds4tui.screens.clipboard import copy_text
 
         done = copy_text(text, what, self.app.copy_to_clipboard)
-        self._toast(done.message, "Clipboard", "information" if done.route != "file" else "warning")
+        self._toast(done.message, "Clipboard", done.severity)
 
     def _copy_code(self, widget, text: str, action: str) -> None:
         """`c`: the reply's one code block, or a menu of them; "code:N": block N."""

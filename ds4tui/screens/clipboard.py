@@ -43,6 +43,11 @@ class Copied:
     message: str
     path: Path | None = None  # the file, for route "file"
 
+    @property
+    def severity(self) -> str:
+        """The toast's: a copy that went only to a file is worth a second look."""
+        return "warning" if self.route == "file" else "information"
+
 
 def _tools(env: Mapping[str, str], platform: str) -> list[list[str]]:
     """The system clipboard commands this session could use, best first."""

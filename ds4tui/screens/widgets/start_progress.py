@@ -56,7 +56,6 @@ class StepRow(Vertical):
 
     def __init__(self, step: StartStep) -> None:
         super().__init__(id=f"step-{step.step}")
-        self.step = step.step
         self.last = step  # the latest shown
         self.failed = False
         self._label = Static(classes="step-label")
@@ -133,7 +132,11 @@ class StartProgress(Vertical):
         super().__init__(**kwargs)
         self.model = model
         self._rows: dict[str, StepRow] = {}
-        self.failed = False
+
+    @property
+    def failed(self) -> bool:
+        """Whether the start failed and shows why (until a retry)."""
+        return self.has_class("-failed")
 
     def compose(self) -> ComposeResult:
         yield Static(Text(f"Getting {self.model} ready"), id="start-title")
@@ -147,12 +150,8 @@ class StartProgress(Vertical):
             row.show(step)
             return
         row = self._rows[step.step] = StepRow(step)
-        later = [self._rows[s] for s in STEPS[STEPS.index(step.step) + 1:] if s in self._rows] \
-            if step.step in STEPS else []
-        if later:
-            self.mount(row, before=later[0])
-        else:
-            self.mount(row, before=self.query_one("#start-error"))
+        later = next((self._rows[s] for s in STEPS[STEPS.index(step.step) + 1:] if s in self._rows), None)
+        self.mount(row, before=later or self.query_one("#start-error"))
 
     def show_failure(self, error: str, *, focus_retry: bool = True) -> None:
         """Mark the running step failed and show why, with the Retry button (focused unless
@@ -160,7 +159,6 @@ class StartProgress(Vertical):
         for row in self._rows.values():
             if row.last.state != "done":
                 row.fail()
-        self.failed = True
         self.query_one("#start-error", Static).update(
             Text(f"{error}\nRetry, load another with the palette's \"Switch model\" (ctrl+p), or quit (ctrl+q).")
         )
@@ -170,7 +168,6 @@ class StartProgress(Vertical):
 
     def reset(self) -> None:
         """Before a retry: the failure goes; the rows stay and the steps report into them again."""
-        self.failed = False
         self.remove_class("-failed")
         for row in self._rows.values():
             row.failed = False
