@@ -187,6 +187,10 @@ class ChatBackend(Protocol):
     def delete_stored(self, chat_id: str) -> int:
         """Delete a chat that is not open."""
 
+    def pinned_files(self, key: str | None = None, chat_id: str | None = None) -> int:
+        """How many of the .kv files a delete of this chat would remove are pinned (the screen
+        asks again for them); reads headers."""
+
     def archive(self, chat_id: str, archived: bool = True) -> None:
         """Hide a stored chat from the list (or bring it back)."""
 

@@ -238,6 +238,11 @@ class Checkpoints:
     def delete(self, sha: str) -> bool:
         return self.store.delete(sha)
 
+    def pinned(self, sha: str) -> bool:
+        """Whether the file `sha` is there and pinned (kept on purpose: a delete asks twice)."""
+        path = self.store.path_for(sha)
+        return path.exists() and inspect_file(path, deep=False).pinned
+
     def retitle(self, sha: str, title: str, created_at: int, on_event: Callable) -> str | None:
         """Move a titled file to its new name (the store copies it, tool map included, then
         deletes the old one); returns the new SHA, or None when it could not be moved."""

@@ -485,8 +485,8 @@ class ChatController(OpenChats):
 
     def delete(self, key: str, on_event: EventFn = _ignore) -> int:
         """Delete an open chat for good: its session (not saved), its stored history and the
-        .kv files holding its own text. Nothing of it is written again at quit. Returns the
-        number of files removed."""
+        .kv files holding its own text (pinned ones too: the screen asks twice for those,
+        `pinned_files`). Nothing of it is written again at quit. Returns the number of files removed."""
         conv = self.get(key)
         if conv.busy:
             raise RuntimeError(f"conversation {key} is generating: cancel it first")
@@ -507,19 +507,36 @@ class ChatController(OpenChats):
         self.history.forget(chat_id)
         return files
 
+    def pinned_files(self, key: str | None = None, chat_id: str | None = None) -> int:
+        """How many of the .kv files a delete of this chat (open: `key`, stored: `chat_id`) would
+        remove are pinned. Reads headers: call off the UI thread."""
+        if self.checkpoints is None:
+            return 0
+        conv = next((c for c in self.list() if c.key == key or (chat_id and c.store_id == chat_id)), None)
+        if conv is not None:
+            shas = self._own_files(conv.saved_sha, conv.messages, conv)
+        else:
+            stored = self.history.store.load(chat_id)
+            shas = self._own_files(stored.kv_sha, list(stored.messages), None)
+        return sum(1 for sha in shas if self.checkpoints.pinned(sha))
+
     def archive(self, chat_id: str, archived: bool = True) -> None:
         """Hide a stored chat from the list (kept whole; `ds4tui chats ls --archived`)."""
         self.history.store.update(chat_id, archived=archived)
 
     def _delete_files(self, sha: str | None, messages: list[dict], conv: Conversation | None) -> int:
-        """The chat's titled file, and untitled checkpoints that hold its own text (a prefix of
-        it reaching into its first user message: a shared system prompt's file stays)."""
         if self.checkpoints is None:
             return 0
-        removed = int(bool(sha) and self.checkpoints.delete(sha))
+        return sum(int(self.checkpoints.delete(own)) for own in self._own_files(sha, messages, conv))
+
+    def _own_files(self, sha: str | None, messages: list[dict], conv: Conversation | None) -> list[str]:
+        """The chat's titled file, and untitled checkpoints that hold its own text (a prefix of
+        it reaching into its first user message: a shared system prompt's file stays)."""
+        assert self.checkpoints is not None
+        own = [sha] if sha else []
         first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
         if first_user is None:
-            return removed
+            return own
         now = conv.template_now if conv is not None else None
         render = self.model.chat.render
         text = render(messages, now=now).encode("utf-8")
@@ -528,8 +545,8 @@ class ChatController(OpenChats):
         for entry in self.checkpoints.store.lookup(text, acceptor):
             h = entry.header
             if entry.sha and h is not None and not h.titled and h.text_bytes >= own_from:
-                removed += int(self.checkpoints.delete(entry.sha))
-        return removed
+                own.append(entry.sha)
+        return own
 
     def shutdown(self, on_event: EventFn = _ignore) -> None:
         """Save every live session (reason `shutdown`) and free them; the controller stays usable."""

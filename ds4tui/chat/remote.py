@@ -465,6 +465,19 @@ class RemoteChatController(OpenChats):
         """Hide a stored chat from the list (kept whole; `ds4tui chats ls --archived`)."""
         self.history.store.update(chat_id, archived=archived)
 
+    def pinned_files(self, key: str | None = None, chat_id: str | None = None) -> int:
+        """1 when the titled .kv file a delete of this chat removes is pinned, else 0."""
+        conv = next((c for c in self.list() if c.key == key or (chat_id and c.store_id == chat_id)), None)
+        stored = None if conv is not None or chat_id is None else self.history.store.get(chat_id)
+        sha = conv.saved_sha if conv is not None else (stored.kv_sha if stored is not None else None)
+        if not sha or self.config.no_disk_cache:
+            return 0
+        from ds4tui.cache.entry import inspect_file
+        from ds4tui.cache import KvStore
+
+        path = KvStore(self.config.cache_path()).path_for(sha)
+        return int(path.exists() and inspect_file(path, deep=False).pinned)
+
     def _delete_kv(self, sha: str | None) -> int:
         """A local chat's titled file, when this config's cache directory has it (a remote chat has none)."""
         if not sha or self.config.no_disk_cache:

@@ -19,7 +19,7 @@ from ds4tui.cache.eviction import EvictionPlan
 from ds4tui.chat.conversation import MAX_TITLE_CHARS
 from ds4tui.format.display import human_bytes, one_line
 from ds4tui.format.kvc import title_sha
-from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
+from ds4tui.screens.widgets.confirm_dialog import confirm_delete
 from ds4tui.screens.widgets.eviction_preview import EvictionPreview
 from ds4tui.screens.widgets.kv_format import reason_label, safe_cell
 from ds4tui.screens.widgets.prompt_dialog import PromptDialog
@@ -63,21 +63,7 @@ class FileActions:
         if e.sha in self.open_shas:  # deleting it does not close the chat
             what.append("\nThis chat is open: it is saved again after its next reply.", "italic")
 
-        def second(yes: bool | None) -> None:
-            if yes:
-                self._delete(e)
-
-        def first(yes: bool | None) -> None:
-            if not yes:
-                return
-            if e.pinned:
-                again = Text.assemble(("This file is PINNED", "bold magenta"),
-                                      ": it was kept on purpose and eviction never removes it. Delete it anyway?")
-                self.app.push_screen(ConfirmDialog(again, yes_label="Delete pinned"), second)
-            else:
-                self._delete(e)
-
-        self.app.push_screen(ConfirmDialog(what, yes_label="Delete"), first)
+        confirm_delete(self.app, what, lambda: self._delete(e), pinned=int(e.pinned))
 
     def _delete(self, e: KvEntry) -> None:
         label = self.name_of(e).text[:48] or e.sha[:12]

@@ -1,7 +1,8 @@
 """The chat screen's side of the conversation store: deleting and archiving chats.
 
 Owns: `ChatHistory`, mixed into `ChatScreen`: the palette's "Delete chat" and "Archive
-chat", the sidebar's delete key, the question asked before a delete, and what the
+chat", the sidebar's delete key, the questions asked before a delete (the cache browser's, with
+a second one for pinned files), and what the
 screen does after one (the chat's pane goes, another chat shows, the list is read
 again). A delete removes the chat's history and its `.kv` files; nothing of it is
 written again at quit. Leaves the work to the controller, in `EngineWorkers._delete_chat`.
@@ -12,7 +13,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from ds4tui.format.display import one_line
-from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
+from ds4tui.screens.widgets.confirm_dialog import confirm_delete
 from ds4tui.screens.widgets.status_bar import StatusBar
 from ds4tui.screens.widgets.title_fit import short_title
 
@@ -49,16 +50,26 @@ class ChatHistory:
         if self._engine_job:
             self._toast("Wait for the reply to finish (Escape cancels it), then delete.", "Delete", "warning")
             return
+        self._begin_job()
+        self._count_pinned(key, chat_id, title)  # EngineWorkers: then _confirm_delete
+
+    def _confirm_delete(self, key: str | None, chat_id: str | None, title: str, pinned: int,
+                        error: str | None) -> None:
+        """The questions of every delete of files (confirm_delete: a pinned file is asked about twice)."""
+        self._end_job()
+        if error is not None:
+            self._toast(f"Not deleted: {error}", "Delete", "error")
+            return
         question = Text("Delete the chat ")
         question.append(f"“{one_line(title, 60)}”", style="bold")
         question.append("? Its messages and its .kv files go for good.")
 
-        def answered(yes: bool | None) -> None:
-            if yes and not self._engine_job:
+        def delete() -> None:
+            if not self._engine_job:
                 self._begin_job()
                 self._delete_chat(key, chat_id, title)
 
-        self.app.push_screen(ConfirmDialog(question), answered)
+        confirm_delete(self.app, question, delete, pinned=pinned)
 
     async def _chat_deleted(self, key: str | None, title: str, files: int | None, error: str | None) -> None:
         self._end_job()

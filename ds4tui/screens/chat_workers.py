@@ -158,6 +158,16 @@ class EngineWorkers:
             saved = []
         self._call_from_thread(self._saved_scanned, saved)
 
+    @work(thread=True, group="engine", description="look for pinned files before a delete")
+    def _count_pinned(self, key: str | None, chat_id: str | None, title: str) -> None:
+        assert self.controller is not None
+        try:
+            pinned, error = self.controller.pinned_files(key, chat_id), None
+        except Exception as exc:  # an unreadable cache or store: nothing is deleted
+            pinned, error = 0, str(exc) or type(exc).__name__
+        self._idle.set()
+        self._call_from_thread(self._confirm_delete, key, chat_id, title, pinned, error)
+
     @work(thread=True, group="engine", description="delete a chat")
     def _delete_chat(self, key: str | None, chat_id: str | None, title: str) -> None:
         assert self.controller is not None

@@ -207,6 +207,12 @@ def exercise(ctl, embedded: bool) -> tuple[set[str], dict]:
 
     kv_files = len(list(Path(ctl.config.cache_path()).glob("*.kv"))) if embedded else 0
     kept_file = kept.saved_sha
+    if embedded:  # a pinned file among what a delete removes: the screen asks twice
+        assert c.pinned_files(kept.key) == 0
+        assert ctl.checkpoints.store.set_pinned(kept_file, True)
+        assert c.pinned_files(kept.key) == 1 and c.pinned_files(chat_id=kept.store_id) == 1
+    else:
+        assert c.pinned_files(kept.key) == 0 and c.pinned_files(chat_id=kept.store_id) == 0
     removed = c.delete(kept.key)
     assert store.get(kept.store_id) is None and c.find(kept.key) is None
     if embedded:  # the fork's titled file (the old continuation) and the checkpoints of its text

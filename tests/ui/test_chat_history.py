@@ -12,6 +12,7 @@ from ds4tui.screens.widgets.confirm_dialog import ConfirmDialog
 from ds4tui.screens.widgets.conversation_list import TEXT_ONLY, ChatItem, ConversationList
 from tests.chat.conftest import make_controller
 from tests.ui.chat_app import SIZE, ChatHost, chat_config, send
+from tests.ui.waiting import until
 
 
 def _kv(directory: Path) -> list[Path]:
@@ -106,8 +107,7 @@ async def test_delete_from_the_sidebar_asks_then_leaves_no_file_and_no_row(tiny_
         sidebar.index = list(sidebar.query(ChatItem)).index(row)
         sidebar.focus()
         await pilot.press("delete")
-        await pilot.pause()
-        assert isinstance(app.screen, ConfirmDialog)
+        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the question")
         await pilot.press("y")
         await app.wait_for(ConversationList.Redrawn,
                            lambda m: all(e.key != gone.key and e.chat_id != chat_id for e in m.entries))
@@ -118,6 +118,35 @@ async def test_delete_from_the_sidebar_asks_then_leaves_no_file_and_no_row(tiny_
         await pilot.pause()
     # Quitting wrote nothing of it again.
     assert all(b"Delete me." not in p.read_bytes() for p in _kv(tmp_path))
+
+
+async def test_deleting_a_chat_with_a_pinned_file_asks_twice_as_the_cache_browser_does(tiny_llama, tmp_path):
+    """The palette's "Delete chat" removes the chat's .kv files: a pinned one goes only after
+    the second question (the cache browser's, confirm_delete); one "yes" then "no" keeps all."""
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, cache_dir=str(tmp_path)))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "Pinned chat.")
+        conv = app.chat.controller.get(app.chat._active)
+        sha, chat_id = conv.saved_sha, conv.store_id
+        assert app.chat.controller.checkpoints.store.set_pinned(sha, True)
+
+        async def ask() -> str:
+            app.chat.action_delete_chat()  # the palette's "Delete chat"
+            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the first question")
+            first = app.screen
+            await pilot.press("y")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.screen is not first,
+                        "the second question")
+            return str(app.screen.query_one(".question").render())
+
+        assert "PINNED" in await ask()
+        await pilot.press("n")
+        await until(pilot, lambda: app.screen is app.chat and not app.chat._engine_job, "the questions to close")
+        assert (tmp_path / f"{sha}.kv").exists() and app.chat.controller.history.store.get(chat_id) is not None
+        await ask()
+        await pilot.press("y")
+        await until(pilot, lambda: not (tmp_path / f"{sha}.kv").exists(), "the pinned file to go")
+        await until(pilot, lambda: app.chat.controller.history.store.get(chat_id) is None, "the chat to go")
 
 
 async def test_switch_model_keeps_the_chats_and_reopens_the_one_on_screen(tiny_llama, tmp_path):

@@ -1,6 +1,9 @@
 """A yes/no modal: `ConfirmDialog(question) -> bool` through `push_screen(..., callback)`.
 
-Owns: the question box, its buttons and keys. The question is a rich `Text`
+Owns: the question box, its buttons and keys, and `confirm_delete`: the one sequence of
+questions before `.kv` files go, for the cache browser's delete (F4) and the chat's (the
+palette, the sidebar): what goes, then, when a pinned file is among it, a second question
+that says so (a pinned file is never deleted on one "yes"). The question is a rich `Text`
 (or plain str shown literally, never parsed as markup), because it often
 quotes a title that came out of a file.
 Leaves to callers: what happens on yes.
@@ -8,9 +11,11 @@ Leaves to callers: what happens on yes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.text import Text
 from textual import on
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
@@ -78,3 +83,32 @@ class ConfirmDialog(ModalScreen[bool]):
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
+
+
+def pinned_question(pinned: int) -> Text:
+    """The second question, for `pinned` (>= 1) pinned files among those a delete removes."""
+    if pinned == 1:
+        return Text.assemble(("This file is PINNED", "bold magenta"),
+                             ": it was kept on purpose and eviction never removes it. Delete it anyway?")
+    return Text.assemble((f"{pinned} of these files are PINNED", "bold magenta"),
+                         ": they were kept on purpose and eviction never removes them. Delete them anyway?")
+
+
+def confirm_delete(app: App, question: str | Text, then: Callable[[], None], *, pinned: int = 0,
+                   yes_label: str = "Delete") -> None:
+    """Ask `question`; on yes, when `pinned` files are among what goes, ask again about them;
+    `then()` runs only after every yes (any no, or escape, deletes nothing)."""
+
+    def second(yes: bool | None) -> None:
+        if yes:
+            then()
+
+    def first(yes: bool | None) -> None:
+        if not yes:
+            return
+        if pinned:
+            app.push_screen(ConfirmDialog(pinned_question(pinned), yes_label="Delete pinned"), second)
+        else:
+            then()
+
+    app.push_screen(ConfirmDialog(question, yes_label=yes_label), first)
