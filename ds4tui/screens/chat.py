@@ -267,15 +267,13 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         status = self.query_one(StatusBar)
         status.model_name = "no model"
         status.set_activity(None, "")
-        self.notify(safe_lines(message.error), title="Model not loaded", severity="error", markup=False,
-                    timeout=10)
+        if not self._start_card_shown():  # else the card says it (show_failure, below)
+            self.notify(safe_lines(message.error), title="Model not loaded", severity="error", markup=False,
+                        timeout=10)
         prompt = self.query_one("#prompt", PromptInput)
-        if self._queued is not None:
-            text, self._queued = self._queued, None
-            prompt.load_text(text + ("\n" + prompt.text if prompt.text else ""))
-            prompt.move_cursor(prompt.document.end)
-            self.notify("Your message was not sent: no model is loaded. It is back in the box.",
-                        title="Not sent", severity="warning", markup=False, timeout=10)
+        if self._take_back_queued():
+            self._toast("Your message was not sent: no model is loaded. It is back in the box.", "Not sent",
+                        "warning")
         self.query_one(StartProgress).show_failure(f"Could not load the model: {message.error}",
                                                    focus_retry=not prompt.text.strip())
 
@@ -376,12 +374,20 @@ class ChatScreen(EngineEventView, ChatDialogs, ChatMoves, ChatMovesPalette, Chat
         if self.controller is not None:
             return True
         if self._model_error is not None:
-            self.notify(no_model_text(self._model_error), severity="warning", markup=False)
+            self._toast(no_model_text(self._model_error), "Model", "warning")
         else:
-            self.notify("The model is still loading.", severity="warning", markup=False)
+            self._toast("The model is still loading.", "Model", "warning")
         return False
 
+    def _start_card_shown(self) -> bool:
+        """Whether the start card (the model loads, or failed to) is what the user sees now."""
+        return bool(self.query_one(StartProgress).display) and self.app.screen is self
+
     def _toast(self, text: str, title: str, severity: str = "information") -> None:
+        if self._start_card_shown():
+            # The card answers itself: a toast at the top right would cover its title.
+            self.query_one(StartProgress).say(safe_lines(text), severity)
+            return
         # Toasts often quote a title or a reason read from a file: the one terminal-safety rule.
         self.notify(safe_lines(text), title=one_line(title), severity=severity, timeout=NOTIFY_TIMEOUT,
                     markup=False)

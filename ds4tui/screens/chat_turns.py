@@ -44,8 +44,8 @@ class ChatTurns:
             return
         if self.controller is None or self._active is None:
             if self._queued is not None:  # one waits already: this one stays in the box, never lost
-                self.notify("A message is already waiting for the model; this one stays in the box.",
-                            severity="warning", markup=False)
+                self._toast("A message is already waiting for the model; this one stays in the box"
+                            " (Escape or ctrl+c takes that one back).", "Queued", "warning")
                 return
             self._queued = text  # sent as soon as the model is ready
             message.prompt_input.clear()
@@ -114,6 +114,18 @@ class ChatTurns:
                 self._send(key, waiting.text, shown=True)
                 return
 
+    def _take_back_queued(self) -> bool:
+        """The message sent while the model loads goes back into the box (before what is typed
+        there now); False when none waits."""
+        if self._queued is None:
+            return False
+        text, self._queued = self._queued, None
+        self.query_one(StatusBar).set_activity(None, "")  # "message queued: ..." is over
+        prompt = self.query_one("#prompt", PromptInput)
+        prompt.load_text(text + ("\n" + prompt.text if prompt.text else ""))
+        prompt.move_cursor(prompt.document.end)
+        return True
+
     def _take_back_waiting(self, key: str) -> bool:
         """Escape / ctrl+c in a chat whose message waits: it goes back into the box."""
         waiting = self._send_queue.take(key)
@@ -144,7 +156,9 @@ class ChatTurns:
         """Escape: stop this chat's running prefill or reply, or take its queued message back;
         else leave edit mode. Another chat's reply runs on (ctrl+c stops whatever runs)."""
         key = self._active
-        if key is not None and self._busy == key and self.controller is not None:
+        if self._take_back_queued():
+            self._toast("Not sent: the message is back in the box.", "Queued")
+        elif key is not None and self._busy == key and self.controller is not None:
             self._stop_running()
         elif key is not None and self._take_back_waiting(key):
             pass
@@ -173,6 +187,9 @@ class ChatTurns:
             self.save_and_exit()
             return
         key = self._active
+        if self._take_back_queued():  # sent while the model loads
+            self._toast("Not sent: the message is back in the box. ctrl+c again within a second quits.", "Queued")
+            return
         if key is not None and self._take_back_waiting(key):
             return
         if self._busy is not None and self.controller is not None:
@@ -233,8 +250,7 @@ class ChatTurns:
 
     def open_file(self, sha: str) -> None:
         """Open one checkpoint file (titled or not) as a chat: the cache browser's resume."""
-        if self.controller is None:
-            self.notify("The model is still loading.", severity="warning", markup=False)
+        if not self._model_ready_or_say():
             return
         self._start_resume(sha, how="file")
 

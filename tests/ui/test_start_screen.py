@@ -79,3 +79,67 @@ async def test_quitting_during_the_download_stops_it_and_leaves_nothing(tmp_path
     while any(p.name.startswith(".") for p in models.iterdir()) and loop.time() < deadline:
         await asyncio.sleep(0.05)  # the worker sees the cancel and removes its temp dir
     assert not list(models.iterdir())  # no model, no half-download
+
+
+def _held_load(monkeypatch, model):
+    """load_model waits for the returned event, then gives `model`: the start card stays up."""
+    import threading
+
+    release = threading.Event()
+
+    def held(spec, progress=None):
+        release.wait(HANG_S)
+        return model
+
+    monkeypatch.setattr("ds4tui.engine.loader.load_model", held)
+    return release
+
+
+async def test_ctrl_c_while_the_model_loads_takes_the_queued_message_back(tiny_llama, monkeypatch):
+    """As Escape does: the message sent while the model loads comes back into the box, the
+    card says so, and nothing is sent once the model is ready."""
+    from ds4tui.screens.widgets.chat_log import UserMessage
+
+    release = _held_load(monkeypatch, tiny_llama)
+    app = ChatHost(None, config=_config("tiny-llama"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        card = app.chat.query_one(StartProgress)
+        prompt = app.chat.query_one("#prompt")
+        for key in ("ctrl+c", "escape"):
+            prompt.focus()
+            prompt.insert("Sent too early")
+            await pilot.press("enter")
+            assert prompt.text == "" and "queued" in app.chat.query_one(StatusBar).activity
+            app.chat._last_interrupt = float("-inf")  # this ctrl+c is a first one
+            await pilot.press(key)
+            await pilot.pause()
+            assert prompt.text == "Sent too early", key
+            assert "back in the box" in card.note and "queued" not in app.chat.query_one(StatusBar).activity
+            prompt.clear()
+        release.set()
+        await app.wait_for(ChatScreen.ModelReady)
+        await pilot.pause()
+        assert not app.chat.query(UserMessage) and not [m for m in app.seen if isinstance(m, ChatScreen.TurnEnded)]
+
+
+async def test_what_the_app_says_while_it_loads_is_in_the_card_and_covers_nothing(tiny_llama, monkeypatch):
+    """A key that needs the model, pressed while it loads: the card says "still loading" under
+    its title; no toast at the top right covers that title (80x24 and 140x40)."""
+    from textual.widgets._toast import Toast
+
+    for size in ((80, 24), (140, 40)):
+        release = _held_load(monkeypatch, tiny_llama)
+        app = ChatHost(None, config=_config("tiny-llama"))
+        async with app.run_test(size=size) as pilot:
+            card = app.chat.query_one(StartProgress)
+            app.chat.action_delete_chat()  # the palette's "Delete chat"
+            await pilot.pause()
+            assert card.note == "The model is still loading."
+            note = card.query_one("#start-note")
+            assert note.display and note.region.y > card.query_one("#start-title").region.y
+            await pilot.pause(0.2)
+            title = card.query_one("#start-title").region
+            assert not [t for t in app.chat.query(Toast) if t.region.overlaps(title)]
+            assert not app.toasts, size
+            release.set()
+            await app.wait_for(ChatScreen.ModelReady)

@@ -2,7 +2,8 @@
 
 Owns: showing `StartStep`s (ds4tui/chat/startup.py) as rows in a fixed order (download,
 C kernels, conversion, load), a failure with its one-line reason and a Retry button,
-and posting `StartProgress.RetryPressed`. It holds no engine state: the chat screen
+what the app answers to a key pressed meanwhile (`say`: in the card, where a toast would
+cover its title), and posting `StartProgress.RetryPressed`. It holds no engine state: the chat screen
 feeds it steps from its load worker and hides it once the model is ready. Text from
 files (a model's name) is shown as `Text`, never markup.
 """
@@ -110,6 +111,19 @@ class StartProgress(Vertical):
         text-style: bold;
         margin-bottom: 1;
     }
+    StartProgress > #start-note {
+        display: none;
+        margin-bottom: 1;
+    }
+    StartProgress > #start-note.-shown {
+        display: block;
+    }
+    StartProgress > #start-note.-warning {
+        color: $text-warning;
+    }
+    StartProgress > #start-note.-error {
+        color: $text-error;
+    }
     StartProgress > #start-error {
         color: $text-error;
         margin-top: 1;
@@ -131,6 +145,7 @@ class StartProgress(Vertical):
     def __init__(self, model: str, **kwargs) -> None:
         super().__init__(**kwargs)
         self.model = model
+        self.note = ""  # what `say` said last
         self._rows: dict[str, StepRow] = {}
 
     @property
@@ -140,6 +155,7 @@ class StartProgress(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(Text(f"Getting {self.model} ready"), id="start-title")
+        yield Static(id="start-note")
         yield Static(id="start-error")
         yield Button("Retry", id="start-retry", variant="primary")
 
@@ -152,6 +168,14 @@ class StartProgress(Vertical):
         row = self._rows[step.step] = StepRow(step)
         later = next((self._rows[s] for s in STEPS[STEPS.index(step.step) + 1:] if s in self._rows), None)
         self.mount(row, before=later or self.query_one("#start-error"))
+
+    def say(self, text: str, severity: str = "information") -> None:
+        """One line the app answers to a key pressed while it starts (the last one said stays,
+        until the next): `text` is shown literally (it may quote a file's name)."""
+        self.note = text
+        note = self.query_one("#start-note", Static)
+        note.update(Text(text))
+        note.set_classes(f"-shown -{severity}")
 
     def show_failure(self, error: str, *, focus_retry: bool = True) -> None:
         """Mark the running step failed and show why, with the Retry button (focused unless
