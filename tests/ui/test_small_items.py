@@ -81,3 +81,47 @@ async def test_two_new_chats_are_told_apart_in_the_sidebar(tiny_llama):
                 for i in app.chat.query(ChatItem)]
         assert len(rows) == 2 and rows[0] != rows[1], rows
         assert all("New chat" in title for title, _ in rows)
+
+
+async def test_sidebar_ages_count_on_as_chats_ls_does(tiny_llama, tmp_path, monkeypatch):
+    """Two stored chats titled alike carry their ages; minutes later the sidebar says what
+    `ds4tui chats ls` says at that moment (the tags were worked out once, when drawn)."""
+    import time as real_time
+
+    from ds4tui.cli.chats import ID_CHARS, ls_lines
+    from ds4tui.screens.widgets import conversation_list
+    from ds4tui.screens.widgets.conversation_list import ChatItem, ConversationList
+    from tests.ui.chat_app import chat_config
+
+    monkeypatch.setattr(conversation_list, "AGE_REFRESH_S", 0.1)
+    app = ChatHost(tiny_llama, config=chat_config(tiny_llama, cache_dir=str(tmp_path / "kv"),
+                                                  data_dir=str(tmp_path / "data")))
+    async with app.run_test(size=(140, 40)) as pilot:
+        await app.wait_for(ChatScreen.ModelReady)
+        store = app.chat.controller.history.store
+        start = real_time.time()
+        ids = [store.create(title="Twin", messages=[{"role": "user", "content": f"twin {i}"}],
+                            updated_at=start - ago) for i, ago in enumerate((20, 1500))]
+        mark = len(app.seen)
+        app.chat._scan_saved()
+        await app.wait_for(ConversationList.Redrawn, lambda m: sum(e.chat_id in ids for e in m.entries) == 2,
+                           after=mark)
+
+        def tags() -> dict[str, str]:
+            return {i.entry.chat_id: str(i.query(".tag").first().render()) for i in app.chat.query(ChatItem)
+                    if i.entry.chat_id in ids}
+
+        def ls_ages(now: float) -> dict[str, str]:
+            chats = [c for c in store.list() if c.id in ids]
+            rows = ls_lines(chats, now, 140, tmp_path / "kv")[1:]
+            by_prefix = {row[:ID_CHARS]: row[ID_CHARS + 1:ID_CHARS + 9].strip() for row in rows}
+            return {c: by_prefix[c[:ID_CHARS]] for c in ids}
+
+        await until(pilot, lambda: all(t.endswith("· " + ls_ages(real_time.time())[c]) for c, t in tags().items()),
+                    "the ages as drawn")
+        later = start + 185  # three minutes on: "just now" is "3m ago", "25m ago" is "28m ago"
+        app.chat.query_one(ConversationList).clock = lambda: later
+        expected = ls_ages(later)
+        assert sorted(expected.values()) == ["28m ago", "3m ago"]
+        await until(pilot, lambda: all(t.endswith("· " + expected[c]) for c, t in tags().items()),
+                    f"the sidebar to say {expected}")

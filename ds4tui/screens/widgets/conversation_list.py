@@ -25,6 +25,7 @@ from ds4tui.screens.widgets.title_fit import split_tag
 LIVE, PARKED, SAVED, BUSY = "●", "○", "↺", "▶"
 TEXT_ONLY = "◌"  # a stored chat whose KV was evicted: its text is kept, the next message re-prefills
 BROKEN = "⚠"  # a saved session that cannot be resumed (the reason shows when chosen)
+AGE_REFRESH_S = 5.0  # how often the rows' ages are worked out again (they count in minutes)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class ChatItem(ListItem):
         title, tag = self._labels(entry, active, twin)
         super().__init__(Label(title, classes="title"), Label(tag, classes="tag"))
         self.entry = entry
+        self.twin = twin
         self.set_class(entry.key is None, "-saved")
 
     @staticmethod
@@ -98,6 +100,7 @@ class ChatItem(ListItem):
     def show(self, entry: ChatEntry, active: bool, twin: str = "") -> None:
         """Redraw this row for `entry` (same position, new title or state)."""
         self.entry = entry
+        self.twin = twin
         self.set_class(entry.key is None, "-saved")
         title, tag = self._labels(entry, active, twin)
         self.query_one(".title", Label).update(title)
@@ -163,14 +166,32 @@ class ConversationList(ListView):
         # Redraws are queued, never cancelled: cancelling a ListView while it removes
         # its items cancels the items' message pumps mid-prune.
         self._redraw = asyncio.Lock()
+        self._shown: tuple[list[ChatEntry], str | None] = ([], None)  # the last show_entries
+        self.clock = time.time  # "now" for the ages (tests move it)
+
+    def on_mount(self) -> None:
+        # A row's " · 5m ago" is worked out when it is drawn: without this it stayed as drawn
+        # while `ds4tui chats ls` (same formatter, same stamps) counted on.
+        self.set_interval(AGE_REFRESH_S, self._refresh_ages)
+
+    async def _refresh_ages(self) -> None:
+        entries, active = self._shown
+        async with self._redraw:
+            items = list(self.query(ChatItem))
+            if not self.is_attached or len(items) != len(entries):
+                return
+            for item, entry, twin in zip(items, entries, twin_tags(entries, self.clock())):
+                if twin != item.twin:
+                    item.show(entry, entry.key is not None and entry.key == active, twin)
 
     async def show_entries(self, entries: list[ChatEntry], active_key: str | None) -> None:
         """Replace the rows (in place when their number is unchanged); highlight the active chat."""
         async with self._redraw:
             if not self.is_attached:
                 return
+            self._shown = (list(entries), active_key)
             items = list(self.query(ChatItem))
-            twins = twin_tags(entries)
+            twins = twin_tags(entries, self.clock())
             if len(items) == len(entries):
                 for item, entry, twin in zip(items, entries, twins):
                     item.show(entry, entry.key is not None and entry.key == active_key, twin)
