@@ -95,6 +95,11 @@ class Conversation:
         """Tokens of its context: the live session's, or while parked the state it left on disk."""
         return len(self.session.tokens) if self.session is not None else self.parked_tokens
 
+    @property
+    def stored_tokens(self) -> int:
+        """The token count the store keeps with the chat (`kv_tokens`): its titled file's."""
+        return self.saved_upto if self.saved_sha else 0
+
     def visible_messages(self) -> list[dict]:
         """What the chat view shows: user and assistant turns (the system prompt stays hidden)."""
         return [m for m in self.messages if m.get("role") in ("user", "assistant")]

@@ -67,7 +67,7 @@ class History:
                 extra = {}
             self.store.commit(conv.store_id, conv.messages, conv.alternatives, title=conv.title,
                               system_prompt=conv.system_prompt, settings=_settings(conv),
-                              kv_sha=conv.saved_sha, kv_tokens=conv.saved_upto if conv.saved_sha else 0,
+                              kv_sha=conv.saved_sha, kv_tokens=conv.stored_tokens,
                               **extra)
         except (StoreError, LookupError) as exc:
             if not self._failed_once:

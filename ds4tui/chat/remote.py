@@ -57,13 +57,19 @@ def _ignore(_: ChatEvent) -> None:
 
 
 class RemoteConversation(Conversation):
-    """A conversation whose tokens live on a server: its size is what the server last reported."""
+    """A conversation whose tokens live on a server: its size is what the server last reported
+    (kept in the store, so a chat opened again shows it before the server counts again)."""
 
     remote_tokens: int = 0
 
     @property
     def context_tokens(self) -> int:
         return self.remote_tokens
+
+    @property
+    def stored_tokens(self) -> int:
+        # A local chat continued here keeps its titled file's count: the file is still its cache.
+        return self.saved_upto if self.saved_sha else self.remote_tokens
 
 
 class RemoteChatController(OpenChats):
@@ -430,6 +436,9 @@ class RemoteChatController(OpenChats):
         base = self.history.conversation(stored, self.conversations.new_key())
         conv = RemoteConversation(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
         conv.parked_tokens = 0
+        # The count stored with it (the server's last, or a local chat's file's): the context
+        # meter and the fit check use it until the server counts this chat again.
+        conv.remote_tokens = stored.kv_tokens
         self.conversations.add(conv)
         other = stored.model if stored.model and stored.model != self.history.model_spec else None
         on_event(HistoryOpened(conversation=conv.key, kv_tokens=0, prefill_tokens=0, made_with=other, remote=True))

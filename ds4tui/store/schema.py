@@ -8,7 +8,8 @@ Tables (version 2):
 - conversations: one row per chat. `engine` is "local" (the embedded model) or the
   remote server's URL; `settings` is JSON (the chat's sampling overrides); `head` is the
   last message of the branch the chat shows; `kv_sha`/`kv_tokens` the titled `.kv` file
-  that held its state last (a cache: it may be gone), `shown` the number of messages on
+  that held its state last (a cache: it may be gone; a remote chat with no file: `kv_tokens`
+  is the count its server gave last), `shown` the number of messages on
   the shown path (for listings), `archived` hides it from the list.
 - messages: the message tree. `parent` is NULL for a first message; siblings are the
   versions of a reply (regenerate) or of a user message (edit and resend).

@@ -220,3 +220,25 @@ async def test_no_footer_key_fails_on_the_remote_chat(server, tiny_llama, tmp_pa
                 await pilot.pause()
         assert not app.events(ev.ChatError)
         assert not [n for n in app._notifications if n.severity == "error"]
+
+
+async def test_a_reopened_remote_chat_meters_the_count_stored_with_it(server, tiny_llama, tmp_path):
+    """The server counted the chat's tokens last time; reopened after a restart, the context
+    meter shows that count (it read 0 until the next reply), and the fit check uses it."""
+    writer = remote(server.url, tmp_path)
+    conv = writer.new_conversation()
+    assert writer.send(conv.key, "meter: a question") is not None
+    counted = conv.context_tokens
+    assert counted > 0
+    app = ChatHost(tiny_llama, controller=remote(server.url, tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await app.wait_for(ConversationList.Redrawn, lambda m: any(e.chat_id == conv.store_id for e in m.entries))
+        sidebar = app.chat.query_one("#sidebar")
+        [row] = [i for i in sidebar.query(ChatItem) if i.entry.chat_id == conv.store_id]
+        sidebar.index = list(sidebar.query(ChatItem)).index(row)
+        sidebar.focus()
+        await pilot.press("enter")
+        resumed = await app.wait_for(ChatScreen.Resumed)
+        await pilot.pause()
+        assert app.chat.query_one(StatusBar).ctx_used == counted
+        assert app.chat.controller.get(resumed.key).context_tokens == counted
