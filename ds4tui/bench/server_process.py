@@ -73,7 +73,8 @@ def stop_server(proc: subprocess.Popen) -> None:
 def ask(http, root: str, messages: list[dict], max_tokens: int) -> dict:
     """One streamed chat completion (greedy, usage included) timed from the send: {ttft_ms,
     total_ms, prompt_tokens, cached_tokens, completion_tokens, text}."""
-    body = {"model": "bench", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+    # No "model": llama-server ignores it, ds4tui serve answers with the one model it runs.
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
     sent = time.perf_counter()
     first, usage, text = None, {}, []

@@ -38,6 +38,9 @@ def register(subparsers) -> None:
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN call the API (repeatable; `localhost`: any port on this "
                         "machine; `*`: any page). Off by default")
+    p.add_argument("--alias", action="append", default=[], metavar="NAME",
+                   help="another `model` name requests may give (repeatable; `*`: any name). Other names get "
+                        "a 404 model_not_found naming the model served")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_serve)
 
@@ -63,7 +66,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError("--max-body-mb must be positive")
     options = ServeOptions(host=args.host, port=args.port, api_key=key, queue_size=args.queue_size,
                            max_body_bytes=args.max_body_mb << 20, log_level=args.log_level,
-                           cors_origins=tuple(args.cors_origin), parallel=args.parallel)
+                           cors_origins=tuple(args.cors_origin), parallel=args.parallel,
+                           aliases=tuple(a.strip() for a in args.alias if a.strip()))
     try:
         check_model(config.model)
         return run(config, options)

@@ -38,6 +38,7 @@ from ds4tui.chat.stateless import Completion
 from ds4tui.engine.errors import ContextFullError, EngineError
 from ds4tui.errors import Ds4tuiError
 from ds4tui.serve import protocol as p
+from ds4tui.serve.model_names import ServedNames
 from ds4tui.engine.text.reply_parts import ReplyParser
 from ds4tui.serve.worker import End, EngineQueue, Job
 
@@ -55,11 +56,13 @@ def error(status: int, message: str, *, kind: str = "invalid_request_error", cod
                         headers=headers)
 
 
-def create_app(engine: EngineQueue, *, model_name: str, api_key: str | None, max_body_bytes: int,
+def create_app(engine: EngineQueue, *, model_name: str | ServedNames, api_key: str | None, max_body_bytes: int,
                on_shutdown=None, cors_origins: Sequence[str] = ()) -> Starlette:
     """Long because the routes are closures over the one app's state (the engine queue, the key, the model
-    name); each is a few lines."""
+    name); each is a few lines. `model_name`: the names requests may give (a str: that one only)."""
     created = int(time.time())
+    names = model_name if isinstance(model_name, ServedNames) else ServedNames(model_name)
+    model_name = names.id
 
     def authorized(request: Request) -> JSONResponse | None:
         """None when the request may go on, else the 401 to send."""
@@ -81,7 +84,7 @@ def create_app(engine: EngineQueue, *, model_name: str, api_key: str | None, max
             return refused
         # Off the event loop: the first ask may probe the engine with a session.
         context = await asyncio.to_thread(lambda: engine.context)
-        return JSONResponse(p.models_body(model_name, created, context))
+        return JSONResponse(p.models_body(names.listed, created, context))
 
     async def chat_completions(request: Request) -> Response:
         return await run(request, p.parse_chat_request, text=False)
@@ -94,7 +97,9 @@ def create_app(engine: EngineQueue, *, model_name: str, api_key: str | None, max
         if refused is not None:
             return refused
         try:
-            req = parse(await _read_json(request, max_body_bytes), context=engine.context)
+            body = await _read_json(request, max_body_bytes)
+            names.check(body)  # 404 model_not_found for a model not served here
+            req = parse(body, context=engine.context)
             engine.check_tools(req)
             if req.stream:
                 # A stream's status line goes out before the engine runs: what can be known

@@ -35,6 +35,7 @@ class ServeOptions:
     log_level: str = "info"
     parallel: int = 4  # requests decoded together (serve/worker.py DEFAULT_PARALLEL)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed (CORS); none: no CORS headers
+    aliases: tuple[str, ...] = ()  # other `model` names requests may give (serve/model_names.py)
 
 
 def is_loopback(host: str) -> bool:
@@ -71,6 +72,7 @@ def run(config: Config, options: ServeOptions) -> int:
     from ds4tui.chat.stateless import StatelessChats
     from ds4tui.engine.loader import load_model
     from ds4tui.serve.app import create_app
+    from ds4tui.serve.model_names import ServedNames
     from ds4tui.serve.worker import EngineQueue
 
     model = load_model(config.model)
@@ -86,13 +88,15 @@ def run(config: Config, options: ServeOptions) -> int:
         engine.run_sync(controller.shutdown)
         engine.close()
 
-    app = create_app(engine, model_name=model.info.name, api_key=options.api_key,
+    names = ServedNames(model.info.name, aliases=options.aliases, spec=config.model)
+    app = create_app(engine, model_name=names, api_key=options.api_key,
                      max_body_bytes=options.max_body_bytes, on_shutdown=shutdown,
                      cors_origins=options.cors_origins)
     where = "no disk cache" if config.no_disk_cache else f"cache {config.cache_path()}"
     print(f"ds4tui serve: {model.info.name} at http://{options.host}:{options.port}/v1 ({where},"
           f" {config.live_sessions} live sessions, {options.parallel} decoded together, {options.queue_size} may wait"
           f"{', API key required' if options.api_key else ''})", file=sys.stderr, flush=True)
+    print(f"ds4tui serve: requests name the model {names.describe()}", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level,
                                            timeout_graceful_shutdown=5, lifespan="on"))
     server.run()

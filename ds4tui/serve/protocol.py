@@ -331,13 +331,17 @@ def progress(cached: int, total_new: int, done: int, started: float) -> dict:
             "time_ms": round((time.perf_counter() - started) * 1000.0, 1)}
 
 
-def models_body(model: str, created: int, context: int | None = None) -> dict:
-    """The one model served; `max_model_len` (vLLM's name for it) is its context in tokens,
-    which a chat client (ds4tui --engine) checks its next message against."""
-    entry = {"id": model, "object": "model", "created": created, "owned_by": "ds4tui"}
-    if context:
-        entry["max_model_len"] = context
-    return {"object": "list", "data": [entry]}
+def models_body(ids: str | tuple[str, ...], created: int, context: int | None = None) -> dict:
+    """The one model served, under its id and then each alias; `max_model_len` (vLLM's name
+    for it) is its context in tokens, which a chat client (ds4tui --engine) checks its next
+    message against."""
+    entries = []
+    for model in (ids,) if isinstance(ids, str) else ids:
+        entry: dict[str, Any] = {"id": model, "object": "model", "created": created, "owned_by": "ds4tui"}
+        if context:
+            entry["max_model_len"] = context
+        entries.append(entry)
+    return {"object": "list", "data": entries}
 
 
 def text_completion_body(rid: str, model: str, created: int, c: Completion) -> dict:

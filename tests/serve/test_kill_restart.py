@@ -28,7 +28,7 @@ RESTART_AT = 1500
 
 
 def _post(root: str, messages: list[dict], timeout: float = 120) -> dict:
-    body = {"model": "t", "messages": messages, "max_tokens": 4, "temperature": 0}
+    body = {"model": "tiny-llama", "messages": messages, "max_tokens": 4, "temperature": 0}
     r = httpx.post(f"{root}/v1/chat/completions", json=body, timeout=timeout)
     r.raise_for_status()
     return r.json()["usage"]
@@ -69,7 +69,7 @@ def test_kill_9_loses_at_most_one_checkpoint_interval(tmp_path):
                 messages, last_prompt = [], 0  # a new conversation, before the context fills
             # One more request, killed at a random point of it (its prefill or its reply).
             n += 1
-            body = json.dumps({"model": "t", "messages": messages + [{"role": "user", "content": MESSAGE.format(n=n)}],
+            body = json.dumps({"model": "tiny-llama", "messages": messages + [{"role": "user", "content": MESSAGE.format(n=n)}],
                                "max_tokens": 64, "temperature": 0})
             threading.Thread(target=_send_and_forget, args=(server.root, body), daemon=True).start()
             time.sleep(rng.uniform(0.0, 0.6))

@@ -125,6 +125,54 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(server):
     assert server.health()["failed"] >= 1
 
 
+def test_a_model_not_served_here_is_a_404_naming_the_one_that_is(server):
+    """As OpenAI answers a model it does not have (404 model_not_found; the client raises
+    NotFoundError), streamed or not; the served model's names are taken in any case."""
+    c = client(server)
+    for stream in (False, True):
+        with pytest.raises(openai.NotFoundError) as err:
+            c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                      stream=stream)
+        body = err.value.body
+        assert body["code"] == "model_not_found" and body["param"] == "model"
+        assert "'gpt-4o'" in body["message"] and "'tiny-llama'" in body["message"] and "--alias" in body["message"]
+    r = c.chat.completions.create(model="Tiny-Llama", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert r.model == "tiny-llama"
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="davinci-002", prompt="Once upon a time", max_tokens=2)
+    no_name = httpx.post(f"{server.url}/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                                 "max_tokens": 2}, timeout=300)
+    assert no_name.status_code == 200 and no_name.json()["model"] == "tiny-llama"  # as llama-server
+
+
+async def test_aliases_are_listed_and_answered_and_a_star_takes_any_name(tiny_llama):
+    from ds4tui.chat.stateless import StatelessChats
+    from ds4tui.serve.app import create_app
+    from ds4tui.serve.model_names import ServedNames
+    from ds4tui.serve.worker import EngineQueue
+    from tests.serve.conftest import greedy_controller
+
+    engine = EngineQueue(StatelessChats(greedy_controller(tiny_llama, max_tokens=2)), max_waiting=4)
+    try:
+        for aliases, agent_name in ((("gpt-4o-mini",), "gpt-4o-mini"), (("*",), "claude-whatever")):
+            names = ServedNames("tiny-llama", aliases=aliases, spec="/models/tiny-llama.gguf")
+            app = create_app(engine, model_name=names, api_key=None, max_body_bytes=1 << 20)
+            c = openai.AsyncOpenAI(base_url="http://serve.test/v1", api_key="unused", max_retries=0,
+                                   http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app), timeout=120))
+            listed = [m.id for m in (await c.models.list()).data]
+            assert listed == ["tiny-llama", *(a for a in aliases if a != "*")]
+            for name in (agent_name, "tiny-llama.gguf", "/models/tiny-llama.gguf"):
+                r = await c.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}])
+                assert r.model == "tiny-llama" and r.choices[0].message.content is not None
+            if aliases != ("*",):
+                with pytest.raises(openai.NotFoundError) as err:
+                    await c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+                message = err.value.body["message"]
+                assert "also accepted: 'tiny-llama.gguf', 'gpt-4o-mini')" in message and "/models" not in message
+    finally:
+        engine.close()
+
+
 def test_client_disconnect_cancels_the_request(server):
     before = server.health()
     body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "disconnect " + LONG}],

@@ -67,7 +67,7 @@ async def test_a_call_comes_back_as_tool_calls_and_its_result_goes_in(tool_serve
     user = [{"role": "user", "content": "What is the weather in Zürich?"}]
     Script.replies = [CALLS[name], CALLS[name], "It is sunny in Zürich."]
 
-    r = await client.chat.completions.create(model="x", messages=user, tools=[WEATHER])
+    r = await client.chat.completions.create(model="tiny-tools", messages=user, tools=[WEATHER])
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and not choice.message.content
     (call,) = choice.message.tool_calls
@@ -77,7 +77,7 @@ async def test_a_call_comes_back_as_tool_calls_and_its_result_goes_in(tool_serve
     prompt = model.chat.render(user, True, tools=[WEATHER])
     assert "get_weather" in prompt and r.usage.prompt_tokens == len(model.tokenizer.encode(prompt))
 
-    stream = await client.chat.completions.create(model="x", messages=user, tools=[WEATHER], stream=True)
+    stream = await client.chat.completions.create(model="tiny-tools", messages=user, tools=[WEATHER], stream=True)
     chunks = [ch async for ch in stream]
     deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
     assert [(d.index, d.function.name, json.loads(d.function.arguments)) for d in deltas] == [
@@ -89,7 +89,7 @@ async def test_a_call_comes_back_as_tool_calls_and_its_result_goes_in(tool_serve
     # the round trip: the assistant's call and the tool's result, rendered by the template
     history = user + [choice.message.model_dump(exclude_none=True),
                       {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 °C"}]
-    final = await client.chat.completions.create(model="x", messages=history, tools=[WEATHER])
+    final = await client.chat.completions.create(model="tiny-tools", messages=history, tools=[WEATHER])
     assert final.choices[0].message.content == "It is sunny in Zürich."
     assert final.choices[0].finish_reason == "stop" and not final.choices[0].message.tool_calls
     rendered = model.chat.render([user[0], {"role": "assistant", "content": "", "tool_calls": [
@@ -102,10 +102,10 @@ async def test_a_call_comes_back_as_tool_calls_and_its_result_goes_in(tool_serve
 async def test_plain_text_and_no_tools(tool_server):
     name, _, client = tool_server
     Script.replies = ["Just words, no call.", CALLS[name]]
-    r = await client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], tools=[WEATHER])
+    r = await client.chat.completions.create(model="tiny-tools", messages=[{"role": "user", "content": "hi"}], tools=[WEATHER])
     assert r.choices[0].message.content == "Just words, no call." and not r.choices[0].message.tool_calls
     # without tools in the request, call-shaped text is just text
-    r = await client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}])
+    r = await client.chat.completions.create(model="tiny-tools", messages=[{"role": "user", "content": "hi"}])
     assert r.choices[0].message.content == CALLS[name] and r.choices[0].finish_reason == "stop"
 
 
@@ -113,10 +113,10 @@ async def test_reasoning_content(tool_server):
     _, _, client = tool_server
     text = "<think>\nThe user greets me.\n</think>\n\nHello!"
     Script.replies = [text, text]
-    r = await client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}])
+    r = await client.chat.completions.create(model="tiny-tools", messages=[{"role": "user", "content": "hi"}])
     assert r.choices[0].message.content == "Hello!"
     assert r.choices[0].message.model_extra["reasoning_content"] == "\nThe user greets me.\n"
-    stream = await client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}],
+    stream = await client.chat.completions.create(model="tiny-tools", messages=[{"role": "user", "content": "hi"}],
                                                   stream=True)
     chunks = [ch async for ch in stream]
     reasoning = "".join((ch.choices[0].delta.model_extra or {}).get("reasoning_content", "")
@@ -128,6 +128,6 @@ async def test_reasoning_content(tool_server):
 async def test_forced_tool_choice_is_refused(tool_server):
     _, _, client = tool_server
     with pytest.raises(openai.BadRequestError) as err:
-        await client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}],
+        await client.chat.completions.create(model="tiny-tools", messages=[{"role": "user", "content": "hi"}],
                                              tools=[WEATHER], tool_choice="required")
     assert err.value.body["param"] == "tool_choice"
