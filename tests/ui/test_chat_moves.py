@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ds4tui.chat import events as ev
 from ds4tui.screens.chat import ChatScreen
+from ds4tui.screens.widgets.start_progress import StartProgress
 from ds4tui.screens.widgets.chat_log import AssistantMessage, UserMessage
 from ds4tui.screens.widgets.status_bar import StatusBar, context_meter
 from tests.ui.chat_app import SIZE, ChatHost, chat_config, send
@@ -156,13 +157,15 @@ async def test_a_message_sent_while_loading_is_queued(tiny_llama, tmp_path, monk
         prompt.insert("Second early message.")
         await pilot.press("enter")
         assert prompt.text == "Second early message." and app.chat.controller is None
-        # Keys that need the model say so while it loads, rather than doing nothing.
+        # Keys that need the model say so while it loads, rather than doing nothing: in the
+        # start card (a toast would cover its title).
+        card = app.chat.query_one(StartProgress)
         for key in ("ctrl+n", "f2", "f3", "ctrl+f", "ctrl+r"):
-            app.clear_notifications()
+            card.say("")
             await pilot.press(key)
             await pilot.pause()
             assert isinstance(app.screen, ChatScreen), key
-            assert [n.message for n in app.toasts] == ["The model is still loading."], key
+            assert card.note == "The model is still loading." and not app.toasts, key
         loaded.set()
         ended = await app.wait_for(ChatScreen.TurnEnded)
         assert ended.done is not None
