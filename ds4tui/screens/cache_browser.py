@@ -1,17 +1,14 @@
 """The cache browser: every `.kv` file of a cache directory, decoded, live, with actions.
 
-Owns: the screen that lists the directory (`KvTable`), shows the selected file
-(`KvDetail`), the budget gauge, the filter, and the actions pin/unpin, delete
-(confirmed; a pinned file twice), rename a titled session, view the
-transcript, the eviction dry run, and resume. The directory is watched
-(`ds4tui.cache.watch`), so files that another process writes, touches, evicts
-or deletes show up within a second, with the cursor kept on the same SHA.
-This class keeps the layout, bindings, messages, state and the `@on` handlers
-(Textual collects those only from the Screen class itself); beside it, mixed in,
-one job each: cache_browser_live.py (watch, scan, filter, show the table),
-cache_browser_detail.py (the selected file and its detail pane),
-cache_browser_open.py (resume, the transcript), cache_browser_actions.py (pin,
-delete, rename, the eviction dry run).
+Owns: the screen, a composition of widgets that own their state and talk by messages:
+`BrowserHeader` (the directory, the sort, the budget gauge), `CacheListing` (the map,
+the filter and the table, kept live: the directory is watched, so files that another
+process writes, touches, evicts or deletes show up within a second, with the cursor
+kept on the same SHA) and `KvDetail` (the selected file); plus the keys, each handed
+to the object that does it: `FileActions` (pin/unpin, delete (confirmed; a pinned file
+twice), rename a titled session, the eviction dry run) and `FileOpening` (resume, view
+the transcript). The screen relays the listing's messages to the header and the
+detail pane, and posts the two messages of its contract.
 Leaves to the cache core (`KvStore`) every file operation and every verdict,
 and to the app what resuming means.
 
@@ -50,46 +47,29 @@ from typing import TYPE_CHECKING
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
 from textual.events import ScreenResume
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import DataTable, Footer
 
 from ds4tui import paths
-from ds4tui.cache import scan as cache_scan
 from ds4tui.cache.entry import ANY_DS4TUI, Acceptor, KvEntry
 from ds4tui.cache.store import KvStore
-from ds4tui.cache.watch import CacheChanges, CacheWatcher
-from ds4tui.screens.cache_browser_actions import FileActions
-from ds4tui.screens.cache_browser_detail import FileDetail
-from ds4tui.screens.cache_browser_live import LiveListing
-from ds4tui.screens.cache_browser_open import FileOpening
-from ds4tui.screens.widgets.budget_gauge import NARROW_BELOW, BudgetGauge
-from ds4tui.screens.widgets.cache_map import CacheMap
 from ds4tui.chat.file_names import FileName
+from ds4tui.screens.browser_header import BrowserHeader
+from ds4tui.screens.cache_browser_actions import FileActions
+from ds4tui.screens.cache_browser_detail import DetailContext, detail_info
+from ds4tui.screens.cache_browser_open import FileOpening
+from ds4tui.screens.cache_listing import CacheListing
 from ds4tui.screens.widgets.kv_detail import KvDetail
-from ds4tui.screens.widgets.kv_format import DEFAULT_DISK_MB_S, DEFAULT_PREFILL_TOK_S, safe_cell
+from ds4tui.screens.widgets.kv_format import DEFAULT_DISK_MB_S, DEFAULT_PREFILL_TOK_S
 from ds4tui.screens.widgets.kv_table import KvTable
-from ds4tui.screens.widgets.transcript_view import TranscriptView
 
 if TYPE_CHECKING:  # only its attributes are read; the browser never needs the engine loaded
     from ds4tui.engine.model import ModelInfo
 
 
-def short_dir(path) -> str:
-    """The directory as people write it: the home directory as `~`."""
-    text, home = str(path), os.path.expanduser("~")
-    if home not in ("", "/", "~") and (text == home or text.startswith(home + os.sep)):
-        return "~" + text[len(home):]
-    return text
-
-
-# Relative times ("5m ago") and decayed hits go stale; a slow rescan keeps them honest.
-RESCAN_INTERVAL_S = 60.0
-
-
-class CacheBrowserScreen(LiveListing, FileDetail, FileOpening, FileActions, Screen[None]):
+class CacheBrowserScreen(Screen[None]):
     """Every `.kv` file of one directory, decoded and live. See the module docstring for the contract."""
 
     CSS_PATH = "cache_browser.tcss"
@@ -139,22 +119,6 @@ class CacheBrowserScreen(LiveListing, FileDetail, FileOpening, FileActions, Scre
             super().__init__()
             self.shas = shas
 
-    class _Scanned(Message):
-        def __init__(self, scan: cache_scan.BrowserScan, names: dict[str, FileName]) -> None:
-            super().__init__()
-            self.scan = scan
-            self.names = names
-
-    class _Changed(Message):
-        def __init__(self, changes: CacheChanges) -> None:
-            super().__init__()
-            self.changes = changes
-
-    class _Transcript(Message):
-        def __init__(self, title: str | None, text: bytes, note: str) -> None:
-            super().__init__()
-            self.title, self.text, self.note = title, text, note
-
     def __init__(
         self,
         store: KvStore | str | os.PathLike | None = None,
@@ -189,112 +153,100 @@ class CacheBrowserScreen(LiveListing, FileDetail, FileOpening, FileActions, Scre
         self.store = store if isinstance(store, KvStore) else KvStore(store, clock=self._clock)
         self.model = model
         # The same test the chat's checkpoints apply before loading (chat/checkpoints.py).
-        self.acceptor = (Acceptor(model_id=model.model_id, payload_abi=model.payload_abi, ctx_size=ctx_size,
-                                  quant_bits=model.quant_bits)
-                         if model is not None else ANY_DS4TUI)
-        self.prefill_tok_s = prefill_tok_s or DEFAULT_PREFILL_TOK_S
-        self.disk_mb_s = disk_mb_s or DEFAULT_DISK_MB_S
-        self._watch = watch
-        self.open_shas = open_shas
-        self._watcher: CacheWatcher | None = None
-        self._gen = 0
-        self._shown_gen = -1
-        self._scan: cache_scan.BrowserScan | None = None
-        self._by_sha: dict[str, KvEntry] = {}
-        self._texts = cache_scan.TextIndex()
-        self._checksums = cache_scan.ChecksumIndex()
-        self._names: dict[str, FileName] = {}
-        self._filter = ""
-        self._select_next: str | None = None
-        self._detail_of: KvEntry | None = None
-
-    # -- layout and lifecycle ---------------------------------------------------------
+        acceptor = (Acceptor(model_id=model.model_id, payload_abi=model.payload_abi, ctx_size=ctx_size,
+                             quant_bits=model.quant_bits)
+                    if model is not None else ANY_DS4TUI)
+        fingerprint = model.fingerprint if model is not None else None
+        self._detail = DetailContext(model_fingerprint=fingerprint, disk_mb_s=disk_mb_s or DEFAULT_DISK_MB_S,
+                                     prefill_tok_s=prefill_tok_s or DEFAULT_PREFILL_TOK_S)
+        self.listing = CacheListing(self.store, acceptor, model_fingerprint=fingerprint, clock=self._clock,
+                                    watch=watch, id="browser-listing")
+        self.actions = FileActions(self.listing, open_shas)
+        self.opening = FileOpening(self.listing, self._post_resume)
 
     def compose(self) -> ComposeResult:
-        with Horizontal(id="browser-top"):
-            yield Static(safe_cell(short_dir(self.store.dir), 200), id="browser-dir", markup=False)
-            yield Static("", id="browser-sort", markup=False)
-            yield BudgetGauge(id="browser-gauge")
-        yield CacheMap(id="browser-map")
-        yield Input(placeholder="/ filter titles and text", id="browser-filter", compact=True)
-        yield KvTable(id="browser-table")
+        yield BrowserHeader(self.store.dir, id="browser-top")
+        yield self.listing
         yield KvDetail(id="browser-detail")
         yield Footer(compact=True)
 
-    def on_resize(self, event) -> None:
-        # At 80 columns the header keeps the gauge's numbers and the pinned count; the
-        # directory gives way first, then the sort label (the table underlines the sort column).
-        narrow = event.size.width < NARROW_BELOW
-        self.query_one(BudgetGauge).narrow = narrow
-        self.query_one("#browser-sort").display = not narrow
-
-    def on_mount(self) -> None:
-        if self._watch:
-            self._start_watching()
-        self.set_interval(RESCAN_INTERVAL_S, self.rescan)
-
-    def on_unmount(self) -> None:
-        self._stop_watching()
-
     def on_screen_resume(self, event: ScreenResume) -> None:
         # Shown for the first time, or back from a dialog or the chat: files may have changed.
-        self.rescan()
+        self.listing.rescan()
 
-    # -- the live listing (LiveListing) ------------------------------------------------
+    # -- what tests and the app read -------------------------------------------------------
 
-    @on(_Changed)
-    def _on_changed(self, event: _Changed) -> None:
-        self._directory_changed(event.changes)  # LiveListing
+    @property
+    def selected(self) -> KvEntry | None:
+        """The entry under the table's cursor."""
+        return self.listing.selected
 
-    @on(_Scanned)
-    def _on_scanned(self, event: _Scanned) -> None:
-        self._show_scan(event.scan, event.names)  # LiveListing
+    def name_of(self, e: KvEntry) -> FileName:
+        """What the table calls `e` (file_names.py)."""
+        return self.listing.name_of(e)
+
+    @property
+    def detail_sha(self) -> str | None:
+        """SHA of the file the detail pane shows now."""
+        info = self.query_one(KvDetail).info
+        return info.entry.sha if info is not None else None
+
+    # -- the listing's messages ------------------------------------------------------------
+
+    @on(CacheListing.Scanned)
+    def _on_scanned(self, event: CacheListing.Scanned) -> None:
+        self.query_one(BrowserHeader).show_scan(event.scan, self.store.budget_bytes)
+
+    @on(CacheListing.Shown)
+    def _on_shown(self, event: CacheListing.Shown) -> None:
+        self.query_one(BrowserHeader).show_sort(self.query_one(KvTable).sort_description)
+        self.post_message(self.Refreshed(event.shas))
+
+    @on(CacheListing.Highlighted)
+    def _on_highlighted(self, event: CacheListing.Highlighted) -> None:
+        e = event.entry
+        self.query_one(KvDetail).show(detail_info(e, self.listing, self._detail, self._clock()) if e else None)
 
     @on(KvTable.Sorted)
     def _on_sorted(self, event: KvTable.Sorted) -> None:
-        self._show_sort(event.description)
-
-    # -- the detail pane (FileDetail) ----------------------------------------------
-
-    @on(DataTable.RowHighlighted, "#browser-table")
-    def _on_highlight(self, event: DataTable.RowHighlighted) -> None:
-        self._show_detail()
+        self.query_one(BrowserHeader).show_sort(event.description)
 
     @on(DataTable.RowSelected, "#browser-table")
     def _on_row_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()
-        self.action_resume()  # FileOpening
+        self.opening.resume()
 
-    # -- filter -----------------------------------------------------------------
+    # -- the keys --------------------------------------------------------------------------
 
-    @on(Input.Changed, "#browser-filter")
-    def _on_filter(self, event: Input.Changed) -> None:
-        self._filter = event.value.strip()
-        self._apply()
+    def action_resume(self) -> None:
+        self.opening.resume()
 
-    @on(Input.Submitted, "#browser-filter")
-    def _on_filter_submitted(self, event: Input.Submitted) -> None:
-        self.query_one(KvTable).focus()
+    def action_view_text(self) -> None:
+        self.opening.view_text()
+
+    def action_toggle_pin(self) -> None:
+        self.actions.toggle_pin()
+
+    def action_delete(self) -> None:
+        self.actions.delete()
+
+    def action_rename(self) -> None:
+        self.actions.rename()
+
+    def action_eviction(self) -> None:
+        self.actions.eviction()
 
     def action_focus_filter(self) -> None:
-        self.query_one("#browser-filter", Input).focus()
-
-    # -- closing, and the transcript FileOpening read ------------------------------
+        self.listing.focus_filter()
 
     def action_close(self) -> None:
         """Escape/q: clear and leave the filter first (a filter left applied hides files), else close."""
-        box = self.query_one("#browser-filter", Input)
-        if self.focused is box or box.value:
-            box.value = ""  # Input.Changed re-applies the empty filter
-            self._filter = ""
-            self._apply()
-            self.query_one(KvTable).focus()
-        elif len(self.app.screen_stack) > 1:
+        if self.listing.leave_filter():
+            return
+        if len(self.app.screen_stack) > 1:
             self.dismiss(None)
         else:
             self.app.exit()
 
-    @on(_Transcript)
-    def _on_transcript(self, event: _Transcript) -> None:
-        self.app.push_screen(TranscriptView(event.title, event.text, note=event.note))
-
+    def _post_resume(self, e: KvEntry) -> None:
+        self.post_message(self.ResumeRequested(e.path, e.sha, e.title))

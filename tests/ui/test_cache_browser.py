@@ -28,7 +28,7 @@ async def test_lists_every_file_with_its_verdict(tmp_path):
     app = BrowserHost(tmp_path, watch=False)
     async with app.run_test(size=SIZE) as pilot:
         await _started(pilot, 4)
-        entries = app.browser._by_sha
+        entries = app.browser.listing.by_sha
         assert set(app.shown) == set(shas.values())
         assert entries[shas["titled"]].valid and entries[shas["cold"]].valid
         ds4 = entries[shas["ds4"]]
@@ -52,10 +52,10 @@ async def test_pin_then_unpin(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await _started(pilot, 1)
         await pilot.press("p")
-        await until(pilot, lambda: app.browser._by_sha[sha].pinned, "pinned row")
+        await until(pilot, lambda: app.browser.listing.by_sha[sha].pinned, "pinned row")
         assert _pinned_on_disk(tmp_path, sha)
         await pilot.press("p")
-        await until(pilot, lambda: not app.browser._by_sha[sha].pinned, "unpinned row")
+        await until(pilot, lambda: not app.browser.listing.by_sha[sha].pinned, "unpinned row")
         assert not _pinned_on_disk(tmp_path, sha)
 
 

@@ -54,7 +54,7 @@ async def test_table_follows_another_process_and_keeps_the_selection(tmp_path):
         assert browser.selected.sha == kept
 
         _other_process(tmp_path, "touch", kept)
-        await until(pilot, lambda: browser._by_sha[kept].header.hits == 1, "the hit count to update")
+        await until(pilot, lambda: browser.listing.by_sha[kept].header.hits == 1, "the hit count to update")
         assert browser.selected.sha == kept
 
         _other_process(tmp_path, "delete", new)

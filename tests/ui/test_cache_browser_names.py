@@ -30,7 +30,7 @@ async def test_every_row_is_named(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: len(app.shown) == 5, "five rows")
         name = app.browser.name_of
-        by = app.browser._by_sha
+        by = app.browser.listing.by_sha
         assert name(by[titled]).text == fx.TITLE
         assert (name(by[part]).kind, name(by[part]).chat_sha) == ("chat", titled)
         assert name(by[part]).text == "↳ " + fx.TITLE
@@ -38,7 +38,7 @@ async def test_every_row_is_named(tmp_path):
         # The system prompt starts both titled chats: it belongs to neither.
         assert name(by[system]).kind == "shared" and name(by[system]).text.startswith("start of 2 chats")
         # Nothing reads like the template's first line any more.
-        assert not any(n.text.startswith("<|im_start|>") for n in app.browser._names.values())
+        assert not any(n.text.startswith("<|im_start|>") for n in app.browser.listing.names.values())
 
 
 async def test_enter_on_a_chats_checkpoint_offers_that_chat(tmp_path):

@@ -316,6 +316,11 @@ class KvDetail(VerticalScroll):
     def hex_per_row(self) -> int:
         return 8 if self.has_class("-narrow") else 16
 
+    @property
+    def info(self) -> KvDetailInfo | None:
+        """What the pane shows now (None: nothing selected)."""
+        return self._info
+
     def show(self, info: KvDetailInfo | None) -> None:
         """Fill every section from `info`; None clears the pane."""
         self._info = info
