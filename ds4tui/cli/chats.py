@@ -82,7 +82,7 @@ def register(subparsers) -> None:
     p = verbs.add_parser("rm", parents=[common], help="delete a chat and its .kv file",
                          description="Delete the chat (every message and version) and its titled .kv file.")
     p.add_argument("query", metavar="ID_OR_TITLE")
-    p.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask (not even for a pinned .kv file)")
     p.set_defaults(func=cmd_rm)
 
     p = verbs.add_parser("grep", parents=[common], help="find chats by title or message (every branch)",
@@ -330,6 +330,11 @@ def cmd_rm(args) -> int:
                                          f"{' and its .kv file' if chat.kv_sha else ''}? [y/N] "):
             print("nothing deleted")
             return 1
+        # A pinned file is never deleted on one "yes" (the chat's and the cache browser's rule).
+        if not args.yes and chat.kv_sha and _pinned(_cache_dir(args), chat.kv_sha) and not _confirm(
+                "its .kv file is PINNED: it was kept on purpose and eviction never removes it. Delete it anyway? [y/N] "):
+            print("nothing deleted")
+            return 1
         # The .kv file first: a titled file left behind by a chat that is gone would come back
         # as a chat at the next start's import; a chat left with no file only re-prefills.
         if chat.kv_sha:
@@ -342,6 +347,14 @@ def cmd_rm(args) -> int:
         store.delete(chat.id)
     print(f"deleted {name}")
     return 0
+
+
+def _pinned(cache_dir: Path, sha: str) -> bool:
+    from ds4tui.cache.entry import inspect_file
+    from ds4tui.format.kvc import kv_name
+
+    path = cache_dir / kv_name(sha)
+    return path.is_file() and inspect_file(path, deep=False).pinned
 
 
 def _confirm(question: str) -> bool:

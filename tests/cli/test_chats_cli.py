@@ -185,6 +185,23 @@ def test_rm_of_a_chat_made_after_the_store_leaves_nothing_to_import(tmp_path, ca
     assert ls_json(capsys) == []
 
 
+def test_rm_of_a_chat_whose_kv_file_is_pinned_asks_twice(tmp_path, capsys, monkeypatch):
+    """As the chat and the cache browser: a pinned file never goes on one "yes"."""
+    kv = tmp_path / "kv"
+    sha = kvf.titled_session(kv, title="Kept on purpose", pinned=True)
+    store = open_store(_store_file())
+    chat = store.create(title="Kept on purpose")
+    store.commit(chat, [{"role": "user", "content": "Hello"}], kv_sha=sha, kv_tokens=64)
+    store.close()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\nn\n"))
+    code, out, _ = run(capsys, "chats", "rm", "kept", "--cache-dir", str(kv))
+    assert code == 1 and "PINNED" in out and "nothing deleted" in out
+    assert (kv / f"{sha}.kv").exists() and len(ls_json(capsys)) == 1
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\ny\n"))
+    code, out, _ = run(capsys, "chats", "rm", "kept", "--cache-dir", str(kv))
+    assert code == 0 and not (kv / f"{sha}.kv").exists() and ls_json(capsys) == []
+
+
 def test_grep_text_json_and_errors(dirs, capsys):
     imported(capsys, dirs)
     code, out, _ = run(capsys, "chats", "grep", "GREEN")
